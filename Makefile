@@ -1,0 +1,42 @@
+# jaxscale — two commands on a fresh machine: `make bench` (the main job) and `make test`.
+# Simulated devices are decided here (a process edge), never at library import.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEVICES ?= 8
+export JAX_NUM_CPU_DEVICES ?= $(DEVICES)
+BENCH_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install test smoke bench lint format clean
+
+install: $(STAMP)
+
+# Re-runs only when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: install
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q $(PYTEST_ARGS)
+
+smoke: install
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -m smoke $(PYTEST_ARGS)
+
+bench: install
+	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS)
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .venv312 results .pytest_cache .ruff_cache .hypothesis *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""What the compiler did: collective census, memory reports, TPU AOT."""

@@ -1,0 +1,1 @@
+"""The mesh comparison harness and its report."""

@@ -1,0 +1,1 @@
+"""Pure-Python analytic models (no jax import), so `jaxscale calc` answers instantly."""

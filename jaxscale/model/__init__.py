@@ -1,0 +1,1 @@
+"""Model: Flax NNX decoder-only transformer with logical axis names."""

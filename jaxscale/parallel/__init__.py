@@ -1,0 +1,1 @@
+"""Manual parallel strategies in jax.shard_map, one file per strategy."""

@@ -1,0 +1,1 @@
+"""Pure-Python simulators (no jax import): schedules, batching, speculative decoding, p2p."""

@@ -1,0 +1,1 @@
+"""Training: data, steps (auto and manual), loop, checkpoints."""
