@@ -9,6 +9,7 @@ tp*pp. ZeRO then shards over the data-parallel group: stage 1 the optimizer stat
 stage 2 also the gradients, stage 3 also the weights (shared/seeds/000_*.txt L111-146).
 """
 
+import math
 from dataclasses import dataclass
 
 # Mixed-precision Adam, bytes per parameter (shared/seeds/000_*.txt L98-104).
@@ -93,3 +94,126 @@ def training_memory_per_device(
         master=params_per_device * master_bytes / optimizer_shards,
         activations=float(activation_bytes),
     )
+
+
+def zero_stage_memories(
+    n_params: float,
+    *,
+    dp: int,
+    tp: int = 1,
+    pp: int = 1,
+    master_bytes: float = 0,
+    activation_bytes: float = 0.0,
+    seed_faithful: bool = False,
+) -> list[TrainingMemory]:
+    """Per-device memory for ZeRO stages 0, 1, 2, 3 (list index = stage), mixed-precision Adam.
+
+    seed_faithful reproduces shared/seeds/002_*.txt L3297, whose ZeRO-2 row (210 GB for 70B on 8
+    GPUs) leaves the sharded gradients out: 140 + 560/8 = 210. Counting them gives 227.5.
+    """
+    rows = [
+        training_memory_per_device(
+            n_params,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            zero_stage=stage,
+            master_bytes=master_bytes,
+            activation_bytes=activation_bytes,
+        )
+        for stage in ZERO_STAGES
+    ]
+    if seed_faithful:
+        z2 = rows[2]
+        rows[2] = TrainingMemory(z2.weights, 0.0, z2.optimizer, z2.master, z2.activations)
+    return rows
+
+
+def activation_bytes_simple(
+    batch_size: int, seq_len: int, hidden_size: int, n_layers: int, *, checkpointing: bool = False
+) -> float:
+    """Activation memory as shared/seeds/004_*.txt L1586-1597 estimates it.
+
+    b*s*h values per layer, 4 bytes each (fp32), times 2 for the intermediates a layer keeps.
+    Checkpointing keeps only ~sqrt(L) layers' activations (checkpoint every sqrt(L) layers, then
+    recompute one segment at a time), hence sqrt(n_layers) in place of n_layers.
+    """
+    for name, value in (
+        ("batch_size", batch_size),
+        ("seq_len", seq_len),
+        ("hidden_size", hidden_size),
+        ("n_layers", n_layers),
+    ):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    layers_kept = math.sqrt(n_layers) if checkpointing else n_layers
+    return batch_size * seq_len * hidden_size * layers_kept * FP32_BYTES * 2
+
+
+# shared/seeds/001_*.txt L609-613: activations ~ 10x (3x with checkpointing) the per-device
+# parameter count, in the compute dtype. A batch-independent rule of thumb, kept as the seed has it.
+PARAM_HEURISTIC_ACTIVATION_MULTIPLIER = 10
+PARAM_HEURISTIC_ACTIVATION_MULTIPLIER_CHECKPOINTED = 3
+
+
+def activation_bytes_param_heuristic(
+    n_params: float,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    checkpointing: bool = False,
+    dtype_bytes: float = 2,
+) -> float:
+    """Seed 001's rule of thumb: params/(tp*pp) * (3 if checkpointing else 10) * dtype_bytes."""
+    if not n_params > 0:
+        raise ValueError(f"n_params must be > 0, got {n_params!r}")
+    _check_degree("tp", tp)
+    _check_degree("pp", pp)
+    multiplier = (
+        PARAM_HEURISTIC_ACTIVATION_MULTIPLIER_CHECKPOINTED
+        if checkpointing
+        else PARAM_HEURISTIC_ACTIVATION_MULTIPLIER
+    )
+    return n_params / (tp * pp) * multiplier * dtype_bytes
+
+
+# Optimizer state bytes per parameter in shared/seeds/004_*.txt L1575-1583.
+OPTIMIZER_STATE_BYTES = {"adam": 2 * FP32_BYTES, "sgd": FP32_BYTES, "none": 0}
+
+
+def single_gpu_memory(
+    n_params: float,
+    *,
+    batch_size: int,
+    seq_len: int,
+    hidden_size: int,
+    n_layers: int,
+    optimizer: str = "adam",
+    mixed_precision: bool = False,
+    activation_checkpointing: bool = False,
+) -> TrainingMemory:
+    """shared/seeds/004_*.txt L1551-1608 `estimate_memory_per_gpu`: one GPU, no sharding.
+
+    Weights and gradients are 2 B/param with mixed precision, else 4; Adam keeps m and v in fp32
+    (8 B), SGD with momentum one fp32 buffer (4 B); activations from `activation_bytes_simple`.
+    """
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(
+            f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATE_BYTES)}"
+        )
+    param_bytes = BF16_BYTES if mixed_precision else FP32_BYTES
+    activations = activation_bytes_simple(
+        batch_size, seq_len, hidden_size, n_layers, checkpointing=activation_checkpointing
+    )
+    return training_memory_per_device(
+        n_params,
+        weight_bytes=param_bytes,
+        grad_bytes=param_bytes,
+        optimizer_bytes=OPTIMIZER_STATE_BYTES[optimizer],
+        activation_bytes=activations,
+    )
+
+
+def fits(memory: TrainingMemory, device_memory_bytes: float) -> bool:
+    """Whether the per-device total fits in one device's memory (no headroom)."""
+    return memory.total <= device_memory_bytes
