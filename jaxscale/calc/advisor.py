@@ -1,0 +1,241 @@
+"""The parallelism advisor: jaxscale's own recommendation, beside the four seed rule sets.
+
+Own recommendation: enumerate every layout tp x pp x dp (x ep with an MoE model) that uses all the
+GPUs, with tp dividing the node size, pp at most the number of layers and the global batch
+divisible into dp replicas of whole micro-batches, under each ZeRO stage; keep those whose per-GPU
+memory fits in the usable fraction of the GPU; rank them by estimated step time -- compute
+stretched by the pipeline bubble, plus every communication on its link (advisor_model.py) -- and
+explain the choice. The step time ranks layouts; it is not a prediction of wall-clock time.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+from jaxscale.calc.advisor_model import (
+    Hardware,
+    Layout,
+    LayoutCost,
+    Workload,
+    evaluate,
+    model_shape,
+)
+from jaxscale.calc.advisor_rules import (
+    RuleAdvice,
+    seed000_decision_tree,
+    seed001_recommend,
+    seed004_config,
+)
+from jaxscale.calc.advisor_seed002 import Seed002Result, seed002_advice, seed002_calculator
+
+GB = 1e9
+_ZERO_WHY = {
+    0: "every replica keeps the full model state",
+    1: "shards the optimizer state over the replicas",
+    2: "shards optimizer state and gradients over the replicas, at the traffic of an all-reduce",
+    3: "also shards the weights, at 1.5x the traffic of an all-reduce",
+}
+
+
+@dataclass(frozen=True)
+class RuleComparison:
+    advice: RuleAdvice
+    cost: LayoutCost | None  # our model applied to the rule's layout; None if it has none
+
+
+@dataclass(frozen=True)
+class AdviceReport:
+    workload: Workload
+    hardware: Hardware
+    hidden: int
+    layers: int
+    best: LayoutCost | None
+    ranked: tuple[LayoutCost, ...]  # the layouts that fit, best first
+    smallest: LayoutCost  # the layout needing the least memory, fitting or not
+    layouts_considered: int
+    rules: tuple[RuleComparison, ...]
+    seed002: Seed002Result
+    reasoning: tuple[str, ...]
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def validate(workload: Workload, hw: Hardware) -> None:
+    """Raise ValueError naming the first bad input."""
+    for name in ("seq", "batch", "micro_batch", "hidden", "layers", "num_experts", "top_k"):
+        value = getattr(workload, name)
+        if name in ("hidden", "layers") and value == 0:
+            continue  # 0 = derive
+        _positive_int(name, value)
+    if not workload.n_params > 0:
+        raise ValueError(f"params must be > 0, got {workload.n_params!r}")
+    if workload.top_k > workload.num_experts:
+        raise ValueError(f"top_k={workload.top_k} exceeds num_experts={workload.num_experts}")
+    if workload.micro_batch > workload.batch:
+        raise ValueError(f"micro_batch={workload.micro_batch} exceeds batch={workload.batch}")
+    _positive_int("gpus", hw.num_gpus)
+    _positive_int("gpus_per_node", hw.gpus_per_node)
+    g, node = hw.num_gpus, hw.gpus_per_node
+    if (g > node and g % node) or (g < node and node % g):
+        raise ValueError(
+            f"{g} GPUs do not factor into nodes of {node}: use a multiple of {node}"
+            f" or a divisor of it"
+        )
+    for name in ("gpu_memory_bytes", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
+                 "peak_flops", "assumed_mfu"):  # fmt: skip
+        if not getattr(hw, name) > 0:
+            raise ValueError(f"{name} must be > 0, got {getattr(hw, name)!r}")
+    if not 0 < hw.usable_fraction <= 1:
+        raise ValueError(f"usable fraction must be in (0, 1], got {hw.usable_fraction!r}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+RECOMPUTE_CHOICES = {"auto": (False, True), "never": (False,), "always": (True,)}
+
+
+def candidate_layouts(workload: Workload, hw: Hardware, recompute: str = "auto") -> list[Layout]:
+    if recompute not in RECOMPUTE_CHOICES:
+        raise ValueError(
+            f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got {recompute!r}"
+        )
+    _, layers = model_shape(workload)
+    g = hw.num_gpus
+    layouts = []
+    for tp in _divisors(math.gcd(hw.gpus_per_node, g)):
+        for pp in _divisors(g // tp):
+            dp = g // (tp * pp)
+            if pp > layers or workload.batch % (dp * workload.micro_batch):
+                continue
+            eps = [e for e in _divisors(dp) if workload.num_experts % e == 0]
+            for ep in eps if workload.is_moe else [1]:
+                for zero in (0, 1, 2, 3) if dp > 1 else (0,):
+                    for rc in RECOMPUTE_CHOICES[recompute]:
+                        layouts.append(Layout(tp, pp, dp, zero, ep, rc))
+    return layouts
+
+
+def _rank_key(cost: LayoutCost):
+    # Step times equal up to rounding (ZeRO 0-2 move the same bytes) go to the smaller footprint.
+    return (round(cost.step_s, 6), cost.memory.total, cost.layout.zero_stage, cost.layout.recompute)
+
+
+def _rule_cost(workload: Workload, hw: Hardware, advice: RuleAdvice) -> LayoutCost | None:
+    degrees = (advice.tp, advice.pp, advice.dp)
+    if advice.error or None in degrees or min(degrees) < 1:
+        return None
+    return evaluate(workload, hw, Layout(*degrees, advice.zero_stage or 0))
+
+
+def advise(
+    workload: Workload, hw: Hardware, *, recompute: str = "auto", seed_faithful: bool = False
+) -> AdviceReport:
+    """recompute: "auto" lets the ranking choose full activation recomputation per layout (it costs
+    a third more compute), "never" or "always" fix it."""
+    validate(workload, hw)
+    hidden, layers = model_shape(workload)
+    layouts = candidate_layouts(workload, hw, recompute)
+    costs = [evaluate(workload, hw, layout) for layout in layouts]
+    if not costs:
+        raise ValueError(
+            f"no layout of {hw.num_gpus} GPUs splits batch {workload.batch} into whole "
+            f"micro-batches of {workload.micro_batch}"
+        )
+    ranked = tuple(sorted((c for c in costs if c.fits), key=_rank_key))
+    smallest = min(costs, key=lambda c: c.memory.total)
+    gpu_gb = hw.gpu_memory_bytes / GB
+    seed002 = seed002_calculator(
+        workload.n_params / 1e9, hw.num_gpus, gpu_gb, workload.batch, workload.seq,
+        moe=workload.is_moe, num_experts=workload.num_experts, gpus_per_node=hw.gpus_per_node,
+        micro_batch=workload.micro_batch, seed_faithful=seed_faithful,
+    )  # fmt: skip
+    advices = (
+        seed000_decision_tree(workload.n_params, hw.num_gpus, gpu_gb),
+        seed001_recommend(workload.n_params, hw.num_gpus, hw.gpus_per_node, gpu_gb),
+        seed004_config(workload.n_params, hw.num_gpus),
+        seed002_advice(seed002),
+    )
+    rules = tuple(RuleComparison(a, _rule_cost(workload, hw, a)) for a in advices)
+    best = ranked[0] if ranked else None
+    report = AdviceReport(
+        workload, hw, hidden, layers, best, ranked, smallest, len(costs), rules, seed002, ()
+    )
+    return replace(report, reasoning=explain(report))
+
+
+def explain(report: AdviceReport) -> tuple[str, ...]:
+    """Why the recommended layout, one sentence per decision."""
+    w, hw, best = report.workload, report.hardware, report.best
+    usable_gb = hw.usable_bytes / GB
+    lines = [
+        f"{len(report.ranked)} of {report.layouts_considered} layouts fit in {usable_gb:.1f} GB"
+        f" per GPU ({hw.usable_fraction:.0%} of {hw.gpu_memory_bytes / GB:g} GB)."
+    ]
+    if best is None:
+        s = report.smallest
+        lines.append(
+            f"Nothing fits: the smallest, {s.layout.label()}, needs {s.memory.total / GB:.1f} GB"
+            " per GPU. More or larger GPUs would help"
+            + ("" if s.layout.recompute else ", or activation recomputation")
+            + (", or a smaller --micro-batch" if w.micro_batch > 1 else "")
+            + "."
+        )
+        return tuple(lines)
+    lay, comms = best.layout, {c.kind: c for c in best.comms}
+    if lay.tp > 1:
+        c = comms["TP"]
+        lines.append(
+            f"TP={lay.tp} inside a node: its all-reduces (every layer, every micro-batch) stay on"
+            f" NVLink, {c.bytes_per_gpu / GB:.1f} GB in {c.seconds:.2f} s per step; it divides"
+            f" weights and most activations by {lay.tp}."
+        )
+    else:
+        lines.append(
+            "TP=1: memory fits without splitting layers, and TP traffic per GPU grows with"
+            " the degree (2(t-1)/t of every activation, every layer)."
+        )
+    if lay.pp > 1:
+        c, m = comms["PP"], best.microbatches
+        where = "across nodes" if c.inter_node else "inside a node"
+        lines.append(
+            f"PP={lay.pp} {where}, {math.ceil(report.layers / lay.pp)} layers per stage: bubble"
+            f" (P-1)/(M+P-1) = {lay.pp - 1}/{m + lay.pp - 1} = {best.bubble_fraction:.1%} with"
+            f" M={m} micro-batches per replica; point-to-point {c.bytes_per_gpu / GB:.1f} GB."
+        )
+    if lay.dp > 1:
+        c = comms["DP"]
+        link = "InfiniBand" if c.inter_node else "NVLink"
+        lines.append(
+            f"DP={lay.dp} with ZeRO-{lay.zero_stage}, which {_ZERO_WHY[lay.zero_stage]}:"
+            f" {c.bytes_per_gpu / GB:.2f} GB per GPU over {link}, {c.seconds:.2f} s per step."
+        )
+    if lay.ep > 1:
+        c = comms["EP"]
+        lines.append(
+            f"EP={lay.ep}: {w.num_experts // lay.ep} experts per GPU, tokens routed by"
+            f" all-to-all, {c.bytes_per_gpu / GB:.1f} GB in {c.seconds:.2f} s per step."
+        )
+    if lay.recompute:
+        lines.append(
+            "Full activation recomputation: layers keep only their inputs, at one extra forward"
+            f" pass (8N instead of 6N FLOPs per token); {best.memory.activations / GB:.1f} GB of"
+            " activations."
+        )
+    # The runner-up with different degrees says more than the same layout at another ZeRO stage.
+    degrees = (lay.tp, lay.pp, lay.dp, lay.ep)
+    others = [
+        c
+        for c in report.ranked[1:]
+        if (c.layout.tp, c.layout.pp, c.layout.dp, c.layout.ep) != degrees
+    ]
+    if others:
+        nxt = others[0]
+        extra = nxt.step_s / best.step_s - 1
+        lines.append(
+            f"Next best: {nxt.layout.label()} at {nxt.step_s:.2f} s per step (+{extra:.1%})."
+        )
+    return tuple(lines)

@@ -1,0 +1,227 @@
+"""The advisor's analytic model of one layout: per-GPU memory and communication per step.
+
+A layout is tp x pp x dp GPUs with a ZeRO stage; for an MoE model, groups of ep data-parallel
+replicas split the experts. Ranks are numbered tp fastest, then ep, then the rest of dp, then pp
+(Megatron's order), so a group of size n whose members are s ranks apart spans s*n consecutive
+ranks and stays inside a node only if that span does: TP (span tp) always does, because tp divides
+the node size; EP spans tp*ep, DP spans tp*dp and PP spans all GPUs.
+
+Memory: model state from `training_memory_per_device` (dense part over dp, expert part divided by
+ep and sharded over the dp/ep replicas of each expert) plus activations. Activations per layer and
+micro-batch follow Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 2) without
+the attention-score term, which flash attention does not store: s*b*h*(10 + (8 + 16k)/tp) bytes in
+16-bit (k = experts per token; 8 of the TP-sharded 24 are attention, 16 the MLP). 1F1B keeps
+min(pp, m) micro-batches in flight on stage 0 (S2 L5190). With full recomputation a layer keeps
+only its 16-bit input, plus one layer's working set. Embedding and logits are not counted: they
+are what the `usable_fraction` headroom is for.
+
+Communication per GPU per step, each over the link its group spans, with no overlap assumed:
+- TP: 4 all-reduces per layer per micro-batch (2 forward, 2 backward; S2 L4123, L4299; +2 for the
+  recomputed forward), ring traffic 2(t-1)/t of the activation;
+- PP: the activation forward and its gradient backward per micro-batch, plus the bubble
+  (P-1)/(M+P-1) of the compute time (S2 L5167);
+- DP: ZeRO 0/1 all-reduce the gradients, ZeRO-2 reduce-scatters them and all-gathers the weights,
+  ZeRO-3 all-gathers the weights twice (forward, backward) and reduce-scatters the gradients
+  (1.5x); each moves (d-1)/d of the GPU's shard per pass;
+- EP: 4 all-to-alls per MoE layer per micro-batch (dispatch, combine; forward and backward), each
+  moving (ep-1)/ep of the k routed copies of the micro-batch's tokens.
+"""
+
+import math
+from dataclasses import dataclass
+
+from jaxscale.calc.memory import TrainingMemory, training_memory_per_device
+
+# Defaults: an H100 SXM node, the hardware of seed 002's calculator (S2 L5779-5783).
+INTRA_NODE_BYTES_PER_S = 450e9  # NVLink 4: 900 GB/s both ways (the seed's "900") = 450 each way
+INTER_NODE_BYTES_PER_S = 50e9  # one 400 Gb/s InfiniBand NIC per GPU (the seed's "50")
+PEAK_FLOPS = 989e12  # dense bf16
+ASSUMED_MFU = 0.4  # fraction of peak the compute reaches; only converts FLOPs into bubble time
+USABLE_FRACTION = 0.9  # seed 002 keeps 10% headroom (S2 L5964)
+ASPECT_RATIO = 128  # hidden / layers of LLaMA-7B and GPT-3 (4096/32, 12288/96)
+TP_ALL_REDUCES_PER_LAYER = 4
+EP_ALL_TO_ALLS_PER_LAYER = 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained. hidden/layers of 0 are derived from n_params (see `derive_shape`)."""
+
+    n_params: float  # total, all experts included
+    seq: int = 4096  # tokens per sequence
+    batch: int = 512  # global batch, sequences per step
+    micro_batch: int = 1  # sequences per forward pass on one GPU
+    hidden: int = 0
+    layers: int = 0
+    num_experts: int = 1  # > 1: MoE, every layer's MLP is num_experts experts
+    top_k: int = 1  # experts per token
+    weight_bytes: float = 2  # bf16
+    grad_bytes: float = 2
+    optimizer_bytes: float = 8  # Adam m, v in fp32
+    master_bytes: float = 0  # 4 with an fp32 master copy
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+
+@dataclass(frozen=True)
+class Hardware:
+    num_gpus: int
+    gpu_memory_bytes: float
+    gpus_per_node: int = 8
+    intra_node_bytes_per_s: float = INTRA_NODE_BYTES_PER_S
+    inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
+    peak_flops: float = PEAK_FLOPS
+    assumed_mfu: float = ASSUMED_MFU
+    usable_fraction: float = USABLE_FRACTION
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.gpu_memory_bytes * self.usable_fraction
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int  # includes the ep replicas
+    zero_stage: int
+    ep: int = 1
+    recompute: bool = False  # full activation recomputation: +1 forward pass, layer inputs only
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def label(self) -> str:
+        ep = f" EP{self.ep}" if self.ep > 1 else ""
+        recompute = " +recompute" if self.recompute else ""
+        return f"TP{self.tp} PP{self.pp} DP{self.dp}{ep} ZeRO-{self.zero_stage}{recompute}"
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Bytes one GPU sends per step and seconds they take on their link."""
+
+    kind: str  # "TP", "PP", "DP", "EP"
+    bytes_per_gpu: float
+    inter_node: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LayoutCost:
+    layout: Layout
+    memory: TrainingMemory  # bytes per GPU
+    fits: bool
+    comms: tuple[Comm, ...]
+    microbatches: int  # per replica per step
+    bubble_fraction: float
+    compute_s: float  # useful compute per step, excluding the bubble
+    step_s: float  # compute / (1 - bubble) + all communication
+
+    @property
+    def comm_s(self) -> float:
+        return sum(c.seconds for c in self.comms)
+
+
+def model_shape(workload: Workload) -> tuple[int, int]:
+    """(hidden, layers): as given, else derived with layers ~ hidden/128 and n_params ~
+    layers * h^2 * (4 + 8*experts) -- attention 4h^2 and an MLP of ratio 4 (8h^2) per expert;
+    embeddings neglected. A given hidden or layers fixes that one and derives the other."""
+    n, per_layer_h2 = workload.n_params, 4 + 8 * workload.num_experts
+    hidden, layers = workload.hidden, workload.layers
+    if hidden and layers:
+        return hidden, layers
+    if layers:
+        return max(128, round(math.sqrt(n / (layers * per_layer_h2)) / 128) * 128), layers
+    if not hidden:
+        hidden = max(128, round((n * ASPECT_RATIO / per_layer_h2) ** (1 / 3) / 128) * 128)
+    return hidden, max(1, round(n / (hidden * hidden * per_layer_h2)))
+
+
+def expert_fraction(workload: Workload) -> float:
+    """Share of the parameters in expert MLPs (0 for a dense model)."""
+    e = workload.num_experts
+    return 0.0 if e == 1 else 8 * e / (4 + 8 * e)
+
+
+def _sum(a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
+    return TrainingMemory(
+        a.weights + b.weights, a.gradients + b.gradients, a.optimizer + b.optimizer,
+        a.master + b.master, a.activations + b.activations,
+    )  # fmt: skip
+
+
+def _link(span: int, hw: Hardware) -> tuple[bool, float]:
+    inter = span > hw.gpus_per_node
+    return inter, hw.inter_node_bytes_per_s if inter else hw.intra_node_bytes_per_s
+
+
+def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
+    """Memory and communication of one layout (which need not use every GPU)."""
+    w, t, p, d, e = workload, layout.tp, layout.pp, layout.dp, layout.ep
+    hidden, layers = model_shape(w)
+    state = {"weight_bytes": w.weight_bytes, "grad_bytes": w.grad_bytes,
+             "optimizer_bytes": w.optimizer_bytes, "master_bytes": w.master_bytes}  # fmt: skip
+    n_expert = w.n_params * expert_fraction(w)
+    n_dense = w.n_params - n_expert
+    z = layout.zero_stage
+    mem = training_memory_per_device(n_dense, dp=d, tp=t, pp=p, zero_stage=z, **state)
+    if n_expert:
+        experts = training_memory_per_device(
+            n_expert / e, dp=d // e, tp=t, pp=p, zero_stage=z, **state
+        )
+        mem = _sum(mem, experts)
+
+    micro = max(1, w.batch // (d * w.micro_batch))  # micro-batches per replica per step
+    in_flight = min(p, micro)
+    layers_per_stage = math.ceil(layers / p)
+    tokens = w.micro_batch * w.seq  # per micro-batch on one GPU
+    act_layer = tokens * hidden * (10 + (8 + 16 * w.top_k) / t)
+    if layout.recompute:
+        activations = 2 * tokens * hidden * layers_per_stage * in_flight + act_layer
+    else:
+        activations = act_layer * layers_per_stage * in_flight
+    mem = _sum(mem, TrainingMemory(0.0, 0.0, 0.0, 0.0, activations))
+
+    act_bytes = 2 * tokens * hidden  # one 16-bit activation of a micro-batch
+    comms = []
+    if t > 1:
+        passes = TP_ALL_REDUCES_PER_LAYER + (2 if layout.recompute else 0)
+        volume = passes * 2 * (t - 1) / t * act_bytes * layers_per_stage * micro
+        comms.append(_comm("TP", volume, t, hw))
+    if p > 1:
+        comms.append(_comm("PP", 2 * act_bytes * micro, layout.gpus, hw))
+    if d > 1:
+        # ZeRO-0 all-reduces the gradients (reduce-scatter + all-gather of gradients); ZeRO-1/2
+        # reduce-scatter the gradients and all-gather the updated weights; ZeRO-3 gathers twice.
+        passes = {0: 2 * w.grad_bytes, 3: w.grad_bytes + 2 * w.weight_bytes}.get(
+            z, w.grad_bytes + w.weight_bytes
+        )
+        shard = n_dense / (t * p) * passes * (d - 1) / d
+        if n_expert and d // e > 1:
+            shard += n_expert / (e * t * p) * passes * (d // e - 1) / (d // e)
+        comms.append(_comm("DP", shard, t * d, hw))
+    if e > 1:
+        volume = (
+            EP_ALL_TO_ALLS_PER_LAYER * w.top_k * act_bytes * (e - 1) / e * layers_per_stage * micro
+        )
+        comms.append(_comm("EP", volume, t * e, hw))
+
+    active = w.n_params - n_expert * (1 - w.top_k / w.num_experts)
+    flops = (
+        (8 if layout.recompute else 6) * active * w.batch * w.seq
+    )  # fwd 2N + bwd 4N (+ fwd again)
+    compute_s = flops / (layout.gpus * hw.peak_flops * hw.assumed_mfu)
+    bubble = (p - 1) / (micro + p - 1)
+    step_s = compute_s / (1 - bubble) + sum(c.seconds for c in comms)
+    return LayoutCost(
+        layout, mem, mem.total <= hw.usable_bytes, tuple(comms), micro, bubble, compute_s, step_s
+    )
+
+
+def _comm(kind: str, volume: float, span: int, hw: Hardware) -> Comm:
+    inter, bandwidth = _link(span, hw)
+    return Comm(kind, volume, inter, volume / bandwidth)
