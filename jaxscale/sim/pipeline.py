@@ -1,0 +1,210 @@
+"""Pipeline-parallel schedules (GPipe, 1F1B, interleaved 1F1B) as dependency-driven simulations.
+
+P devices (stages), M microbatches, t_F and t_B per stage and microbatch. Each device runs its
+ops in the schedule's order; an op starts when its inputs exist and its device is free
+(`jaxscale.sim.timeline`). Data flow: F(j, m) needs F(j-1, m); B(j, m) needs B(j+1, m) and
+F(j, m), over the virtual stages j = chunk * P + device (one chunk per device unless interleaved).
+
+Two bubble conventions are in use (seed-spec §0.2) and both are exposed:
+  "s2": idle / total time        = (P-1) / (v*M + P-1)   shared/seeds/002 L5167
+  "s4": idle / ideal (busy) time = (P-1) / (v*M)         shared/seeds/004 L603, L722-744
+with v = 1 except for the interleaved schedule (v model chunks per device, Megatron-LM).
+"""
+
+from dataclasses import dataclass, field
+
+from jaxscale.sim import timeline
+from jaxscale.sim.timeline import Op, Span
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+CONVENTIONS = ("s2", "s4")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    stages: int = 4  # P, pipeline devices
+    microbatches: int = 8  # M
+    schedule: str = "1f1b"  # one of SCHEDULES
+    forward_time: float = 1.0  # t_F of one whole stage for one microbatch
+    backward_time: float = 1.0  # t_B, often ~2 t_F in practice
+    virtual_stages: int = 1  # v, model chunks per device (interleaved needs v >= 2)
+
+    def validate(self) -> None:
+        for name in ("stages", "microbatches", "virtual_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("forward_time", "backward_time"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
+        if self.schedule == "interleaved":
+            if self.virtual_stages < 2:
+                raise ValueError("the interleaved schedule needs virtual_stages >= 2")
+            if self.microbatches % self.stages:
+                raise ValueError(
+                    f"the interleaved schedule needs microbatches divisible by stages "
+                    f"({self.microbatches} % {self.stages} != 0)"
+                )
+        elif self.virtual_stages != 1:
+            raise ValueError(
+                f"virtual_stages > 1 only applies to 'interleaved', not {self.schedule!r}"
+            )
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    config: PipelineConfig
+    spans: dict = field(repr=False)  # op key -> timeline.Span
+    makespan: float  # time until the last backward finishes
+    work_per_stage: float  # busy time of every device: M * (t_F + t_B)
+    peak_activations: tuple  # per device, in whole-stage microbatch activations (chunks / v)
+
+    @property
+    def bubble_s2(self) -> float:
+        """Idle / total time (every device does the same work, so one number)."""
+        return 1.0 - self.work_per_stage / self.makespan
+
+    @property
+    def bubble_s4(self) -> float:
+        """Idle / ideal time."""
+        return (self.makespan - self.work_per_stage) / self.work_per_stage
+
+    def grid(self, max_cells: int = 400) -> str:
+        names = [f"GPU{d}" for d in range(self.config.stages)]
+        return timeline.render_grid(self.spans, range(self.config.stages), names, max_cells)
+
+
+def bubble_fraction(
+    stages: int, microbatches: int, convention: str = "s2", virtual_stages: int = 1
+) -> float:
+    """Analytic bubble for equal per-stage work: "s2" idle/total, "s4" idle/ideal."""
+    _check_counts(stages, microbatches, virtual_stages)
+    if convention == "s2":
+        return (stages - 1) / (virtual_stages * microbatches + stages - 1)
+    if convention == "s4":
+        return (stages - 1) / (virtual_stages * microbatches)
+    raise ValueError(f"unknown bubble convention {convention!r}; choose from {CONVENTIONS}")
+
+
+def pipeline_efficiency(
+    stages: int, microbatches: int, convention: str = "s2", virtual_stages: int = 1
+) -> float:
+    """1 - bubble, as a fraction.
+
+    "s2" gives the exact busy fraction M/(M+P-1) (v=1). "s4" is seed 004's 1 - (P-1)/M
+    (shared/seeds/004 L722-744: 25.0 / 62.5 / 81.25 / 90.625 % for P=4, M=4/8/16/32): a
+    first-order approximation of the same quantity, negative when M < P-1.
+    """
+    return 1.0 - bubble_fraction(stages, microbatches, convention, virtual_stages)
+
+
+def _check_counts(stages, microbatches, virtual_stages):
+    for name, value in (
+        ("stages", stages),
+        ("microbatches", microbatches),
+        ("virtual_stages", virtual_stages),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _forward(j: int, m: int, cfg: PipelineConfig) -> Op:
+    v, p = cfg.virtual_stages, cfg.stages
+    deps = (("F", j - 1, m),) if j > 0 else ()
+    return Op(("F", j, m), j % p, cfg.forward_time / v, deps, _label("F", j, m, cfg))
+
+
+def _backward(j: int, m: int, cfg: PipelineConfig) -> Op:
+    v, p = cfg.virtual_stages, cfg.stages
+    deps = (("F", j, m),) + ((("B", j + 1, m),) if j < p * v - 1 else ())
+    return Op(("B", j, m), j % p, cfg.backward_time / v, deps, _label("B", j, m, cfg))
+
+
+def _label(kind: str, j: int, m: int, cfg: PipelineConfig) -> str:
+    # Interleaved: a letter names the device's chunk (a = first chunk it holds, b = second, ...).
+    chunk = "" if cfg.virtual_stages == 1 else "abcdefghijklmnopqrstuvwxyz"[j // cfg.stages % 26]
+    return f"{kind}{m}{chunk}"
+
+
+def _one_f_one_b(stage: int, cfg: PipelineConfig) -> list[Op]:
+    # Warm-up of P-s-1 forwards, then alternate F, B; then drain the remaining backwards
+    # (the per-stage orders of shared/seeds/002 L5175-5179 and L5402-5405).
+    p, m = cfg.stages, cfg.microbatches
+    warmup = min(p - stage - 1, m)
+    ops = [_forward(stage, i, cfg) for i in range(warmup)]
+    for i in range(m - warmup):
+        ops += [_forward(stage, warmup + i, cfg), _backward(stage, i, cfg)]
+    ops += [_backward(stage, i, cfg) for i in range(m - warmup, m)]
+    return ops
+
+
+def _interleaved(device: int, cfg: PipelineConfig) -> list[Op]:
+    # Megatron-LM's interleaved 1F1B: the k-th forward on a device takes microbatch group
+    # k // (P*v), chunk (k % (P*v)) // P; backwards walk the chunks in reverse. Warm-up is
+    # 2*(P-d-1) + (v-1)*P forwards, capped at the M*v chunk-forwards the device runs.
+    p, v, m = cfg.stages, cfg.virtual_stages, cfg.microbatches
+    total = m * v
+
+    def op(k: int, forward: bool) -> Op:
+        chunk = (k % (p * v)) // p
+        if not forward:
+            chunk = v - 1 - chunk
+        mb = (k // (p * v)) * p + k % p
+        j = chunk * p + device
+        return _forward(j, mb, cfg) if forward else _backward(j, mb, cfg)
+
+    warmup = min(2 * (p - device - 1) + (v - 1) * p, total)
+    ops = [op(k, True) for k in range(warmup)]
+    for k in range(total - warmup):
+        ops += [op(warmup + k, True), op(k, False)]
+    ops += [op(k, False) for k in range(total - warmup, total)]
+    return ops
+
+
+def stage_orders(cfg: PipelineConfig) -> dict[int, list[Op]]:
+    """Each device's ops in the schedule's order."""
+    cfg.validate()
+    p, m = cfg.stages, cfg.microbatches
+    if cfg.schedule == "gpipe":
+        # Fill-drain: all forwards, then all backwards, backwards in microbatch order as in
+        # shared/seeds/002 L5465-5468.
+        return {
+            s: [_forward(s, i, cfg) for i in range(m)] + [_backward(s, i, cfg) for i in range(m)]
+            for s in range(p)
+        }
+    if cfg.schedule == "1f1b":
+        return {s: _one_f_one_b(s, cfg) for s in range(p)}
+    return {d: _interleaved(d, cfg) for d in range(p)}
+
+
+def peak_activations(spans: dict, cfg: PipelineConfig) -> tuple:
+    """Per device, the most microbatch activations held at once (held from F start to B end)."""
+    peaks = []
+    for d in range(cfg.stages):
+        events = []
+        for span in spans.values():
+            if span.op.resource != d:
+                continue
+            if span.op.key[0] == "F":
+                events.append((span.start, 1, +1))
+            else:
+                events.append((span.end, 0, -1))  # at a tie, a finished backward frees first
+        held = peak = 0
+        for _, _, delta in sorted(events):
+            held += delta
+            peak = max(peak, held)
+        peaks.append(peak / cfg.virtual_stages)
+    return tuple(peaks)
+
+
+def simulate(cfg: PipelineConfig) -> PipelineResult:
+    spans: dict[tuple, Span] = timeline.run(stage_orders(cfg))
+    return PipelineResult(
+        config=cfg,
+        spans=spans,
+        makespan=timeline.makespan(spans),
+        work_per_stage=cfg.microbatches * (cfg.forward_time + cfg.backward_time),
+        peak_activations=peak_activations(spans, cfg),
+    )
