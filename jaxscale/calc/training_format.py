@@ -3,6 +3,7 @@
 import argparse
 import json
 import re
+import sys
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -69,6 +70,8 @@ def comma_list(item_type):
 
 def format_bytes(num_bytes: float) -> str:
     """Decimal units with one decimal, as shared/seeds/000_*.txt L40-48 prints them."""
+    if num_bytes == 0:
+        return "0 B"
     for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
         if num_bytes >= scale:
             return f"{num_bytes / scale:.1f} {unit}"
@@ -125,3 +128,20 @@ def add_output_flags(p: argparse.ArgumentParser, *, plot: bool = False, faithful
             action="store_true",
             help="reproduce the seed's printed (defective) numbers instead of the corrected ones",
         )
+
+
+def guarded(handler):
+    """Turn a ValueError from the library into a one-line error and exit code 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ValueError as err:
+            print(f"jaxscale calc {args.calc_name}: error: {err}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def gb(num_bytes: float) -> float:
+    return num_bytes / 1e9

@@ -1,0 +1,281 @@
+"""`jaxscale calc memory`: training memory per GPU under ZeRO 0-3 and TP/PP/DP.
+
+Scenarios reproduce the seeds' tables: seed000 (shared/seeds/000_*.txt L83-211, the default),
+seed001 (shared/seeds/001_*.txt L632-660, LLaMA-2-70B configurations) and s4
+(shared/seeds/004_*.txt L1610-1636, GPT-3 on one GPU with and without checkpointing).
+"""
+
+import math
+
+from jaxscale.calc import memory as mem
+from jaxscale.calc.models import get_model
+from jaxscale.calc.training_format import (
+    add_output_flags,
+    comma_list,
+    emit,
+    format_bytes,
+    format_count,
+    format_table,
+    gb,
+    guarded,
+    mode_line,
+    parse_count,
+    positive_float,
+    positive_int,
+)
+
+SEED000_MODELS = ("gpt2-124m", "llama-7b", "llama-70b")
+STAGE_LABELS = ("No ZeRO (DP)", "Stage 1", "Stage 2", "Stage 3")
+# shared/seeds/001_*.txt L634-641: (name, tp, pp, dp, zero stage, gradient checkpointing).
+SEED001_CONFIGS = (
+    ("Baseline (no parallelism)", 1, 1, 1, 0, False),
+    ("TP=8", 8, 1, 1, 0, False),
+    ("TP=8 + Gradient Checkpointing", 8, 1, 1, 0, True),
+    ("TP=8 + ZeRO-1", 8, 1, 8, 1, False),
+    ("TP=8 + ZeRO-2", 8, 1, 8, 2, False),
+    ("TP=8 + ZeRO-3", 8, 1, 8, 3, False),
+)
+SEED001_PARAMS = 70e9
+# shared/seeds/004_*.txt L1612-1621: GPT-3 175B, one sequence of 2048, Adam, mixed precision.
+S4_GPT3 = {"batch_size": 1, "seq_len": 2048, "hidden_size": 12288, "n_layers": 96}
+FAITHFUL_WHAT = "the ZeRO-2 row of shared/seeds/002 L3297, which leaves gradients out (210 GB)"
+
+
+def add_parser(calc_sub) -> None:
+    p = calc_sub.add_parser(
+        "memory",
+        help="training memory per GPU: ZeRO 0-3, TP/PP/DP, activations",
+        description="Per-GPU training memory for mixed-precision Adam (12 B/param; 16 with "
+        "--master). Without --model/--params it prints seed 000's tables.",
+    )
+    p.add_argument("--model", type=comma_list(get_model), help="presets, comma-separated")
+    p.add_argument("--params", type=parse_count, help="parameter count instead, e.g. 70B")
+    p.add_argument("--scenario", choices=("seed000", "seed001", "s4"), help="a seed's table")
+    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs (default 8)")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    p.add_argument("--pp", type=positive_int, default=1, help="pipeline stages")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="only this ZeRO stage")
+    p.add_argument("--master", action="store_true", help="keep an fp32 master copy (+4 B/param)")
+    p.add_argument("--gpu-memory-gb", type=positive_float, default=80, help="default 80 (A100)")
+    p.add_argument(
+        "--activations",
+        choices=("none", "simple", "heuristic"),
+        default="none",
+        help="simple: b*s*h*L*8 B (seed 004); heuristic: 10x params (seed 001)",
+    )
+    p.add_argument("--batch", type=positive_int, default=1, help="sequences per GPU")
+    p.add_argument("--seq", type=positive_int, help="sequence length (default: the preset's)")
+    p.add_argument("--hidden", type=positive_int, help="hidden size, with --params")
+    p.add_argument("--layers", type=positive_int, help="layers, with --params")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    add_output_flags(p, plot=True, faithful=True)
+    p.set_defaults(func=guarded(run))
+
+
+def run(args) -> int:
+    if args.scenario and (args.model or args.params):
+        raise ValueError("--scenario cannot be combined with --model or --params")
+    if args.model and args.params:
+        raise ValueError("give --model or --params, not both")
+    if args.scenario == "seed001":
+        return _seed001(args)
+    if args.scenario == "s4":
+        return _s4(args)
+    return _zero_tables(args)
+
+
+def _models(args) -> list[tuple[str, float, int | None, int | None, int]]:
+    """(name, params, hidden, layers, seq) for each model to tabulate."""
+    if args.params:
+        return [(f"{format_count(args.params)} params", args.params, args.hidden, args.layers, 0)]
+    presets = args.model or [get_model(name) for name in SEED000_MODELS]
+    return [(m.name, m.n_params, m.d_model, m.n_layers, m.max_seq_len) for m in presets]
+
+
+def _activation_bytes(args, n_params, hidden, layers, seq, tp, pp) -> float:
+    if args.activations == "heuristic":
+        return mem.activation_bytes_param_heuristic(
+            n_params, tp=tp, pp=pp, checkpointing=args.checkpointing
+        )
+    if args.activations == "simple":
+        if hidden is None or layers is None:
+            raise ValueError("--activations simple with --params needs --hidden and --layers")
+        seq_len = args.seq or seq or 2048
+        # Each pipeline stage keeps its own layers' activations; TP leaves them replicated.
+        return mem.activation_bytes_simple(
+            args.batch, seq_len, hidden, math.ceil(layers / pp), checkpointing=args.checkpointing
+        )
+    return 0.0
+
+
+def _cells(m: mem.TrainingMemory, args, capacity: float) -> list[str]:
+    cells = [format_bytes(m.weights), format_bytes(m.gradients), format_bytes(m.optimizer)]
+    if args.master:
+        cells.append(format_bytes(m.master))
+    if args.activations != "none":
+        cells.append(format_bytes(m.activations))
+    return cells + [format_bytes(m.total), "YES" if mem.fits(m, capacity) else "NO"]
+
+
+def _headers(first: str, args) -> list[str]:
+    heads = [first, "Weights", "Grads", "Optimizer"]
+    heads += ["Master"] if args.master else []
+    heads += ["Activations"] if args.activations != "none" else []
+    return heads + ["Total/GPU", f"Fits {args.gpu_memory_gb:g} GB?"]
+
+
+def _as_dict(m: mem.TrainingMemory, capacity: float) -> dict:
+    return {
+        "weights": m.weights,
+        "gradients": m.gradients,
+        "optimizer": m.optimizer,
+        "master": m.master,
+        "activations": m.activations,
+        "total": m.total,
+        "fits": mem.fits(m, capacity),
+    }
+
+
+def _zero_tables(args) -> int:
+    tp, pp = args.tp, args.pp
+    if args.gpus % (tp * pp):
+        raise ValueError(f"--gpus {args.gpus} does not factor into tp={tp} x pp={pp} x dp")
+    dp = args.gpus // (tp * pp)
+    capacity = args.gpu_memory_gb * 1e9
+    master = mem.FP32_BYTES if args.master else 0
+    per_param = mem.MIXED_ADAM_BYTES_PER_PARAM + master
+    stages = [args.zero] if args.zero is not None else list(mem.ZERO_STAGES)
+    lines = [
+        "Training memory, mixed-precision Adam: bf16 weights 2 + bf16 grads 2 + fp32 Adam m,v 8"
+        + (" + fp32 master 4" if master else "")
+        + f" = {per_param} B/param",
+        mode_line(args.seed_faithful, FAITHFUL_WHAT),
+        "",
+        "Single GPU",
+    ]
+    single_rows, single_json, sharded_json, last = [], [], [], None
+    for name, n, hidden, layers, seq in _models(args):
+        act = _activation_bytes(args, n, hidden, layers, seq, 1, 1)
+        one = mem.training_memory_per_device(n, master_bytes=master, activation_bytes=act)
+        single_rows.append([name] + _cells(one, args, capacity))
+        single_json.append({"model": name, "n_params": n, **_as_dict(one, capacity)})
+    lines += [format_table(_headers("Model", args), single_rows), ""]
+    lines.append(f"Per GPU on {args.gpus} GPUs (dp={dp}, tp={tp}, pp={pp})")
+    for name, n, hidden, layers, seq in _models(args):
+        act = _activation_bytes(args, n, hidden, layers, seq, tp, pp)
+        rows = mem.zero_stage_memories(
+            n,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            master_bytes=master,
+            activation_bytes=act,
+            seed_faithful=args.seed_faithful,
+        )
+        table = [[STAGE_LABELS[s]] + _cells(rows[s], args, capacity) for s in stages]
+        lines += [f"--- {name} ({format_count(n)} params) ---"]
+        lines += [format_table(_headers("ZeRO stage", args), table), ""]
+        stage_json = [{"zero_stage": s, **_as_dict(rows[s], capacity)} for s in stages]
+        sharded_json.append({"model": name, "n_params": n, "stages": stage_json})
+        last = (name, [rows[s] for s in stages], [STAGE_LABELS[s] for s in stages])
+    if args.seed_faithful:
+        lines.append("Stage 2 leaves the sharded gradients out, as shared/seeds/002 L3297 does.")
+    report = {
+        "command": "memory",
+        "mode": "seed-faithful" if args.seed_faithful else "corrected",
+        "bytes_per_param": per_param,
+        "device_memory_bytes": capacity,
+        "gpus": args.gpus,
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "single_gpu": single_json,
+        "per_gpu": sharded_json,
+    }
+    if args.plot:
+        _plot(args.plot, *last, args.gpus, args.gpu_memory_gb)
+        lines.append(f"plot written to {args.plot}")
+    emit(args, report, lines)
+    return 0
+
+
+def _seed001(args) -> int:
+    capacity = args.gpu_memory_gb * 1e9
+    rows, report_rows = [], []
+    for name, tp, pp, dp, zero, ckpt in SEED001_CONFIGS:
+        act = mem.activation_bytes_param_heuristic(SEED001_PARAMS, tp=tp, pp=pp, checkpointing=ckpt)
+        m = mem.training_memory_per_device(
+            SEED001_PARAMS, dp=dp, tp=tp, pp=pp, zero_stage=zero, activation_bytes=act
+        )
+        cells = [m.weights, m.gradients, m.optimizer, m.activations, m.total]
+        fit = "yes" if mem.fits(m, capacity) else "no"
+        rows.append([name] + [f"{gb(c):.1f} GB" for c in cells] + [fit])
+        report_rows.append({"config": name, "tp": tp, "pp": pp, "dp": dp, "zero_stage": zero})
+        report_rows[-1].update(checkpointing=ckpt, **_as_dict(m, capacity))
+    heads = ["Configuration", "Params", "Grads", "Optimizer", "Activations", "Total"]
+    lines = [
+        "Memory per GPU for a 70B model (shared/seeds/001 L632-660; activations = 10x params,",
+        "3x with gradient checkpointing, in bf16)",
+        "",
+        format_table(heads + [f"Fits {args.gpu_memory_gb:g} GB?"], rows),
+    ]
+    emit(args, {"command": "memory", "scenario": "seed001", "rows": report_rows}, lines)
+    return 0
+
+
+def _s4(args) -> int:
+    capacity = args.gpu_memory_gb * 1e9
+    plain, ckpt = (
+        mem.single_gpu_memory(175e9, mixed_precision=True, activation_checkpointing=c, **S4_GPT3)
+        for c in (False, True)
+    )
+    parts = ("Parameters", "Gradients", "Optimizer", "Activations", "Total")
+
+    def values(m):
+        return (m.weights, m.gradients, m.optimizer, m.activations, m.total)
+
+    rows = [
+        [p, f"{gb(a):.2f} GB", f"{gb(b):.2f} GB"]
+        for p, a, b in zip(parts, *map(values, (plain, ckpt)), strict=True)
+    ]
+    verdict = ["Fits" if mem.fits(m, capacity) else "Does not fit" for m in (plain, ckpt)]
+    rows.append([f"{args.gpu_memory_gb:g} GB GPU"] + verdict)
+    lines = [
+        "GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision "
+        "(shared/seeds/004 L1610-1636)",
+        "",
+        format_table(["Component", "No checkpointing", "Checkpointing (sqrt L)"], rows),
+    ]
+    report = {"command": "memory", "scenario": "s4"}
+    report.update(
+        no_checkpointing=_as_dict(plain, capacity), checkpointing=_as_dict(ckpt, capacity)
+    )
+    emit(args, report, lines)
+    return 0
+
+
+def _plot(path, model_name, rows, labels, gpus, capacity_gb) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    bottom = [0.0] * len(rows)
+    parts = (("weights", "Weights (bf16)"), ("gradients", "Gradients (bf16)"))
+    parts += (("optimizer", "Optimizer states (fp32)"), ("master", "Master copy (fp32)"))
+    parts += (("activations", "Activations"),)
+    for field, label in parts:
+        values = [gb(getattr(r, field)) for r in rows]
+        if any(values):
+            ax.bar(labels, values, 0.5, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.axhline(capacity_gb, color="red", linestyle="--", label=f"GPU capacity ({capacity_gb:g} GB)")
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.1f} GB", ha="center", va="bottom")
+    ax.set_ylabel("Per-GPU memory (GB)")
+    ax.set_title(f"{model_name} training memory per GPU on {gpus} GPUs")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

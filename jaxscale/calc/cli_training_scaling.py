@@ -1,0 +1,188 @@
+"""`jaxscale calc scaling`: strong/weak efficiency, Amdahl, naive model parallelism (seed 004)."""
+
+from jaxscale.calc import scaling as sc
+from jaxscale.calc.training_format import (
+    add_output_flags,
+    comma_list,
+    emit,
+    format_table,
+    guarded,
+    mode_line,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
+
+FAITHFUL_WHAT = "the seed's n_layers // n_gpus split, which drops remainder layers (004 L533)"
+
+
+def add_parser(calc_sub) -> None:
+    p = calc_sub.add_parser(
+        "scaling",
+        help="strong/weak scaling efficiency, Amdahl bottleneck, naive model parallelism",
+        description="Scaling-efficiency tables, Amdahl's-law analysis and the naive model-"
+        "parallel simulation of seed 004 (defaults reproduce its examples).",
+    )
+    g = p.add_argument_group("strong / weak scaling (seed 004 L1392-1425)")
+    g.add_argument("--gpu-counts", type=comma_list(positive_int), default=sc.SEED_STRONG[0])
+    g.add_argument("--strong-times", type=comma_list(positive_float), default=sc.SEED_STRONG[1])
+    g.add_argument("--weak-times", type=comma_list(positive_float), default=sc.SEED_WEAK[1])
+    g.add_argument("--batch-per-gpu", type=positive_int, default=sc.SEED_WEAK_BATCH_PER_GPU)
+    g = p.add_argument_group("Amdahl (seed 004 L1428-1482; default: its two scenarios)")
+    g.add_argument("--compute-s", type=non_negative_float, help="compute time per step")
+    g.add_argument("--comm-s", type=non_negative_float, help="communication time per step")
+    g.add_argument("--num-gpus", type=positive_int, default=8)
+    g = p.add_argument_group("naive model parallelism (seed 004 L516-566)")
+    g.add_argument("--layers", type=positive_int, default=12)
+    g.add_argument("--mp-gpus", type=positive_int, default=3)
+    g.add_argument("--layer-ms", type=positive_float, default=10.0)
+    g.add_argument("--transfer-ms", type=non_negative_float, default=5.0)
+    add_output_flags(p, plot=True, faithful=True)
+    p.set_defaults(func=guarded(run))
+
+
+def run(args) -> int:
+    if (args.compute_s is None) != (args.comm_s is None):
+        raise ValueError("give both --compute-s and --comm-s, or neither")
+    strong = sc.strong_scaling(args.gpu_counts, args.strong_times)
+    weak = sc.weak_scaling(args.gpu_counts, args.weak_times)
+    resnet = sc.strong_scaling(*sc.SEED_RESNET, baseline_time_s=sc.SEED_RESNET_SINGLE_GPU_S)
+    if args.compute_s is None:
+        scenarios = sc.SEED_AMDAHL_SCENARIOS
+    else:
+        scenarios = (("Custom", args.compute_s, args.comm_s, args.num_gpus),)
+    amdahl = [(name, sc.amdahl(c, m, n)) for name, c, m, n in scenarios]
+    mp = sc.naive_model_parallel(
+        args.layers,
+        args.mp_gpus,
+        args.layer_ms,
+        args.transfer_ms,
+        seed_faithful=args.seed_faithful,
+    )
+    lines = [
+        mode_line(args.seed_faithful, FAITHFUL_WHAT),
+        "",
+        "Strong scaling: fixed total batch; efficiency = (t1 / N) / tN",
+        format_table(
+            ["GPUs", "Time (s)", "Speedup", "Efficiency"],
+            [
+                [p.num_gpus, f"{p.time_s:g}", f"{p.speedup:.2f}x", f"{p.efficiency:.1%}"]
+                for p in strong
+            ],
+        ),
+        "",
+        f"Weak scaling: {args.batch_per_gpu} per GPU; efficiency = t1 / tN",
+        format_table(
+            ["GPUs", "Total batch", "Time (s)", "Efficiency"],
+            [
+                [
+                    p.num_gpus,
+                    p.num_gpus * args.batch_per_gpu,
+                    f"{p.time_s:g}",
+                    f"{p.efficiency:.1%}",
+                ]
+                for p in weak
+            ],
+        ),
+        "",
+        f"ResNet-50 example (shared/seeds/004 L380-392), {sc.SEED_RESNET_SINGLE_GPU_S} s on 1 GPU",
+        format_table(
+            ["GPUs", "Time (s)", "Efficiency"],
+            [[p.num_gpus, f"{p.time_s:g}", f"{p.efficiency:.1%}"] for p in resnet],
+        ),
+        "",
+        "Amdahl: communication does not parallelise; max speedup = 1 / (comm + compute / N)",
+        format_table(
+            ["Scenario", "GPUs", "Compute", "Comm", "Max speedup", "Comm-bound?"],
+            [
+                [name, a.num_gpus, f"{a.compute_s:g} s ({a.compute_fraction:.1%})"]
+                + [f"{a.comm_s:g} s ({a.comm_fraction:.1%})", f"{a.max_speedup:.2f}x"]
+                + ["WARNING" if a.comm_bound else "no"]
+                for name, a in amdahl
+            ],
+        ),
+    ]
+    if any(a.comm_bound for _, a in amdahl):
+        lines.append(
+            f"  communication above {sc.COMM_WARNING_FRACTION:.0%} of the step; suggestions:"
+        )
+        lines += [f"    - {s}" for s in sc.COMM_BOUND_SUGGESTIONS]
+    lines += [
+        "",
+        f"Naive model parallelism: {args.layers} layers on {args.mp_gpus} GPUs, "
+        f"{args.layer_ms:g} ms/layer, {args.transfer_ms:g} ms/transfer, backward = forward",
+        f"  layers per GPU:  {', '.join(map(str, mp.layers_per_gpu))}",
+        f"  forward pass:    {mp.forward_ms:g} ms",
+        f"  total time:      {mp.total_ms:g} ms",
+        f"  GPU utilisation: {mp.utilization:.1%}  (only one GPU works at a time)",
+    ]
+    untimed = args.layers - sum(mp.layers_per_gpu)
+    if untimed:
+        lines.append(
+            f"  ({untimed} layer(s) never timed by the seed's split; utilisation overstated)"
+        )
+    if (args.layers, args.mp_gpus, args.layer_ms, args.transfer_ms) == (12, 3, 10.0, 5.0):
+        lines.append(
+            "  (the seed's comment, L567-570, says 50 ms / 100 ms / 40%; its code prints the above)"
+        )
+
+    def points(series):
+        return [
+            {"num_gpus": p.num_gpus, "time_s": p.time_s, "speedup": p.speedup}
+            | {"efficiency": p.efficiency}
+            for p in series
+        ]
+
+    report = {
+        "command": "scaling",
+        "mode": "seed-faithful" if args.seed_faithful else "corrected",
+        "strong": points(strong),
+        "weak": points(weak),
+        "resnet": points(resnet),
+        "amdahl": [
+            {"scenario": name, "num_gpus": a.num_gpus, "comm_fraction": a.comm_fraction}
+            | {"max_speedup": a.max_speedup, "comm_bound": a.comm_bound}
+            for name, a in amdahl
+        ],
+        "naive_model_parallel": {
+            "layers_per_gpu": list(mp.layers_per_gpu),
+            "forward_ms": mp.forward_ms,
+            "total_ms": mp.total_ms,
+            "utilization": mp.utilization,
+        },
+    }
+    if args.plot:
+        _plot(args.plot, strong, weak)
+        lines.append(f"plot written to {args.plot}")
+    emit(args, report, lines)
+    return 0
+
+
+def _plot(path, strong, weak) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    gpus = [p.num_gpus for p in strong]
+    ax1.plot(gpus, [p.speedup for p in strong], marker="o", label="measured")
+    ax1.plot(gpus, gpus, "k--", alpha=0.5, label="ideal")
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log", base=2)
+    ax1.set_xlabel("GPUs")
+    ax1.set_ylabel("Speedup")
+    ax1.set_title("Strong scaling")
+    ax1.legend()
+    ax2.plot(gpus, [p.efficiency * 100 for p in strong], marker="o", label="strong")
+    ax2.plot(
+        [p.num_gpus for p in weak], [p.efficiency * 100 for p in weak], marker="s", label="weak"
+    )
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("GPUs")
+    ax2.set_ylabel("Efficiency (%)")
+    ax2.set_title("Scaling efficiency")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
