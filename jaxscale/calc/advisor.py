@@ -84,11 +84,12 @@ def validate(workload: Workload, hw: Hardware) -> None:
             f" or a divisor of it"
         )
     for name in ("gpu_memory_bytes", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
-                 "peak_flops", "assumed_mfu"):  # fmt: skip
+                 "peak_flops"):  # fmt: skip
         if not getattr(hw, name) > 0:
             raise ValueError(f"{name} must be > 0, got {getattr(hw, name)!r}")
-    if not 0 < hw.usable_fraction <= 1:
-        raise ValueError(f"usable fraction must be in (0, 1], got {hw.usable_fraction!r}")
+    for name in ("usable_fraction", "assumed_mfu"):
+        if not 0 < getattr(hw, name) <= 1:
+            raise ValueError(f"{name} must be in (0, 1], got {getattr(hw, name)!r}")
 
 
 def _divisors(n: int) -> list[int]:
@@ -124,11 +125,18 @@ def _rank_key(cost: LayoutCost):
     return (round(cost.step_s, 6), cost.memory.total, cost.layout.zero_stage, cost.layout.recompute)
 
 
-def _rule_cost(workload: Workload, hw: Hardware, advice: RuleAdvice) -> LayoutCost | None:
+def _rule_cost(
+    workload: Workload, hw: Hardware, advice: RuleAdvice, recompute: str
+) -> LayoutCost | None:
+    """Our model applied to a rule's layout, with recomputation where the choice allows it."""
     degrees = (advice.tp, advice.pp, advice.dp)
     if advice.error or None in degrees or min(degrees) < 1:
         return None
-    return evaluate(workload, hw, Layout(*degrees, advice.zero_stage or 0))
+    costs = [
+        evaluate(workload, hw, Layout(*degrees, advice.zero_stage or 0, recompute=rc))
+        for rc in RECOMPUTE_CHOICES[recompute]
+    ]
+    return min(costs, key=lambda c: (not c.fits, _rank_key(c)))
 
 
 def advise(
@@ -159,7 +167,7 @@ def advise(
         seed004_config(workload.n_params, hw.num_gpus),
         seed002_advice(seed002),
     )
-    rules = tuple(RuleComparison(a, _rule_cost(workload, hw, a)) for a in advices)
+    rules = tuple(RuleComparison(a, _rule_cost(workload, hw, a, recompute)) for a in advices)
     best = ranked[0] if ranked else None
     report = AdviceReport(
         workload, hw, hidden, layers, best, ranked, smallest, len(costs), rules, seed002, ()

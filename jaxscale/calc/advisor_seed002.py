@@ -197,7 +197,6 @@ def seed002_advice(result: Seed002Result) -> RuleAdvice:
     common = {
         "rule": f"seed 002 calc ({mode})",
         "source": "shared/seeds/002_*.txt L5743-6092",
-        "zero_stage": 1,  # its "ZeRO-3" shards only the optimizer over dp
     }
     notes = []
     if result.seed_faithful:
@@ -208,12 +207,13 @@ def seed002_advice(result: Seed002Result) -> RuleAdvice:
     if best is None:
         strategy = "no configuration fits" if result.error is None else "crashes"
         return RuleAdvice(
-            **common, strategy=strategy, tp=None, pp=None, dp=None, notes=tuple(notes),
-            error=result.error,
+            **common, strategy=strategy, tp=None, pp=None, dp=None, zero_stage=None,
+            notes=tuple(notes), error=result.error,
         )  # fmt: skip
     return RuleAdvice(
         **common, strategy=f"TP {best.tp} x PP {best.pp} x DP {best.dp}", tp=best.tp, pp=best.pp,
-        dp=best.dp, per_gpu_bytes=best.memory_per_gpu_gb * GB,
+        dp=best.dp, zero_stage=1,  # its "ZeRO-3" shards only the optimizer state over dp
+        per_gpu_bytes=best.memory_per_gpu_gb * GB,
         reason=f"fits under 90% of memory with least volume, {best.total_comm_gb:.2f} GB/step",
         notes=tuple(notes),
     )  # fmt: skip
