@@ -1,0 +1,113 @@
+"""Platform facts and `jaxscale doctor`.
+
+Never sets the device count: that is decided at process edges (Makefile, tests/conftest.py,
+`python -m jaxscale`). Library code reads jax.devices() and never assumes 8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+# Dense bf16 peak FLOP/s per device, by jax `device_kind`, for MFU. None (unknown) on CPU.
+PEAK_BF16_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA H100 80GB HBM3": 989.5e12,
+    "NVIDIA H100": 989.5e12,
+    "NVIDIA H200": 989.5e12,
+}
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """Peak bf16 FLOP/s for a device kind, or None when unknown (never guessed)."""
+    if device_kind in PEAK_BF16_FLOPS:
+        return PEAK_BF16_FLOPS[device_kind]
+    for kind, flops in PEAK_BF16_FLOPS.items():
+        if device_kind.startswith(kind):
+            return flops
+    return None
+
+
+def fake_cpu_devices_active() -> bool:
+    """True when the CPU backend was asked for several simulated devices."""
+    import jax
+
+    flag = "--xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    requested = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1") or 1) > 1
+    cpu = jax.default_backend() == "cpu"
+    return cpu and (flag or requested or jax.local_device_count() > 1)
+
+
+def psum_smoke_test() -> tuple[int, int]:
+    """psum of (device index + 1) over every device; returns (measured, closed form N(N+1)/2).
+
+    Built as a 1-D mesh over all devices (all processes), so in a multi-process run the sum
+    crosses process boundaries: one all-reduce over the whole machine set.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType
+
+    n = jax.device_count()
+    mesh = jax.make_mesh((n,), ("all",), axis_types=(AxisType.Explicit,))
+
+    @jax.jit
+    @jax.shard_map(mesh=mesh, in_specs=(), out_specs=jax.P())
+    def total():
+        return jax.lax.psum(jax.lax.axis_index("all") + 1, "all")  # one all-reduce
+
+    out = total()
+    measured = int(jnp.asarray(out.addressable_shards[0].data))
+    return measured, n * (n + 1) // 2
+
+
+def doctor_report() -> dict:
+    import flax
+    import jax
+    import jaxlib
+
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    measured, expected = psum_smoke_test()
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "flax": flax.__version__,
+        "backend": jax.default_backend(),
+        "device_count": jax.device_count(),
+        "local_device_count": jax.local_device_count(),
+        "device_kinds": kinds,
+        "devices": [str(d) for d in jax.local_devices()],
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "fake_cpu_devices": fake_cpu_devices_active(),
+        "peak_bf16_flops": {k: peak_flops(k) for k in kinds},
+        "psum_smoke": {"measured": measured, "expected": expected, "ok": measured == expected},
+    }
+
+
+def doctor_main(args) -> int:
+    report = doctor_report()
+    if getattr(args, "json", False):
+        print(json.dumps(report))
+    else:
+        width = max(len(k) for k in report)
+        for key, value in report.items():
+            print(f"{key:<{width}}  {value}")
+        smoke = report["psum_smoke"]
+        verdict = "ok" if smoke["ok"] else "FAILED"
+        n = report["device_count"]
+        print(
+            f"psum over {n} devices of (index+1) = {smoke['measured']}; "
+            f"closed form N(N+1)/2 = {smoke['expected']}: {verdict}"
+        )
+    return 0 if report["psum_smoke"]["ok"] else 1

@@ -1,0 +1,168 @@
+"""The auto path: one jitted training step whose collectives GSPMD places from the shardings.
+
+State is a plain dict {"step", "params", "opt_state"}; batches are int32 [B, T+1] token windows.
+The same functions, called with `sharder=None` on one device, are the single-device reference
+that every strategy is checked against.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.model import state as model_state
+from jaxscale.sharding import Sharder
+
+
+def cross_entropy(logits_BTV, targets_BT):
+    """Mean next-token cross-entropy in nats (f32)."""
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    nll_BT = -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    return jnp.mean(nll_BT)
+
+
+def loss_fn(params, batch_BT1, cfg: ModelConfig, sharder: Sharder | None = None):
+    logits_BTV = model_state.apply(cfg, params, batch_BT1[:, :-1], sharder)
+    return cross_entropy(logits_BTV, batch_BT1[:, 1:])
+
+
+def loss_and_grads(params, batch_BT1, cfg, sharder=None, grad_accum: int = 1):
+    """Mean loss and gradient over the batch, accumulated over `grad_accum` microbatches.
+
+    Microbatch m takes rows m, m+M, m+2M, ... so each device's rows split evenly without moving
+    data. The gradient is summed locally across microbatches; under data parallelism the one
+    cross-device reduction happens once per step, on the sum (GSPMD places it after the scan).
+    """
+    if grad_accum == 1:
+        return jax.value_and_grad(loss_fn)(params, batch_BT1, cfg, sharder)
+    B = batch_BT1.shape[0]
+    micro_MBT1 = batch_BT1.reshape(B // grad_accum, grad_accum, -1).swapaxes(0, 1)
+
+    def body(carry, micro_BT1):
+        loss_sum, grad_sum = carry
+        loss, grads = jax.value_and_grad(loss_fn)(params, micro_BT1, cfg, sharder)
+        return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (loss_sum, grad_sum), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro_MBT1)
+    return loss_sum / grad_accum, jax.tree.map(lambda g: g / grad_accum, grad_sum)
+
+
+def lr_schedule(tcfg: TrainConfig):
+    """Linear warmup to `lr`, then cosine decay to lr * min_lr_ratio at the last step."""
+    decay_steps = max(tcfg.steps - tcfg.warmup_steps, 1)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=tcfg.lr,
+        warmup_steps=tcfg.warmup_steps,
+        decay_steps=tcfg.warmup_steps + decay_steps,
+        end_value=tcfg.lr * tcfg.min_lr_ratio,
+    )
+
+
+def make_optimizer(tcfg: TrainConfig, cfg: ModelConfig):
+    """AdamW with global-norm clipping; no weight decay on norm scales."""
+    logical = model_state.logical_axes(cfg)
+    decay_mask = jax.tree.map(
+        lambda names: "norm" not in names, logical, is_leaf=lambda x: isinstance(x, tuple)
+    )
+    adamw = optax.adamw(
+        lr_schedule(tcfg), b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask
+    )
+    if tcfg.grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw)
+    return adamw
+
+
+def init_state(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None):
+    """Fresh training state, initialised directly in its sharded layout."""
+    tx = make_optimizer(tcfg, cfg)
+
+    def init():
+        params = model_state.init_params(cfg, tcfg.seed)
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+    if sharder is None:
+        return jax.jit(init)()
+    return jax.jit(init, out_shardings=state_shardings(cfg, tcfg, sharder))()
+
+
+def state_shardings(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder):
+    """Shardings of the whole state: optimizer moments follow their parameters (ZeRO-3 under
+    fsdp: params, Adam m and v all sharded alike); scalars are replicated."""
+    tx = make_optimizer(tcfg, cfg)
+    param_sh = model_state.param_shardings(cfg, sharder)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        model_state.abstract_params(cfg),
+        param_sh,
+    )
+    # zeros_like propagates each parameter's sharding to its moments; read the result back.
+    opt_sh = jax.jit(tx.init).lower(abstract).compile().output_shardings
+    replicated = sharder.named(())
+    return {"step": replicated, "params": param_sh, "opt_state": opt_sh}
+
+
+def batch_sharding(sharder: Sharder):
+    return sharder.named(("batch", None))
+
+
+def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=None):
+    """One optimizer step. Returns (new state, metrics {loss, grad_norm, lr})."""
+    tx = make_optimizer(tcfg, cfg)
+    loss, grads = loss_and_grads(state["params"], batch_BT1, cfg, sharder, tcfg.grad_accum)
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = {
+        "loss": loss,
+        "grad_norm": optax.global_norm(grads),
+        "lr": lr_schedule(tcfg)(state["step"]),
+    }
+    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+
+
+def jit_train_step(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None):
+    """The compiled-once step; the old state's buffers are donated to the new one."""
+
+    def step(state, batch):
+        return train_step(state, batch, cfg, tcfg, sharder)
+
+    if sharder is None:
+        return jax.jit(step, donate_argnums=0)
+    state_sh = state_shardings(cfg, tcfg, sharder)
+    return jax.jit(
+        step,
+        in_shardings=(state_sh, batch_sharding(sharder)),
+        out_shardings=(state_sh, sharder.named(())),
+        donate_argnums=0,
+    )
+
+
+def jit_eval_loss(cfg: ModelConfig, sharder: Sharder | None = None):
+    def ev(params, batch):
+        return loss_fn(params, batch, cfg, sharder)
+
+    return jax.jit(ev)
+
+
+def greedy_sample(cfg: ModelConfig, params, prompt_ids, n_new: int):
+    """Greedy continuation of `prompt_ids` (no KV cache: the tiny model recomputes the prefix).
+
+    One fixed-shape buffer and a fori_loop, so it compiles once whatever the prompt."""
+    total = min(len(prompt_ids) + n_new, cfg.max_seq)
+    start = len(prompt_ids)
+    if start == 0 or start >= total:
+        raise ValueError(f"prompt of {start} tokens leaves no room below max_seq={cfg.max_seq}")
+    buf_1T = jnp.zeros((1, total), jnp.int32).at[0, :start].set(jnp.asarray(prompt_ids))
+
+    @jax.jit
+    def run(params, buf_1T):
+        def body(i, buf_1T):
+            logits_1TV = model_state.apply(cfg, params, buf_1T)
+            return buf_1T.at[0, i].set(jnp.argmax(logits_1TV[0, i - 1]).astype(jnp.int32))
+
+        return jax.lax.fori_loop(start, total, body, buf_1T)
+
+    return [int(t) for t in run(params, buf_1T)[0, start:]]
