@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 from jaxscale.calc.memory import TrainingMemory, training_memory_per_device
 
-# Defaults: an H100 SXM node, the hardware of seed 002's calculator (S2 L5779-5783).
+# Defaults: an H100 SXM node, the hardware of seed 002's calculator (S2 L5781-5787).
 INTRA_NODE_BYTES_PER_S = 450e9  # NVLink 4: 900 GB/s both ways (the seed's "900") = 450 each way
 INTER_NODE_BYTES_PER_S = 50e9  # one 400 Gb/s InfiniBand NIC per GPU (the seed's "50")
 PEAK_FLOPS = 989e12  # dense bf16
 ASSUMED_MFU = 0.4  # fraction of peak the compute reaches; only converts FLOPs into bubble time
-USABLE_FRACTION = 0.9  # seed 002 keeps 10% headroom (S2 L5964)
+USABLE_FRACTION = 0.9  # seed 002 keeps 10% headroom (S2 L5932)
 ASPECT_RATIO = 128  # hidden / layers of LLaMA-7B and GPT-3 (4096/32, 12288/96)
 TP_ALL_REDUCES_PER_LAYER = 4
 EP_ALL_TO_ALLS_PER_LAYER = 4

@@ -2,7 +2,7 @@
 in `advisor_seed002.py`).
 
 - seed 000 exercise 4: the decision tree "DP -> ZeRO 1/2/3 -> TP x PP x DP", 12 B/param
-  (shared/seeds/000_*.txt L1111-1232);
+  (shared/seeds/000_*.txt L1111-1224);
 - seed 001 `recommend_parallelism`: a size rule of thumb, TP in node, PP across nodes
   (shared/seeds/001_*.txt L936-998);
 - seed 004 `get_parallelism_config`: fixed size bands (shared/seeds/004_*.txt L1155-1206) and the
@@ -60,15 +60,15 @@ def _idle_note(advice_gpus: int, num_gpus: int) -> tuple[str, ...]:
 
 # --- seed 000, exercise 4 ------------------------------------------------------------------------
 
-SEED000_BYTES_PER_PARAM = 12  # bf16 weights + bf16 grads + fp32 Adam m, v (000 L1114-1117)
+SEED000_BYTES_PER_PARAM = 12  # bf16 weights + bf16 grads + fp32 Adam m, v (000 L1113-1116)
 _ZERO_NAMES = {1: "optimizer states", 2: "optimizer + gradients", 3: "everything"}
 
 
 def seed000_decision_tree(n_params: float, num_gpus: int, gpu_memory_gb: float) -> RuleAdvice:
-    """Seed 000 `recommend_parallelism` (L1111-1232): the first of DP, ZeRO-1, -2, -3 that fits,
+    """Seed 000 `recommend_parallelism` (L1111-1224): the first of DP, ZeRO-1, -2, -3 that fits,
     else its TP x PP x DP search, else "INSUFFICIENT RESOURCES"."""
     _check(n_params, num_gpus)
-    common = {"rule": "seed 000 tree", "source": "shared/seeds/000_*.txt L1111-1232"}
+    common = {"rule": "seed 000 tree", "source": "shared/seeds/000_*.txt L1111-1224"}
     total_bytes = n_params * SEED000_BYTES_PER_PARAM
     gpu_bytes = gpu_memory_gb * GB
     if total_bytes <= gpu_bytes:
@@ -85,7 +85,7 @@ def seed000_decision_tree(n_params: float, num_gpus: int, gpu_memory_gb: float) 
                 **common, strategy=f"ZeRO Stage {stage} + DATA PARALLELISM", tp=1, pp=1,
                 dp=num_gpus, zero_stage=stage, per_gpu_bytes=mem.total, reason=reason,
             )  # fmt: skip
-    # Next the seed searches tp in (1,2,4,8) x pp in (1,2,4,8,16) with dp = rest (L1185-1205). It
+    # Next the seed searches tp in (1,2,4,8) x pp in (1,2,4,8,16) with dp = rest (L1176-1205). It
     # calls that layout "ZeRO Stage 3" but divides only the optimizer state by dp (weights and
     # gradients by tp*pp): ZeRO-1. Its per-GPU memory, 4N/(tp*pp) + 8N/G bytes, is never below
     # ZeRO-3's 12N/G, which has just failed -- so the search never finds a layout and the seed

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from jaxscale.calc.advisor_rules import RuleAdvice
 
 GB = 1e9
-SEED002_TP = (1, 2, 4, 8)  # L5930
-SEED002_PP = (1, 2, 4, 8, 16)  # L5934
-SEED002_FIT_FRACTION = 0.9  # "90% threshold" (L5964)
-SEED002_EP_DEGREE = 8  # its MoE advice always assumes 8-way EP (L6079)
+SEED002_TP = (1, 2, 4, 8)  # L5897
+SEED002_PP = (1, 2, 4, 8, 16)  # L5901
+SEED002_FIT_FRACTION = 0.9  # "90% threshold" (L5932)
+SEED002_EP_DEGREE = 8  # its MoE advice always assumes 8-way EP (L6078)
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Seed002Shape:
 
     @property
     def param_count(self) -> int:
-        """vocab*h + layers*(4h^2 + 2*h*int(ratio*h)*experts) (L5806-5818)."""
+        """vocab*h + layers*(4h^2 + 2*h*int(ratio*h)*experts) (L5798-5828)."""
         h = self.hidden
         ffn = 2 * h * int(h * self.ffn_ratio) * self.num_experts
         return self.vocab * h + self.layers * (4 * h * h + ffn)
