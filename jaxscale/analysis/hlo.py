@@ -1,0 +1,273 @@
+"""Collective census: the collectives a compiled program really runs, read from its HLO text.
+
+`cost_analysis()` has no collective-bytes key, so we parse `compiled.as_text()` (post-partitioning
+HLO). Pure text processing: this module does not import jax.
+
+What one `Collective` records (one per collective instruction, in every computation):
+  op               all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute |
+                   ragged-all-to-all (async `X-start`/`X-done` pairs are one collective, named X)
+  dtype            element type as printed ("mixed" for a tuple of several types)
+  bytes_per_device bytes of ONE device's buffer, defined per op (tuple-shaped combined ops sum
+                   their elements once):
+                     all-reduce          the operand (= the result)
+                     all-gather          the output, i.e. the gathered buffer (N x the input)
+                     reduce-scatter      the input, i.e. N x the output
+                     all-to-all          the operand (= the result)
+                     collective-permute  the operand each source sends (= what a target receives)
+                     ragged-all-to-all   the output buffer
+                   The wire traffic of an algorithm is a different number: a ring all-reduce of
+                   B bytes sends 2(N-1)/N x B per device (`jaxscale.calc.comm`).
+  group_size       devices per replica group (N above); for collective-permute, the number of
+                   distinct devices named in source_target_pairs
+  num_groups       replica groups (for collective-permute: the number of source->target pairs)
+
+Collectives inside loop bodies or called computations are counted once each (a static count).
+
+Two CPU habits are recognised rather than hidden (jax-ecosystem-notes §10 item 11):
+  * XLA:CPU computes bf16 collectives in f32: `upcast_from` names the narrow type when the operand
+    comes straight from a convert, or the result goes straight into one.
+  * XLA:CPU (and TPU, inside a fusion) may emit all-reduce + dynamic-slice for a reduce-scatter:
+    `scattered` is True when an all-reduce's result is dynamic-sliced to 1/N of its elements.
+`normalize()` rewrites both (op -> reduce-scatter; dtype and bytes -> the narrow type), so that a
+prediction made for bf16 reduce-scatters can be compared with a CPU compile.
+
+Replica groups are read in every form jax 0.10-0.12 prints: explicit `{{0,1},{2,3}}`, iota
+`[2,4]<=[8]` and `[4,2]<=[2,4]T(1,0)`, and mesh `mesh['a'=2,'b'=4] {'a'}`.
+"""
+
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+from math import prod
+
+from jaxscale.analysis.hlo_text import (
+    DTYPE_BYTES,
+    Instruction,
+    array_shapes,
+    int_list,
+    module_devices,
+    nbytes,
+    parse_hlo,
+    parse_replica_groups,
+)
+
+OPS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "ragged-all-to-all",
+)
+_ASYNC_STARTS = {f"{op}-start": op for op in OPS}
+_ASYNC_DONES = {f"{op}-done" for op in OPS}
+_NARROW_FLOATS = ("bf16", "f16")
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str
+    dtype: str
+    bytes_per_device: float
+    group_size: int
+    num_groups: int
+    name: str  # the instruction's name (the -start for async forms)
+    computation: str
+    is_async: bool = False
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # result arrays (dtype, dims)
+    upcast_from: str | None = None  # narrow float converted to dtype around the collective
+    scattered: bool = False  # all-reduce whose result is dynamic-sliced to 1/group_size
+
+
+@dataclass(frozen=True)
+class CensusRow:
+    op: str
+    dtype: str
+    bytes_per_device: float
+    group_size: int
+    count: int
+
+
+@dataclass(frozen=True)
+class OpTotals:
+    count: int
+    total_bytes: float  # sum of bytes_per_device over the op's collectives
+
+
+# --- the census -------------------------------------------------------------------------------
+
+
+def _is_convert_like(instr: Instruction, computations) -> bool:
+    if instr.opcode == "convert":
+        return True
+    if instr.opcode != "fusion":
+        return False
+    called = computations.get(instr.attrs.get("calls", "").lstrip("%"), [])
+    ops = {i.opcode for i in called} - {"parameter"}
+    return "convert" in ops and ops <= {"convert", "bitcast", "copy"}
+
+
+def _fusion_has(instr: Instruction, opcode: str, computations) -> bool:
+    called = computations.get(instr.attrs.get("calls", "").lstrip("%"), [])
+    return any(i.opcode == opcode for i in called)
+
+
+def _upcast_from(coll_dtype, operands, users, by_name, computations) -> str | None:
+    if coll_dtype != "f32":
+        return None
+    for instr in operands:  # operand converted up just before the collective
+        if instr is not None and _is_convert_like(instr, computations):
+            for src in instr.operands:
+                src_shapes = array_shapes(by_name[src].result_type) if src in by_name else ()
+                if src_shapes and src_shapes[0][0] in _NARROW_FLOATS:
+                    return src_shapes[0][0]
+    for instr in users:  # result converted back down right after
+        out = array_shapes(instr.result_type)
+        if _is_convert_like(instr, computations) and out and out[0][0] in _NARROW_FLOATS:
+            return out[0][0]
+    return None
+
+
+def _is_scattered(result: Instruction, elements: int, group: int, users_of, computations) -> bool:
+    """The all-reduce result is cut to 1/group of its elements by a dynamic-slice (maybe fused)."""
+    if group <= 1:
+        return False
+    frontier, seen = [result.name], set()
+    for _ in range(3):  # look through up to two convert/copy steps
+        nxt = []
+        for name in frontier:
+            for user in users_of.get(name, ()):
+                if user.name in seen:
+                    continue
+                seen.add(user.name)
+                out = array_shapes(user.result_type)
+                n_out = prod(out[0][1]) if out else 0
+                if user.opcode == "dynamic-slice" or (
+                    user.opcode == "fusion" and _fusion_has(user, "dynamic-slice", computations)
+                ):
+                    if n_out * group == elements:
+                        return True
+                if _is_convert_like(user, computations):
+                    nxt.append(user.name)
+        frontier = nxt
+    return False
+
+
+def collectives_from_text(text: str) -> list[Collective]:
+    """Every collective in an HLO module's text (see the module docstring for the fields)."""
+    computations = parse_hlo(text)
+    num_devices = module_devices(text)
+    found = []
+    for comp_name, instrs in computations.items():
+        by_name = {i.name: i for i in instrs}
+        users_of: dict[str, list[Instruction]] = {}
+        for i in instrs:
+            for o in i.operands:
+                users_of.setdefault(o, []).append(i)
+        for instr in instrs:
+            if instr.opcode in _ASYNC_DONES:
+                continue
+            op = _ASYNC_STARTS.get(instr.opcode, instr.opcode if instr.opcode in OPS else None)
+            if op is None:
+                continue
+            is_async = instr.opcode in _ASYNC_STARTS
+            result = instr
+            if is_async:
+                done = [u for u in users_of.get(instr.name, ()) if u.opcode == f"{op}-done"]
+                result = done[0] if done else instr
+            shapes = _output_shapes(op, result, is_async and result is instr)
+            if op == "collective-permute":
+                pairs = [tuple(p) for p in _pairs(instr.attrs.get("source_target_pairs", "{}"))]
+                group_size = len({d for p in pairs for d in p})
+                num_groups = len(pairs)
+            else:
+                groups = parse_replica_groups(instr.attrs.get("replica_groups", "{}"), num_devices)
+                group_size, num_groups = len(groups[0]), len(groups)
+            size = nbytes(shapes) * (group_size if op == "reduce-scatter" else 1)
+            dtypes = {d for d, _ in shapes}
+            dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
+            operands = [by_name.get(o) for o in instr.operands]
+            users = users_of.get(result.name, ())
+            elements = sum(prod(d) for _, d in shapes)
+            found.append(
+                Collective(
+                    op=op,
+                    dtype=dtype,
+                    bytes_per_device=size,
+                    group_size=group_size,
+                    num_groups=num_groups,
+                    name=instr.name,
+                    computation=comp_name,
+                    is_async=is_async,
+                    shapes=shapes,
+                    upcast_from=_upcast_from(dtype, operands, users, by_name, computations),
+                    scattered=op == "all-reduce"
+                    and _is_scattered(result, elements, group_size, users_of, computations),
+                )
+            )
+    return found
+
+
+def _pairs(text: str) -> list[list[int]]:
+    return [int_list(p) for p in re.findall(r"\{(\d+\s*,\s*\d+)\}", text)]
+
+
+def _output_shapes(op: str, result: Instruction, start_without_done: bool):
+    """The collective's output arrays; a lone `-start` tuple is cut to its output part."""
+    shapes = array_shapes(result.result_type)
+    if not start_without_done:
+        return shapes
+    arrays = [s for s in shapes if s[1] or s[0] not in ("u32", "s32")]
+    if op == "all-gather":  # (operands..., outputs...)
+        return tuple(arrays[len(arrays) // 2 :])
+    if op == "collective-permute":  # (operand, output, context...)
+        return tuple(arrays[:1])
+    return shapes
+
+
+def collectives_of(compiled) -> list[Collective]:
+    """Census of anything with `.as_text()` (a jax `Compiled`), or of HLO text itself."""
+    return collectives_from_text(compiled if isinstance(compiled, str) else compiled.as_text())
+
+
+def normalize(collectives: list[Collective]) -> list[Collective]:
+    """Undo CPU habits: scattered all-reduce -> reduce-scatter; f32 upcast -> the narrow dtype."""
+    out = []
+    for c in collectives:
+        if c.scattered:
+            c = replace(c, op="reduce-scatter", scattered=False)
+        if c.upcast_from:
+            ratio = DTYPE_BYTES[c.upcast_from] / DTYPE_BYTES[c.dtype]
+            c = replace(
+                c,
+                dtype=c.upcast_from,
+                bytes_per_device=c.bytes_per_device * ratio,
+                upcast_from=None,
+            )
+        out.append(c)
+    return out
+
+
+def census(collectives: list[Collective]) -> list[CensusRow]:
+    """Identical collectives (op, dtype, bytes, group size) folded into one row with a count."""
+    counts = Counter((c.op, c.dtype, c.bytes_per_device, c.group_size) for c in collectives)
+    return [CensusRow(*key, count=n) for key, n in sorted(counts.items(), key=lambda kv: kv[0])]
+
+
+def summarize(collectives: list[Collective]) -> dict[str, OpTotals]:
+    """Per op: how many collectives and their total bytes per device."""
+    totals: dict[str, OpTotals] = {}
+    for c in collectives:
+        t = totals.get(c.op, OpTotals(0, 0.0))
+        totals[c.op] = OpTotals(t.count + 1, t.total_bytes + c.bytes_per_device)
+    return totals
+
+
+def format_census(rows: list[CensusRow]) -> str:
+    """An aligned text table of census rows."""
+    lines = [f"{'op':<20} {'dtype':<6} {'bytes/device':>14} {'group':>6} {'count':>6}"]
+    for r in rows:
+        lines.append(
+            f"{r.op:<20} {r.dtype:<6} {r.bytes_per_device:>14,.0f} {r.group_size:>6} {r.count:>6}"
+        )
+    return "\n".join(lines)
