@@ -5,6 +5,7 @@ from jaxscale.calc import scaling_laws as sl
 from jaxscale.calc.models import get_model
 from jaxscale.calc.training_format import (
     add_output_flags,
+    arg_type,
     comma_list,
     emit,
     format_count,
@@ -32,7 +33,7 @@ def add_parsers(calc_sub) -> None:
         description="FLOPs per token of a decoder-only transformer (default: seed 001's GPT-3 "
         "style model) and the table verifying the 6N rule.",
     )
-    p.add_argument("--model", type=get_model, help="a preset instead of the shape flags")
+    p.add_argument("--model", type=arg_type(get_model), help="a preset instead of the shape flags")
     p.add_argument("--d-model", type=positive_int, default=SEED_FLOPS_CONFIG["d_model"])
     p.add_argument("--layers", type=positive_int, default=SEED_FLOPS_CONFIG["layers"])
     p.add_argument("--seq-len", type=positive_int, default=SEED_FLOPS_CONFIG["seq_len"])

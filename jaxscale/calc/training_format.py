@@ -10,7 +10,7 @@ _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 def parse_count(text: str) -> float:
     """'124M', '7B', '1.7T', '70e9' -> float (> 0); argparse type."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", text, re.I)
+    match = re.fullmatch(r"\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", text, re.I)
     if not match:
         raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 124M, 7B, 70e9)")
     value = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
@@ -56,6 +56,19 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def arg_type(func):
+    """Wrap a library parser so argparse shows its ValueError message (not 'invalid value')."""
+
+    def parse(text: str):
+        try:
+            return func(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = func.__name__
+    return parse
+
+
 def comma_list(item_type):
     """argparse type for '512,1024,2048' -> [512, 1024, 2048] with each item checked."""
 
@@ -63,7 +76,7 @@ def comma_list(item_type):
         items = [part for part in text.split(",") if part.strip()]
         if not items:
             raise argparse.ArgumentTypeError("empty list")
-        return [item_type(part.strip()) for part in items]
+        return [arg_type(item_type)(part.strip()) for part in items]
 
     return parse
 
