@@ -117,7 +117,7 @@ def _run(args, parser: argparse.ArgumentParser) -> int:
 # --- output ---------------------------------------------------------------------------------------
 
 
-def _table(header: list[str], rows: list[list[str]], *, label_column: bool = True) -> str:
+def format_table(header: list[str], rows: list[list[str]], *, label_column: bool = True) -> str:
     """Right-aligned columns; the first is left-aligned when it holds labels."""
     cells = [header, *rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -181,7 +181,7 @@ def render(report: AdviceReport, top: int = 5, *, seed002_table: bool = False) -
         rows.append(["jaxscale (analytic)", *["-"] * 7, "nothing fits", "-", "-"])
     header = ["rule set", "TP", "PP", "DP", "ZeRO", "GPUs", "rule's mem", "recompute", "mem/GPU",
               "fits", "step"]  # fmt: skip
-    out += [_table(header, rows), ""]
+    out += [format_table(header, rows), ""]
     for rc in report.rules:
         a = rc.advice
         for line in [a.strategy + (f" -- {a.reason}" if a.reason else ""), *a.notes]:
@@ -205,7 +205,7 @@ def _recommendation(report: AdviceReport, top: int) -> list[str]:
              "master": m.master, "activations": m.activations, "total": m.total,
              "usable": hw.usable_bytes, "GPU": hw.gpu_memory_bytes}  # fmt: skip
     mem_rows = [[k, _gb(v)] for k, v in parts.items()]
-    out += ["", "Per-GPU memory", _table(["state", "per GPU"], mem_rows), ""]
+    out += ["", "Per-GPU memory", format_table(["state", "per GPU"], mem_rows), ""]
     comm_rows = [
         [c.kind, _gb(c.bytes_per_gpu), _LINKS[c.inter_node], f"{c.seconds:.2f} s"]
         for c in best.comms
@@ -217,11 +217,15 @@ def _recommendation(report: AdviceReport, top: int) -> list[str]:
         ["step (est.)", "-", "-", f"{best.step_s:.2f} s"],
     ]
     out += ["Communication per step (per GPU, no overlap assumed)"]
-    out += [_table(["kind", "volume", "link", "time"], comm_rows)]
+    out += [format_table(["kind", "volume", "link", "time"], comm_rows)]
     if top and len(report.ranked) > 1:
         alt = [[c.layout.label(), _gb(c.memory.total), f"{c.step_s:.2f} s"]
                for c in report.ranked[1 : top + 1]]  # fmt: skip
-        out += ["", "Alternatives that fit", _table(["layout", "mem/GPU", "step (est.)"], alt)]
+        out += [
+            "",
+            "Alternatives that fit",
+            format_table(["layout", "mem/GPU", "step (est.)"], alt),
+        ]
     return out
 
 
@@ -242,7 +246,7 @@ def _seed002_table(report: AdviceReport) -> str:
         for x in r.rows
     ]  # fmt: skip
     header = ["TP", "PP", "DP", "mem/GPU", "fits", "TP comm", "PP comm", "DP comm"]
-    table = _table(header, rows, label_column=False)
+    table = format_table(header, rows, label_column=False)
     b = r.best
     tail = (
         f"recommends TP={b.tp} PP={b.pp} DP={b.dp}: {b.memory_per_gpu_gb:.1f} GB per GPU,"
