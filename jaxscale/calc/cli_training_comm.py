@@ -1,6 +1,6 @@
 """`jaxscale calc comm`: TP all-reduces, FSDP/ZeRO traffic, the ZeRO volume table, tp_mlp.
 
-Sources: shared/seeds/001_*.txt §7 (L718-800), shared/seeds/002_*.txt L3316-3326 and L4980-5050.
+Sources: shared/seeds/001_*.txt §7 (L737-884), shared/seeds/002_*.txt L3316-3326 and L4980-5050.
 """
 
 from jaxscale.calc import training_comm as tc

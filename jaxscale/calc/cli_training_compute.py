@@ -17,9 +17,9 @@ from jaxscale.calc.training_format import (
     positive_int,
 )
 
-# shared/seeds/001_*.txt L455-460: the FLOPs example's "GPT-3 style" configuration.
+# shared/seeds/001_*.txt L456-461: the FLOPs example's "GPT-3 style" configuration.
 SEED_FLOPS_CONFIG = {"d_model": 12288, "layers": 96, "seq_len": 2048, "vocab": 50257}
-FAITHFUL_FLOPS = "the seed's attention term 2*d_model*seq_len^2 per token (001 L421-423)"
+FAITHFUL_FLOPS = "the seed's attention term 2*d_model*seq_len^2 per token (001 L422-425)"
 
 
 def billions(x: float) -> str:
@@ -120,7 +120,7 @@ def run_flops(args) -> int:
         "",
         format_table(["Component", "FLOPs per token"], rows),
         "",
-        "Verification of the 6N rule (seq_len 1, vocab 50000, as shared/seeds/001 L474-499)",
+        "Verification of the 6N rule (seq_len 1, vocab 50000, as shared/seeds/001 L478-500)",
         format_table(["Model", "Params", "Detailed", "6N", "Ratio"], check_rows),
     ]
     report = {
@@ -236,7 +236,7 @@ def _plot_chinchilla(path, rows, tokens_per_param) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    params = np.logspace(9, 12, 50)  # 1B .. 1000B, as shared/seeds/001 L120
+    params = np.logspace(9, 12, 50)  # 1B .. 1000B, as shared/seeds/001 L115
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
     ax1.loglog(params / 1e9, tokens_per_param * params / 1e9, "b-", label="Chinchilla optimal")
     ax1.loglog(params / 1e9, params / 1e9, "r--", alpha=0.5, label="1x ratio")

@@ -1,7 +1,7 @@
 """`jaxscale calc memory`: training memory per GPU under ZeRO 0-3 and TP/PP/DP.
 
-Scenarios reproduce the seeds' tables: seed000 (shared/seeds/000_*.txt L83-211, the default),
-seed001 (shared/seeds/001_*.txt L632-660, LLaMA-2-70B configurations) and s4
+Scenarios reproduce the seeds' tables: seed000 (shared/seeds/000_*.txt L84-211, the default),
+seed001 (shared/seeds/001_*.txt L622-645, LLaMA-2-70B configurations) and s4
 (shared/seeds/004_*.txt L1610-1636, GPT-3 on one GPU with and without checkpointing).
 """
 
@@ -26,7 +26,7 @@ from jaxscale.calc.training_format import (
 
 SEED000_MODELS = ("gpt2-124m", "llama-7b", "llama-70b")
 STAGE_LABELS = ("No ZeRO (DP)", "Stage 1", "Stage 2", "Stage 3")
-# shared/seeds/001_*.txt L634-641: (name, tp, pp, dp, zero stage, gradient checkpointing).
+# shared/seeds/001_*.txt L625-632: (name, tp, pp, dp, zero stage, gradient checkpointing).
 SEED001_CONFIGS = (
     ("Baseline (no parallelism)", 1, 1, 1, 0, False),
     ("TP=8", 8, 1, 1, 0, False),
@@ -214,7 +214,7 @@ def _seed001(args) -> int:
         report_rows[-1].update(checkpointing=ckpt, **_as_dict(m, capacity))
     heads = ["Configuration", "Params", "Grads", "Optimizer", "Activations", "Total"]
     lines = [
-        "Memory per GPU for a 70B model (shared/seeds/001 L632-660; activations = 10x params,",
+        "Memory per GPU for a 70B model (shared/seeds/001 L622-645; activations = 10x params,",
         "3x with gradient checkpointing, in bf16)",
         "",
         format_table(heads + [f"Fits {args.gpu_memory_gb:g} GB?"], rows),

@@ -13,7 +13,7 @@ from jaxscale.calc.training_format import (
     positive_int,
 )
 
-FAITHFUL_WHAT = "the seed's n_layers // n_gpus split, which drops remainder layers (004 L533)"
+FAITHFUL_WHAT = "the seed's n_layers // n_gpus split, which drops remainder layers (004 L537)"
 
 
 def add_parser(calc_sub) -> None:
@@ -32,7 +32,7 @@ def add_parser(calc_sub) -> None:
     g.add_argument("--compute-s", type=non_negative_float, help="compute time per step")
     g.add_argument("--comm-s", type=non_negative_float, help="communication time per step")
     g.add_argument("--num-gpus", type=positive_int, default=8)
-    g = p.add_argument_group("naive model parallelism (seed 004 L516-566)")
+    g = p.add_argument_group("naive model parallelism (seed 004 L519-564)")
     g.add_argument("--layers", type=positive_int, default=12)
     g.add_argument("--mp-gpus", type=positive_int, default=3)
     g.add_argument("--layer-ms", type=positive_float, default=10.0)
@@ -85,7 +85,7 @@ def run(args) -> int:
             ],
         ),
         "",
-        f"ResNet-50 example (shared/seeds/004 L380-392), {sc.SEED_RESNET_SINGLE_GPU_S} s on 1 GPU",
+        f"ResNet-50 example (shared/seeds/004 L388-401), {sc.SEED_RESNET_SINGLE_GPU_S} s on 1 GPU",
         format_table(
             ["GPUs", "Time (s)", "Efficiency"],
             [[p.num_gpus, f"{p.time_s:g}", f"{p.efficiency:.1%}"] for p in resnet],

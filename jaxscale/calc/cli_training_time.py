@@ -14,8 +14,8 @@ from jaxscale.calc.training_format import (
     positive_int,
 )
 
-# shared/seeds/001_*.txt L317-332: LLaMA-2-70B on 2T tokens, A100/H100 x 512/1024/2048, MFU 0.5;
-# L351-364: the MFU sweep on 1024 H100s; L341 the plot's GPU counts.
+# shared/seeds/001_*.txt L299-312: LLaMA-2-70B on 2T tokens, A100/H100 x 512/1024/2048, MFU 0.5;
+# L336-340: the MFU sweep on 1024 H100s; L317 the plot's GPU counts.
 MFU_SWEEP = (0.3, 0.4, 0.5, 0.6, 0.7)
 PLOT_GPU_COUNTS = (128, 256, 512, 1024, 2048, 4096)
 # shared/seeds/004_*.txt L104-109 (throughput example) and L117-119 (cost example).

@@ -21,7 +21,7 @@ SEED_DEFAULT_VOCAB = 50000
 
 
 def training_flops(n_params: float, n_tokens: float) -> float:
-    """Total training FLOPs C = 6 * N * D (shared/seeds/001_*.txt L223-231)."""
+    """Total training FLOPs C = 6 * N * D (shared/seeds/001_*.txt L81-84, L222-231)."""
     if not n_params > 0:
         raise ValueError(f"n_params must be > 0, got {n_params!r}")
     if not n_tokens > 0:
@@ -67,12 +67,12 @@ def transformer_flops_per_token(
     d_ff: int | None = None,
     seed_faithful: bool = False,
 ) -> TransformerFlops:
-    """Per-token FLOPs of a decoder-only transformer (shared/seeds/001_*.txt L396-452).
+    """Per-token FLOPs of a decoder-only transformer (shared/seeds/001_*.txt L397-453).
 
     include_attention counts the score and value matmuls: 4*T*D per token and layer, halved when
     `causal` (a token attends to (T+1)/2 keys on average, rounded to T/2). seed_faithful uses the
-    seed's 2*D*T^2 (L421-423), which is the per-SEQUENCE cost of one of the two matmuls added to
-    per-token FLOPs: for GPT-3 at T=2048 it overstates attention ~1000x.
+    seed's 2*D*T^2 (L368, L422-425): the per-SEQUENCE cost of one of the two matmuls, added to
+    per-token FLOPs; for GPT-3 at T=2048 it overstates attention ~1000x.
     """
     for name, value in (
         ("d_model", d_model),
@@ -113,7 +113,7 @@ class SixNCheck:
         return self.detailed_flops / self.six_n_flops
 
 
-# shared/seeds/001_*.txt L495-497: (name, nominal params, d_model, layers).
+# shared/seeds/001_*.txt L498-500: (name, nominal params, d_model, layers).
 SIX_N_MODELS = (
     ("LLaMA-7B", 7e9, 4096, 32),
     ("LLaMA-70B", 70e9, 8192, 80),
@@ -124,6 +124,6 @@ SIX_N_MODELS = (
 def check_six_n(
     name: str, n_params: float, d_model: int, n_layers: int, vocab_size: int = SEED_DEFAULT_VOCAB
 ) -> SixNCheck:
-    """Compare the per-layer count at seq_len 1 (no attention scores) with 6N, as L474-489 does."""
+    """Compare the per-layer count at seq_len 1 (no attention scores) with 6N, as L478-494 does."""
     detailed = transformer_flops_per_token(d_model, n_layers, 1, vocab_size)
     return SixNCheck(name, n_params, detailed.step_total, TRAINING_FLOPS_PER_PARAM * n_params)

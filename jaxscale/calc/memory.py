@@ -1,18 +1,18 @@
 """Training memory per device: model state under ZeRO 0-3 and TP/PP/DP, plus activations.
 
 Mixed-precision Adam keeps, per parameter, bf16 weights (2 B), bf16 gradients (2 B) and fp32 Adam
-moments m and v (4 + 4 B) — 12 B/param (shared/seeds/000_*.txt L86-104). Some recipes also keep an
+moments m and v (4 + 4 B) — 12 B/param (shared/seeds/000_*.txt L84-106). Some recipes also keep an
 fp32 master copy of the weights (+4 B, 16 B/param); it is sharded with the optimizer state.
 
 Tensor and pipeline parallelism split the model itself, so every model-state term is divided by
 tp*pp. ZeRO then shards over the data-parallel group: stage 1 the optimizer state (and master copy),
-stage 2 also the gradients, stage 3 also the weights (shared/seeds/000_*.txt L111-146).
+stage 2 also the gradients, stage 3 also the weights (shared/seeds/000_*.txt L109-146).
 """
 
 import math
 from dataclasses import dataclass
 
-# Mixed-precision Adam, bytes per parameter (shared/seeds/000_*.txt L98-104).
+# Mixed-precision Adam, bytes per parameter (shared/seeds/000_*.txt L100-106).
 BF16_BYTES = 2
 FP32_BYTES = 4
 ADAM_OPTIMIZER_BYTES = 2 * FP32_BYTES  # m and v
@@ -132,7 +132,7 @@ def zero_stage_memories(
 def activation_bytes_simple(
     batch_size: int, seq_len: int, hidden_size: int, n_layers: int, *, checkpointing: bool = False
 ) -> float:
-    """Activation memory as shared/seeds/004_*.txt L1586-1597 estimates it.
+    """Activation memory as shared/seeds/004_*.txt L1585-1597 estimates it.
 
     b*s*h values per layer, 4 bytes each (fp32), times 2 for the intermediates a layer keeps.
     Checkpointing keeps only ~sqrt(L) layers' activations (checkpoint every sqrt(L) layers, then
@@ -150,7 +150,7 @@ def activation_bytes_simple(
     return batch_size * seq_len * hidden_size * layers_kept * FP32_BYTES * 2
 
 
-# shared/seeds/001_*.txt L609-613: activations ~ 10x (3x with checkpointing) the per-device
+# shared/seeds/001_*.txt L599-604: activations ~ 10x (3x with checkpointing) the per-device
 # parameter count, in the compute dtype. A batch-independent rule of thumb, kept as the seed has it.
 PARAM_HEURISTIC_ACTIVATION_MULTIPLIER = 10
 PARAM_HEURISTIC_ACTIVATION_MULTIPLIER_CHECKPOINTED = 3
@@ -177,7 +177,7 @@ def activation_bytes_param_heuristic(
     return n_params / (tp * pp) * multiplier * dtype_bytes
 
 
-# Optimizer state bytes per parameter in shared/seeds/004_*.txt L1575-1583.
+# Optimizer state bytes per parameter in shared/seeds/004_*.txt L1574-1583.
 OPTIMIZER_STATE_BYTES = {"adam": 2 * FP32_BYTES, "sgd": FP32_BYTES, "none": 0}
 
 

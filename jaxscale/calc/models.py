@@ -1,7 +1,7 @@
 """Model presets for the calculators: the dense transformers the seeds use as examples.
 
-`n_params` is the seeds' nominal count (e.g. 7e9 for LLaMA 7B, shared/seeds/000_*.txt L156-160;
-shared/seeds/001_*.txt L92-98), not a count derived from the shapes: the seeds' golden numbers are
+`n_params` is the seeds' nominal count (e.g. 7e9 for LLaMA 7B, shared/seeds/000_*.txt L151-155;
+shared/seeds/001_*.txt L88-94), not a count derived from the shapes: the seeds' golden numbers are
 computed from the nominal figure. The shapes are the published configurations of each model; they
 feed the FLOPs and activation formulas, which need d_model and n_layers.
 """

@@ -29,7 +29,8 @@ def strong_scaling(
 ) -> list[ScalingPoint]:
     """Speedup and efficiency against the first point (or an explicit single-GPU time).
 
-    The baseline is taken as a 1-GPU time: efficiency = (baseline / N) / t_N (004 L384-392, L1401).
+    The baseline is taken as a 1-GPU time: efficiency = (baseline / N) / t_N
+    (004 L377-387, L1400-1402).
     """
     _check_series(gpus, times_s)
     base = times_s[0] if baseline_time_s is None else baseline_time_s
@@ -45,7 +46,7 @@ def weak_scaling(gpus: list[int], times_s: list[float]) -> list[ScalingPoint]:
     return [ScalingPoint(n, t, n * base / t, base / t) for n, t in zip(gpus, times_s, strict=True)]
 
 
-# shared/seeds/004_*.txt L1392-1396, L1414-1418, L382-392.
+# shared/seeds/004_*.txt L1394-1397, L1413-1417, L388-396.
 SEED_STRONG = ([1, 2, 4, 8, 16, 32], [1000, 520, 270, 145, 80, 50])
 SEED_WEAK = ([1, 2, 4, 8, 16, 32], [1000, 1020, 1050, 1100, 1180, 1300])
 SEED_WEAK_BATCH_PER_GPU = 32
@@ -53,7 +54,7 @@ SEED_RESNET = ([2, 4, 8, 16, 32], [52, 27, 15, 9, 6])
 SEED_RESNET_SINGLE_GPU_S = 100
 
 
-# shared/seeds/004_*.txt L1467: the warning threshold on the communication fraction.
+# shared/seeds/004_*.txt L1461: the warning threshold on the communication fraction.
 COMM_WARNING_FRACTION = 0.3
 
 
@@ -94,7 +95,7 @@ def amdahl(compute_s: float, comm_s: float, num_gpus: int) -> AmdahlAnalysis:
     return AmdahlAnalysis(compute_s, comm_s, num_gpus)
 
 
-# shared/seeds/004_*.txt L1471-1482: (name, compute s, communication s, GPUs).
+# shared/seeds/004_*.txt L1470-1482: (name, compute s, communication s, GPUs).
 SEED_AMDAHL_SCENARIOS = (
     ("Small model, fast network", 90.0, 10.0, 8),
     ("Large model, slow network", 60.0, 40.0, 8),
@@ -123,7 +124,7 @@ def naive_model_parallel(
     *,
     seed_faithful: bool = False,
 ) -> NaiveModelParallel:
-    """shared/seeds/004_*.txt L516-566: layers split over GPUs that run one after another.
+    """shared/seeds/004_*.txt L519-564: layers split over GPUs that run one after another.
 
     Only one GPU works at a time, so utilisation = busy GPU-time / (n_gpus * total) =
     2*L*t / (n_gpus * total). The seed gives every GPU L // n_gpus layers, so with 13 layers on

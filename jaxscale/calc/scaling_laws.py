@@ -16,7 +16,7 @@ ZETTA = 1e21
 def chinchilla_optimal_tokens(
     n_params: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM
 ) -> float:
-    """Compute-optimal training tokens = 20 * N (shared/seeds/001_*.txt L63-73)."""
+    """Compute-optimal training tokens = 20 * N (shared/seeds/001_*.txt L40-44, L59-69)."""
     if not n_params > 0:
         raise ValueError(f"n_params must be > 0, got {n_params!r}")
     if not tokens_per_param > 0:
@@ -44,13 +44,13 @@ def chinchilla_row(
 
 
 def tokens_per_param(n_params: float, n_tokens: float) -> float:
-    """Actual tokens per parameter, e.g. GPT-3: 300B / 175B = 1.7 (shared/seeds/001_*.txt L108)."""
+    """Actual tokens per parameter: GPT-3 300B / 175B = 1.7 (shared/seeds/001_*.txt L104-106)."""
     if not n_params > 0:
         raise ValueError(f"n_params must be > 0, got {n_params!r}")
     return n_tokens / n_params
 
 
-# shared/seeds/001_*.txt L92-98 (parameters) and L106-116 (tokens actually trained on).
+# shared/seeds/001_*.txt L88-94 (parameters) and L104-112 (tokens actually trained on).
 CHINCHILLA_MODELS = (
     ("GPT-3", 175e9),
     ("Chinchilla", 70e9),
@@ -63,7 +63,7 @@ ACTUAL_TRAINING_TOKENS = (("GPT-3", 175e9, 300e9), ("LLaMA-2-70B", 70e9, 2000e9)
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """A mixture-of-experts model by parameter groups (shared/seeds/001_*.txt L186-210)."""
+    """A mixture-of-experts model by parameter groups (shared/seeds/001_*.txt L156-197)."""
 
     shared_params: float  # attention, embeddings, router: run for every token
     num_experts: int
@@ -115,7 +115,7 @@ class MoEConfig:
 
 
 B = 1e9
-# shared/seeds/001_*.txt L213-217, as the seed's code has them (its prose at L169-172 describes
+# shared/seeds/001_*.txt L200-204, as the seed's code has them (its prose at L161-164 describes
 # GPT-4 without the shared 100B: 8 x 220B = 1.76T total, 220B active; see the seed notes).
 # DeepSeek-V3: 671B total / 37B active (shared/seeds/002_*.txt L5211); the split is solved for its
 # published routing, 256 routed experts with top-8.

@@ -1,9 +1,9 @@
 """Communication of training parallelism: TP all-reduces, ZeRO/FSDP per stage, tp_mlp volumes.
 
-Sources: shared/seeds/001_*.txt §7 (L632-800), shared/seeds/002_*.txt L3316-3326 (DDP/ZeRO volume
+Sources: shared/seeds/001_*.txt §7 (L647-884), shared/seeds/002_*.txt L3316-3326 (DDP/ZeRO volume
 table) and L4148-4160, L4980-5050 (tp_mlp analysis). Volumes are bytes SENT PER GPU with ring
 algorithms over N ranks: all-reduce 2(N-1)/N * size, all-gather and reduce-scatter (N-1)/N * size.
-Time = latency + bytes / bandwidth per collective (the alpha-beta model, 001 L680-716).
+Time = latency + bytes / bandwidth per collective (the alpha-beta model, 001 L683-735).
 """
 
 from dataclasses import dataclass
@@ -18,7 +18,7 @@ class Link:
     latency_us: float
 
 
-# shared/seeds/001_*.txt L665-675 as written: all three labelled GB/s. InfiniBand NDR and 100GbE
+# shared/seeds/001_*.txt L695-705 as written: all three labelled GB/s. InfiniBand NDR and 100GbE
 # are 400 and 100 Gbit/s, i.e. 50 and 12.5 GB/s, so the seed's IB and Ethernet are 8x too fast.
 SEED_LINKS = {
     "nvlink": Link("NVLink", 600.0, 1.0),
@@ -37,7 +37,7 @@ def links(seed_faithful: bool = False) -> dict[str, Link]:
 
 
 def collective_time_ms(message_bytes: float, link: Link) -> float:
-    """latency + bytes / bandwidth, in milliseconds (001 L680-716)."""
+    """latency + bytes / bandwidth, in milliseconds (001 L707-735)."""
     if not message_bytes >= 0:
         raise ValueError(f"message_bytes must be >= 0, got {message_bytes!r}")
     return (link.latency_us * 1e-6 + message_bytes / (link.bandwidth_gb_s * GB)) * 1e3
@@ -87,7 +87,7 @@ def tp_layer_comm(
     bytes_per_value: float = 2,
     seed_faithful: bool = False,
 ) -> TPLayerComm:
-    """shared/seeds/001_*.txt L718-745. The seed moves 2x the tensor per all-reduce whatever the TP
+    """shared/seeds/001_*.txt L737-765. The seed moves 2x the tensor per all-reduce whatever the TP
     degree ("2(N-1)/N ~ 2"); corrected uses 2(T-1)/T (1.75 at T=8)."""
     _check_ranks("tp", tp)
     for name, value in (("d_model", d_model), ("batch_size", batch_size), ("seq_len", seq_len)):
@@ -124,7 +124,7 @@ def zero_step_comm(
     bytes_per_param: float = 2,
     seed_faithful: bool = False,
 ) -> ZeroStepComm:
-    """FSDP/ZeRO communication per step (shared/seeds/001_*.txt L749-800).
+    """FSDP/ZeRO communication per step (shared/seeds/001_*.txt L795-855).
 
     Corrected (ring volumes, as in the ZeRO paper): DDP all-reduces the gradients, 2(N-1)/N * G;
     ZeRO-1/2 reduce-scatter the gradients and all-gather the updated parameters, the same 2(N-1)/N;

@@ -82,7 +82,7 @@ def comma_list(item_type):
 
 
 def format_bytes(num_bytes: float) -> str:
-    """Decimal units with one decimal, as shared/seeds/000_*.txt L40-48 prints them."""
+    """Decimal units with one decimal, as shared/seeds/000_*.txt L37-45 prints them."""
     if num_bytes == 0:
         return "0 B"
     for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
@@ -92,7 +92,7 @@ def format_bytes(num_bytes: float) -> str:
 
 
 def format_count(n: float) -> str:
-    """7e9 -> '7.0B', 124e6 -> '124M' (shared/seeds/000_*.txt L51-59)."""
+    """7e9 -> '7.0B', 124e6 -> '124M' (shared/seeds/000_*.txt L48-56)."""
     if n >= 1e12:
         return f"{n / 1e12:.1f}T"
     if n >= 1e9:

@@ -1,7 +1,7 @@
 """Training time, GPU-hours and cost (shared/seeds/001_*.txt §4; shared/seeds/004_*.txt L76-121).
 
 time = 6*N*D / (num_gpus * peak_flops * MFU). MFU (model FLOPs utilisation) is the fraction of the
-peak the training step actually achieves; 40-50% is good, 60%+ rare (001 L252-255).
+peak the training step actually achieves; 40-50% is good, 60%+ rare (001 L238-242).
 """
 
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ SEED_USD_PER_GPU_HOUR = 3.0
 
 
 def gpu_peak_tflops(gpu: str) -> float:
-    """Dense BF16 peak of a GPU preset (A100 312, H100 990, H200 990: 001 L264-272)."""
+    """Dense BF16 peak of a GPU preset (A100 312, H100 990, H200 990: 001 L245-253)."""
     spec = get_gpu(gpu)
     if spec.bf16_tflops is None:
         raise ValueError(f"no peak FLOP/s known for {spec.name}; pass --tflops explicitly")
@@ -52,7 +52,7 @@ class TrainingTime:
 def estimate_training_time(
     n_params: float, n_tokens: float, num_gpus: int, gpu_tflops: float, mfu: float = 0.5
 ) -> TrainingTime:
-    """shared/seeds/001_*.txt L274-315: wall-clock time of 6*N*D FLOPs on num_gpus at `mfu`."""
+    """shared/seeds/001_*.txt L255-297: wall-clock time of 6*N*D FLOPs on num_gpus at `mfu`."""
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
         raise ValueError(f"num_gpus must be a positive integer, got {num_gpus!r}")
     if not gpu_tflops > 0:
@@ -67,7 +67,7 @@ def estimate_training_time(
 def throughput_training_hours(
     dataset_size: float, batch_size: float, epochs: float, samples_per_second: float
 ) -> float:
-    """shared/seeds/004_*.txt L80-101: hours to push dataset_size*epochs samples at a throughput.
+    """shared/seeds/004_*.txt L82-109: hours to push dataset_size*epochs samples at a throughput.
 
     The batch size cancels (batches * batch_size / throughput). With 300e9 tokens at 1000 tokens/s
     this is 83,333 hours; the seed's comment (L110) says ~20,833, 4x too few (see the seed notes).
@@ -99,7 +99,7 @@ def implied_scaling_efficiency(
 ) -> float:
     """Strong-scaling efficiency that makes num_gpus finish the single-GPU job in cluster_hours.
 
-    1 A100-year on 256 A100s in 1.5 days (004 L118-121) means 8760 / (256 * 36) = 95% efficiency,
+    1 A100-year on 256 A100s in 1.5 days (004 L117-121) means 8760 / (256 * 36) = 95% efficiency,
     consistent with the seed's ">90%" remark.
     """
     if not single_gpu_hours > 0 or num_gpus < 1 or not cluster_hours > 0:

@@ -80,7 +80,7 @@ def test_memory_scenarios(capsys):
     # shared/seeds/004 L1610-1636 [RUN]
     assert "2119.33 GB" in out and "2101.97 GB" in out and "19.33 GB" in out
     report = run_json(["memory", "--scenario", "seed001"], capsys)
-    # shared/seeds/001 L634-641, closed form: 70B * (2 + 2 + 8 + 10 * 2) bytes = 2240 GB
+    # shared/seeds/001 L625-632, closed form: 70B * (2 + 2 + 8 + 10 * 2) bytes = 2240 GB
     assert report["rows"][0]["total"] / 1e9 == pytest.approx(2240, rel=REL)
     assert report["rows"][2]["total"] / 1e9 == pytest.approx((140 + 140 + 560 + 420) / 8, rel=REL)
 
@@ -113,7 +113,7 @@ def test_memory_bad_input(argv, message, capsys):
 def test_flops(capsys):
     assert run(["calc", "flops"]) == 0
     out = capsys.readouterr().out
-    # 24 d^2 for d = 12288 (shared/seeds/001 L372-377); ratios of the 6N check (L474-499)
+    # 24 d^2 for d = 12288 (shared/seeds/001 L382); ratios of the 6N check (L478-500)
     assert "3,623,878,656" in out and "2.0x" in out and "3.0x" in out
     for ratio in ("0.95", "0.93", "1.00"):
         assert ratio in out
@@ -128,7 +128,7 @@ def test_chinchilla(tmp_path, capsys):
     path = tmp_path / "chinchilla.png"
     assert run(["calc", "chinchilla", "--plot", str(path)]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/001 L100-116: 6 * 175e9 * 3.5e12 / 1e21 = 3675.00; ratios 1.7x and 28.6x
+    # shared/seeds/001 L71-112: 6 * 175e9 * 3.5e12 / 1e21 = 3675.00; ratios 1.7x and 28.6x
     assert "3,675.00" in out and "1.7x" in out and "28.6x" in out
     assert path.read_bytes()[:4] == PNG_MAGIC
     report = run_json(["chinchilla", "--params", "1B", "--tokens", "100B"], capsys)
@@ -142,7 +142,7 @@ def test_chinchilla(tmp_path, capsys):
 def test_moe(capsys):
     assert run(["calc", "moe"]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/001 L213-229 (code values) and shared/seeds/002 L5211 (DeepSeek-V3)
+    # shared/seeds/001 L200-213 (code values) and shared/seeds/002 L5211 (DeepSeek-V3)
     for value in ("1,860.0B", "320.0B", "17.2%", "31.1%", "8.0%", "671.0B", "37.0B"):
         assert value in out
     report = run_json(
@@ -179,7 +179,7 @@ def test_comm(capsys):
         assert value in out
     assert "InfiniBand (50 GB/s)" in out
     report = run_json(["comm", "--seed-faithful"], capsys)
-    # shared/seeds/001 L781-800 seed model: ZeRO-1 all-reduce of 2 x 140 GB at 400 GB/s + 2 us
+    # shared/seeds/001 L795-833 seed model: ZeRO-1 all-reduce of 2 x 140 GB at 400 GB/s + 2 us
     assert report["zero"][1]["step_ms"] == pytest.approx(700.002, rel=REL)
     assert report["tensor_parallel"][1]["bandwidth_gb_s"] == 400
     assert run(["calc", "comm", "--tp", "0"]) == 2
@@ -190,7 +190,7 @@ def test_scaling(tmp_path, capsys):
     path = tmp_path / "scaling.png"
     assert run(["calc", "scaling", "--plot", str(path)]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/004 L376-401, L1392-1482, L516-566 goldens
+    # shared/seeds/004 L376-401, L1394-1482, L519-570 goldens
     for value in ("96.2%", "62.5%", "76.9%", "52.1%", "4.71x", "2.11x", "WARNING"):
         assert value in out
     assert "130 ms" in out and "260 ms" in out and "30.8%" in out

@@ -12,7 +12,7 @@ ROUND_2DP = 0.005  # the seeds print GB with two decimals
 
 
 def test_bytes_per_param_constants():
-    # shared/seeds/000 L98-104: 2 + 2 + 4 + 4 = 12 B/param; +4 fp32 master = 16
+    # shared/seeds/000 L100-106: 2 + 2 + 4 + 4 = 12 B/param; +4 fp32 master = 16
     assert mem.MIXED_ADAM_BYTES_PER_PARAM == 12
     assert mem.MIXED_ADAM_MASTER_BYTES_PER_PARAM == 16
 
@@ -46,7 +46,7 @@ def test_seed_faithful_zero2_reproduces_210():
 
 
 def test_stage_components_match_seed000_formula():
-    # shared/seeds/000 L122-146, written out independently: each stage shards one more term
+    # shared/seeds/000 L122-137, written out independently: each stage shards one more term
     n, gpus = 124e6, 8
     expected = {
         0: (2 * n, 2 * n, 8 * n),
@@ -61,7 +61,7 @@ def test_stage_components_match_seed000_formula():
 
 
 def test_tp_pp_divide_model_state_before_zero():
-    # TP=8 x ZeRO-3 over DP=8 on 70B (shared/seeds/001 L547-563): everything / 64
+    # TP=8 x ZeRO-3 over DP=8 on 70B (shared/seeds/001 L585-598): everything / 64
     m = mem.training_memory_per_device(70e9, dp=8, tp=8, zero_stage=3)
     assert m.total / GB == pytest.approx(840 / 64, rel=REL)
     m = mem.training_memory_per_device(70e9, tp=4, pp=2)
@@ -85,7 +85,7 @@ def test_zero_stages_never_increase_memory_and_dp1_is_flat():
 
 
 def test_activation_bytes_simple_closed_form():
-    # shared/seeds/004 L1586-1597: b*s*h*L*4*2, sqrt(L) with checkpointing
+    # shared/seeds/004 L1585-1597: b*s*h*L*4*2, sqrt(L) with checkpointing
     assert mem.activation_bytes_simple(2, 128, 64, 16) == 2 * 128 * 64 * 16 * 8
     ckpt = mem.activation_bytes_simple(2, 128, 64, 16, checkpointing=True)
     assert ckpt == pytest.approx(2 * 128 * 64 * 4 * 8, rel=REL)
@@ -114,7 +114,7 @@ def test_single_gpu_memory_fp32_and_sgd():
 
 
 def test_param_heuristic_activations():
-    # shared/seeds/001 L609-613: params/(tp*pp) * 10 (3 with checkpointing) * 2 bytes
+    # shared/seeds/001 L599-604: params/(tp*pp) * 10 (3 with checkpointing) * 2 bytes
     assert mem.activation_bytes_param_heuristic(70e9) / GB == pytest.approx(1400, rel=REL)
     ckpt = mem.activation_bytes_param_heuristic(70e9, tp=8, checkpointing=True)
     assert ckpt / GB == pytest.approx(52.5, rel=REL)

@@ -13,7 +13,7 @@ def pct(x: float) -> float:
 
 
 def test_strong_scaling_goldens():
-    # shared/seeds/004 L1392-1408 [RUN]
+    # shared/seeds/004 L1394-1408 [RUN]
     points = sc.strong_scaling(*sc.SEED_STRONG)
     assert [pct(p.efficiency) for p in points] == [100.0, 96.2, 92.6, 86.2, 78.1, 62.5]
     assert [round(p.speedup, 2) for p in points] == [1.0, 1.92, 3.70, 6.90, 12.50, 20.0]
@@ -39,7 +39,7 @@ def test_ideal_scaling_is_one():
 
 @pytest.mark.parametrize(
     "compute, comm, speedup, comm_pct, bound",
-    # shared/seeds/004 L1471-1482 [RUN]: 4.71x (10.0%) and 2.11x (40.0%, warning)
+    # shared/seeds/004 L1470-1482 [RUN]: 4.71x (10.0%) and 2.11x (40.0%, warning)
     [(90, 10, 4.71, 10.0, False), (60, 40, 2.11, 40.0, True)],
 )
 def test_amdahl_scenarios(compute, comm, speedup, comm_pct, bound):
@@ -52,7 +52,7 @@ def test_amdahl_scenarios(compute, comm, speedup, comm_pct, bound):
 
 
 def test_naive_model_parallel_golden():
-    # shared/seeds/004 L516-566 [RUN]: 130 ms / 260 ms / 30.8 % (the comment's 50/100/40 is wrong)
+    # shared/seeds/004 L519-570 [RUN]: 130 ms / 260 ms / 30.8 % (the comment's 50/100/40 is wrong)
     mp = sc.naive_model_parallel()
     assert (mp.forward_ms, mp.total_ms) == (130, 260)
     assert pct(mp.utilization) == 30.8

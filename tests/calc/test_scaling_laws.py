@@ -9,14 +9,14 @@ REL = 1e-12
 
 
 def test_chinchilla_twenty_tokens_per_param():
-    # shared/seeds/001 L63-73: 20 x N
+    # shared/seeds/001 L40-44, L59-69: 20 x N
     assert sl.chinchilla_optimal_tokens(70 * B) == pytest.approx(1400 * B, rel=REL)
     assert sl.chinchilla_optimal_tokens(70 * B, tokens_per_param=10) == pytest.approx(700 * B)
 
 
 @pytest.mark.parametrize(
     "name, params_b, zetta",
-    # 6 * N * 20N / 1e21, printed with two decimals by shared/seeds/001 L100-103
+    # 6 * N * 20N / 1e21, printed with two decimals by shared/seeds/001 L71-85, L96-101
     [("GPT-3", 175, 3675.00), ("Chinchilla", 70, 588.00), ("LLaMA-2-7B", 7, 5.88)]
     + [("LLaMA-2-13B", 13, 20.28), ("LLaMA-2-70B", 70, 588.00)],
 )
@@ -27,15 +27,15 @@ def test_compute_budget(name, params_b, zetta):
 
 
 def test_seed_models_and_actual_ratios():
-    assert dict(sl.CHINCHILLA_MODELS)["GPT-3"] == 175 * B  # shared/seeds/001 L92-98
-    # shared/seeds/001 L106-116: GPT-3 1.7x, LLaMA-2-70B 28.6x
+    assert dict(sl.CHINCHILLA_MODELS)["GPT-3"] == 175 * B  # shared/seeds/001 L88-94
+    # shared/seeds/001 L104-112: GPT-3 1.7x, LLaMA-2-70B 28.6x
     ratios = [round(sl.tokens_per_param(n, t), 1) for _, n, t in sl.ACTUAL_TRAINING_TOKENS]
     assert ratios == [1.7, 28.6]
 
 
 @pytest.mark.parametrize(
     "name, total_b, active_b, pct, tokens_b",
-    # shared/seeds/001 L213-229: the seed's code values (shared + experts, shared + top_k)
+    # shared/seeds/001 L200-213: the seed's code values (shared + experts, shared + top_k)
     [
         ("GPT-4 (rumored)", 1860, 320, 17.2, 6400),
         ("Mixtral-8x7B", 61, 19, 31.1, 380),

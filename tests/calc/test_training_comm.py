@@ -81,7 +81,7 @@ def test_collective_time_closed_form():
 
 
 def test_links_seed_vs_corrected():
-    # shared/seeds/001 L665-675 labels IB NDR 400 and 100GbE as GB/s; they are Gbit/s
+    # shared/seeds/001 L695-705 labels IB NDR 400 and 100GbE as GB/s; they are Gbit/s
     assert tc.links(seed_faithful=True)["infiniband"].bandwidth_gb_s == 400
     assert tc.links()["infiniband"].bandwidth_gb_s == 50
     assert tc.links()["ethernet"].bandwidth_gb_s == 12.5
@@ -89,7 +89,7 @@ def test_links_seed_vs_corrected():
 
 
 def test_tp_layer_seed_faithful_values():
-    # shared/seeds/001 L750-775 defaults: d 8192, TP 8, batch 4, seq 2048, bf16 [C]
+    # shared/seeds/001 L737-787 defaults: d 8192, TP 8, batch 4, seq 2048, bf16 [C]
     size = 4 * 2048 * 8192 * 2
     for key in ("nvlink", "infiniband"):
         link = tc.SEED_LINKS[key]
@@ -108,7 +108,7 @@ def test_tp_layer_corrected_uses_ring_factor():
 
 
 def test_zero_seed_faithful_values():
-    # shared/seeds/001 L781-800: 70B, 80 layers, DP 64, "InfiniBand 400 GB/s", 2 us [C]
+    # shared/seeds/001 L795-879: 70B, 80 layers, DP 64, "InfiniBand 400 GB/s", 2 us [C]
     link = tc.SEED_LINKS["infiniband"]
     lat = 2e-6
     grads = 70e9 * 2

@@ -9,14 +9,14 @@ REL = 1e-12
 
 @pytest.mark.parametrize("gpu, tflops", [("a100", 312), ("h100", 990), ("H200", 990)])
 def test_seed_gpu_peaks(gpu, tflops):
-    # shared/seeds/001 L264-272
+    # shared/seeds/001 L245-253
     assert tt.gpu_peak_tflops(gpu) == tflops
 
 
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 @pytest.mark.parametrize("num_gpus", [512, 1024, 2048])
 def test_seed001_llama70b_table(gpu, num_gpus):
-    # shared/seeds/001 L317-332: 70B params, 2T tokens, MFU 0.5; independent closed form
+    # shared/seeds/001 L299-312: 70B params, 2T tokens, MFU 0.5; independent closed form
     peak = tt.gpu_peak_tflops(gpu)
     r = tt.estimate_training_time(70e9, 2e12, num_gpus, peak, mfu=0.5)
     seconds = 6 * 70e9 * 2e12 / (num_gpus * peak * 1e12 * 0.5)
