@@ -7,7 +7,7 @@ peak the training step actually achieves; 40-50% is good, 60%+ rare (001 L238-24
 from dataclasses import dataclass
 
 from jaxscale.calc.flops import training_flops
-from jaxscale.calc.gpus import get_gpu
+from jaxscale.calc.gpus import GPUS, get_gpu
 
 SECONDS_PER_HOUR = 3600
 HOURS_PER_DAY = 24
@@ -22,7 +22,8 @@ def gpu_peak_tflops(gpu: str) -> float:
     """Dense BF16 peak of a GPU preset (A100 312, H100 990, H200 990: 001 L245-253)."""
     spec = get_gpu(gpu)
     if spec.bf16_tflops is None:
-        raise ValueError(f"no peak FLOP/s known for {spec.name}; pass --tflops explicitly")
+        known = ", ".join(k for k, g in GPUS.items() if g.bf16_tflops is not None)
+        raise ValueError(f"no peak FLOP/s known for {spec.name}; choose one of: {known}")
     return spec.bf16_tflops
 
 
