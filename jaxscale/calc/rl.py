@@ -122,7 +122,9 @@ def rl_iteration(
             train_gpus = total_gpus - gen_gpus
             _check_count("training GPUs (total minus generation GPUs)", train_gpus)
         t_generate_s = _phase_s(n_params, gpu, gen_gpus, batch_size, prompt_len, gen_len, timing)
-        t_score_s = _phase_s(reward_params, gpu, gen_gpus, batch_size, prompt_len, 0, timing)
+        t_score_s = _phase_s(
+            reward_params, gpu, gen_gpus, batch_size, prompt_len + gen_len, 0, timing
+        )
     t_train_s = _train_time_s(n_params, tokens, ppo_epochs, train_gpus, gpu.flops_per_s, mfu)
     return RlIteration(
         mode, batch_size, gen_len, gen_gpus, train_gpus, t_generate_s, t_score_s, t_train_s
