@@ -88,7 +88,7 @@ def run(args) -> int:
         ),
         "",
         "Throughput estimate (shared/seeds/004 L80-110): "
-        f"{format_count(args.samples)} samples x {args.epochs:g} epochs at "
+        f"{format_count(args.samples)} samples x {args.epochs:g} epoch(s) at "
         f"{args.samples_per_second:,.0f}/s",
         f"  {hours:,.0f} hours ({hours / 24:,.0f} days)",
     ]
