@@ -57,7 +57,7 @@ class Transformer:
     head_dim: int
 
     def kv_bytes_per_token(self, seed_faithful: bool = False) -> int:
-        """Corrected: K/V heads (GQA); seed 001: every d_model channel (L1044)."""
+        """Corrected: K/V heads (GQA); seed 001: every d_model channel (L1045)."""
         if seed_faithful:
             return inf.seed_kv_bytes_per_token(self.num_layers, self.d_model)
         return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim)

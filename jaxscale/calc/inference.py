@@ -9,7 +9,7 @@ Corrected (default) model, each step on a roofline, time = max(FLOPs / peak, byt
   arithmetic intensity (~ batch x prompt FLOP/B) is below the ridge point (H100: 990e12 / 3.35e12
   = 296 FLOP/B), so it is memory-bound, not compute-bound as the seed says;
 - decode step t reads the weights plus every sequence's KV so far (prompt + t tokens), which the
-  seed's text names (L1035) but its formula drops; at large batch a step turns compute-bound;
+  seed's text names (L1037) but its formula drops; at large batch a step turns compute-bound;
 - KV per token uses the K/V heads: 2 x layers x kv_heads x head_dim x 2 B (GQA; the seed's d_model
   form is 8x too large for LLaMA-2-70B, which has 8 K/V heads of 128 for 64 query heads).
 Tensor parallelism over `tp` GPUs is ideal here: peak and bandwidth scale by tp, communication is
@@ -41,7 +41,7 @@ NVLINK_BYTES_PER_S = 600e9
 
 
 def seed_kv_bytes_per_token(num_layers: int, d_model: int, dtype_bytes: int = 2) -> int:
-    """The seed's 2 x layers x d_model x 2 B (001 L1044, L1121): counts every head as a K/V head."""
+    """The seed's 2 x layers x d_model x 2 B (001 L1045, L1121): counts every head as a K/V head."""
     return 2 * num_layers * d_model * dtype_bytes
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 ADAM_FOR = ("actor", "actor+critic")
 PHASES = ("generation", "scoring", "training", "full_rlhf")
-TIMELINE_PHASES = PHASES[:3]  # the phases the script draws (L13040)
+TIMELINE_PHASES = PHASES[:3]  # the phases the script draws (L13039)
 SEED_BATCH_SWEEP = (1, 2, 4, 8, 16, 32)  # L13082
 SEED_SCALING_BATCH, SEED_SCALING_SEQ = 4, 2048  # the script's fixed scaling/recommend inputs
 SEED_MISC_GB = 2.0  # "Misc (buffers)" during generation (L12970)
@@ -103,7 +103,7 @@ def kv_cache_gb(
 
 
 def activations_gb(model: TimelineModel, batch_size: int, seq_len: int) -> float:
-    """The seed's rough "~10x hidden per layer per token" in 2-byte values (L12944-12949)."""
+    """The seed's rough "~10x hidden per layer per token" in 2-byte values (L12944-12950)."""
     return batch_size * seq_len * model.hidden_size * 10 * 2 * model.num_layers / 1e9
 
 

@@ -36,7 +36,7 @@ class SeedServingEstimate:
     requests_per_gpu: float  # one unbatched request's tokens/s / generated tokens
     gpus_needed: int
     single_request_latency_s: float
-    max_concurrent_requests: float  # computed by the seed (L1218-1227) but never used
+    max_concurrent_requests: float  # computed by the seed (L1214-1225) but never used
 
 
 def seed_serving_estimate(

@@ -17,7 +17,7 @@ def plot_rl_throughput(
     async_samples_per_s: list[float],
     title_suffix: str = "",
 ) -> None:
-    """The seed's two panels (shared/seeds/001_*.txt L1503-1525): samples/s per batch size for
+    """The seed's two panels (shared/seeds/001_*.txt L1503-1532): samples/s per batch size for
     sync and async, and the async/sync speedup."""
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))

@@ -10,10 +10,10 @@ disaggregated-same-node, so it lists CUDA IPC, which its own table calls "Same G
 Corrected: co-located needs a method that works within one GPU (disk, CUDA IPC; NCCL refuses two
 ranks on one device), same-node needs one between GPUs (disk, NCCL), cross-node one between nodes.
 
-Transfers per iteration. The seed's timeline moves the weights twice per iteration (L12752, L12756;
-both of its arrows point train -> infer). Only the trained weights travel, once per iteration,
-from the trainer to the generator; the rollouts going the other way are small. The corrected
-timeline counts one transfer; `transfers=2` reproduces the seed (50.00 s / 55.70 s, 10.2%).
+Transfers per iteration. The seed's timeline moves the weights twice per iteration (L12736; both
+arrows of its diagram, L12752-12756, point train -> infer). Only the trained weights travel, once,
+from the trainer to the generator per iteration; the rollouts going the other way are small. The
+corrected timeline counts one transfer; `transfers=2` reproduces the seed (50.00 s; 55.70 s, 10.2%).
 """
 
 from dataclasses import dataclass

@@ -12,7 +12,7 @@ from jaxscale.calc.gpus import get_gpu
 N_70B = 70e9
 KV_GQA = 2 * 80 * 8 * 128 * 2
 KV_SEED = 2 * 80 * 8192 * 2
-SEED = dict(batch_size=512, prompt_len=100, gen_len=50, ppo_epochs=4, total_gpus=256)  # L1431
+SEED = dict(batch_size=512, prompt_len=100, gen_len=50, ppo_epochs=4, total_gpus=256)  # L1432-1439
 ONE_DECIMAL = 0.05  # the seed prints ms and rates with one decimal
 REL_TOL = 1e-9
 
