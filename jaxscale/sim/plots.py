@@ -132,3 +132,22 @@ def param_server(runs, path: str) -> str:
     )
     ax.legend()
     return _save(fig, path)
+
+
+def bubble_curve(stages: int, rows: list[dict], path: str) -> str:
+    """Bubble vs microbatches under both conventions, with simulated points."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ms = [r["microbatches"] for r in rows]
+    ax.plot(ms, [r["bubble_s2"] for r in rows], marker="o", label="(P-1)/(M+P-1)  idle / total")
+    ax.plot(ms, [r["bubble_s4"] for r in rows], marker="s", label="(P-1)/M  idle / ideal")
+    ax.plot(ms, [r["simulated_1f1b"] for r in rows], "kx", markersize=9, label="simulated 1F1B")
+    if any(r.get("simulated_interleaved") is not None for r in rows):
+        pts = [(r["microbatches"], r["simulated_interleaved"]) for r in rows]
+        pts = [p for p in pts if p[1] is not None]
+        ax.plot(*zip(*pts, strict=True), "g^", label="simulated interleaved")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set(xlabel="microbatches M", ylabel="bubble", title=f"pipeline bubble, P={stages}")
+    ax.legend()
+    return _save(fig, path)

@@ -1,0 +1,19 @@
+"""Smoke test: experiments/07_pipeline_schedules.py runs end to end with small arguments."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "07_pipeline_schedules.py"
+
+
+def test_experiment_07_runs(tmp_path):
+    argv = [sys.executable, str(SCRIPT), "-s", "3", "-m", "6", "--out", str(tmp_path)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("1f1b ")}
+    # P=3, M=6: bubble (P-1)/(M+P-1) = 2/8, 1F1B holds P-s activations per stage
+    assert rows["1f1b"][1:3] == ["16", "25.00%"]
+    assert rows["1f1b"][-3:] == ["3", "2", "1"]
+    assert "interleaved v=2" in out
+    for name in ("07_pipeline_gantt.png", "07_bubble_vs_microbatches.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
