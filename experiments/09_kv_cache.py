@@ -1,0 +1,96 @@
+"""Seed 002 chapter 9, KV cache management: sizes, capacity, paging, prefix sharing, exercises.
+
+    .venv/bin/python experiments/09_kv_cache.py [--gpu h100] [--seed-faithful] [--out results]
+
+1. the KV cache calculator (kv_cache_calculator.py, shared/seeds/002_*.txt L7104-7418): six-model
+   table, capacity with and without paging, fragmentation (`jaxscale calc kv`);
+2. the prose's 70B on 8 x H100 budget (L6989-7000): 480 GB -> 1.57M tokens -> 384 / 192 / 48;
+3. prefix sharing (prefix_sharing_demo.py, L7483-7782) (`jaxscale calc prefix`);
+4. Try It Yourself (L7004-7029): requests at 8K on one 80 GB GPU per model, and the 100-request
+   system-prompt savings;
+and writes results/09_kv_capacity.png: concurrent 70B requests against context, paged vs unpaged.
+"""
+
+import argparse
+import os
+
+from jaxscale.calc import kv, prefix
+from jaxscale.calc.gpus import GPUS, get_gpu
+from jaxscale.calc.serving_plots import plot_kv_capacity
+from jaxscale.cli import main as jaxscale_main
+
+PROSE_OVERHEAD_GB_PER_GPU = 2.5  # "CUDA kernels, etc. ~20 GB" on 8 GPUs (L6995)
+PLOT_CONTEXTS = [1024 * 2**i for i in range(8)]  # 1K .. 128K
+
+
+def section(title: str) -> None:
+    print(f"\n{'=' * 78}\n {title}\n{'=' * 78}")
+
+
+def prose_budget(gpu_memory_gb: float) -> None:
+    section("70B on 8 GPUs, ~20 GB overhead (S2 L6989-7000: ~375 / ~187 / ~46-47; 128K: ~12)")
+    model = kv.get_model("llama-70b")
+    for ctx in (4096, 8192, 32768, 131072):
+        c = kv.kv_capacity(model, gpu_memory_gb, ctx, 8, PROSE_OVERHEAD_GB_PER_GPU)
+        print(
+            f"  {ctx:>6} context: {c.available_gib:.0f} GB for KV, {c.max_tokens:,} tokens, "
+            f"{c.max_requests} requests ({c.requests_with_paging} at 95% with paging)"
+        )
+
+
+def exercises(gpu_memory_gb: float) -> None:
+    section("Try It Yourself, Ex1: requests at 8K on one GPU (weights + 2 GB overhead)")
+    for model in kv.MODELS.values():
+        c = kv.kv_capacity(model, gpu_memory_gb, 8192)
+        if c.fits:
+            print(
+                f"  {model.name:<13} {kv.format_binary(c.kv_per_request_gib * kv.GIB):>10} per "
+                f"request -> {c.max_requests:>3} (unpaged {c.requests_without_paging}, "
+                f"paged {c.requests_with_paging})"
+            )
+        else:
+            gpus = kv.min_gpus_to_fit(model.model_size_gb, gpu_memory_gb)
+            print(f"  {model.name:<13} weights {model.model_size_gb:g} GB: needs {gpus}+ GPUs")
+    per_token = kv.model_kv_bytes_per_token(kv.get_model("llama-70b"))
+    s = prefix.shared_prefix_savings(100, 500, 100, per_token)
+    print(
+        f"Ex2: 100 requests sharing a 500-token prompt (+100 own): saves "
+        f"{s.saved_fraction * 100:.1f}% = 1 - (500 + 100 x 100) / (100 x 600)"
+    )
+
+
+def plot(gpu_memory_gb: float, out: str) -> str:
+    model = kv.get_model("llama-70b")
+    caps = [kv.kv_capacity(model, gpu_memory_gb, c, kv.SEED_NODE_GPUS) for c in PLOT_CONTEXTS]
+    series = {
+        "theoretical (100% of KV memory)": [c.max_requests for c in caps],
+        "PagedAttention (95%)": [c.requests_with_paging for c in caps],
+        "pre-allocated (50%)": [c.requests_without_paging for c in caps],
+    }
+    path = os.path.join(out, "09_kv_capacity.png")
+    title = f"LLaMA-70B on {kv.SEED_NODE_GPUS} x {gpu_memory_gb:g} GB: concurrent requests"
+    plot_kv_capacity(path, PLOT_CONTEXTS, series, title)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", default="h100", choices=list(GPUS), help="GPU preset")
+    parser.add_argument("--seed-faithful", action="store_true", help="the seed's single GPU")
+    parser.add_argument("--out", default="results", help="directory for the plot")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    faithful = ["--seed-faithful"] if args.seed_faithful else []
+    section("KV cache calculator (jaxscale calc kv)")
+    if jaxscale_main(["calc", "kv", "--gpu", args.gpu, *faithful]) != 0:
+        raise SystemExit(2)
+    gpu_memory_gb = get_gpu(args.gpu).memory_gb
+    prose_budget(gpu_memory_gb)
+    section("Prefix sharing (jaxscale calc prefix)")
+    jaxscale_main(["calc", "prefix"])
+    exercises(gpu_memory_gb)
+    print(f"\nplot written to {plot(gpu_memory_gb, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
