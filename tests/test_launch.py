@@ -1,0 +1,117 @@
+"""`jaxscale launch` (N local processes over jax.distributed) and `jaxscale hello` (seed ch1).
+
+The 2-process test runs real processes with a bounded time; the failure tests check that the
+launcher stops the others and names the failing process.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxscale import launch
+from jaxscale.cli import main as cli_main
+from jaxscale.parallel import demos
+
+LAUNCH_TIMEOUT_S = 120  # generous on a loaded 2-core machine; a hang fails the test, not CI
+
+
+def _launch(*args, timeout=LAUNCH_TIMEOUT_S + 30):
+    cmd = [sys.executable, "-m", "jaxscale", "launch", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_hello_in_two_processes_matches_one_process_with_eight_devices():
+    out = _launch(
+        "-n", "2", "--timeout", str(LAUNCH_TIMEOUT_S), "--", "jaxscale", "hello", "--json"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    payload = [
+        line[len("[p0] ") :] for line in out.stdout.splitlines() if line.startswith("[p0] {")
+    ]
+    assert len(payload) == 1, out.stdout  # one JSON object, from process 0 only
+    multi = json.loads(payload[0])
+    single = demos.hello(demos.line_mesh(8))  # this test process: 1 process x 8 devices
+    assert multi["processes"] == 2 and multi["world_size"] == 8
+    assert multi["gathered"] == single.gathered.tolist()
+    assert multi["rank_sum"] == single.rank_sum == 28.0  # S2 L698-705: W(W-1)/2
+    assert multi["correct"] is True
+
+
+def test_a_failing_child_stops_the_others_and_is_named():
+    script = (
+        "import os, sys, time; pid = int(os.environ['JAXSCALE_PROCESS_ID']); "
+        "assert os.environ['JAX_NUM_CPU_DEVICES'] == '4'; "
+        "time.sleep(60) if pid == 0 else sys.exit(3)"
+    )
+    start = time.monotonic()
+    out = _launch("-n", "2", "--", "python", "-c", script, timeout=60)
+    assert time.monotonic() - start < 30  # p0's 60 s sleep was cut short
+    assert out.returncode == 3
+    assert "process 1 exited with code 3" in out.stderr
+
+
+def test_timeout_stops_everyone():
+    out = _launch("-n", "2", "--timeout", "1", "--", "python", "-c", "import time; time.sleep(60)")
+    assert out.returncode == 124
+    assert "timed out after 1 s" in out.stderr and "p0, p1" in out.stderr
+
+
+def test_output_is_prefixed_per_process():
+    script = "import os; print('rank', os.environ['JAXSCALE_PROCESS_ID'])"
+    out = _launch("-n", "2", "--", "python", "-c", script, timeout=60)
+    assert out.returncode == 0
+    assert "[p0] rank 0" in out.stdout and "[p1] rank 1" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["launch", "-n", "3", "--", "jaxscale", "hello"], "do not split evenly"),
+        (["launch", "-n", "0", "--", "jaxscale", "hello"], "at least one process"),
+        (["launch", "-n", "2"], "nothing to launch"),
+        (["launch", "--timeout", "0", "--", "jaxscale", "hello"], "--timeout"),
+        (["hello", "-w", "9"], "--world-size 9"),
+    ],
+)
+def test_bad_input_exits_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_child_command_and_environment():
+    assert launch.child_command(["--", "jaxscale", "doctor"]) == [
+        sys.executable,
+        "-m",
+        "jaxscale",
+        "doctor",
+    ]
+    assert launch.child_command(["python", "x.py"]) == [sys.executable, "x.py"]
+    env = launch.child_env(8, 2, 1, 12345)
+    assert env["JAX_NUM_CPU_DEVICES"] == "4"
+    assert env[launch.ENV_COORDINATOR] == "127.0.0.1:12345"
+    assert (env[launch.ENV_NUM_PROCESSES], env[launch.ENV_PROCESS_ID]) == ("2", "1")
+
+
+def test_maybe_initialize_is_a_no_op_outside_launch(monkeypatch):
+    monkeypatch.delenv(launch.ENV_COORDINATOR, raising=False)
+    assert launch.maybe_initialize_distributed() is False
+
+
+@pytest.mark.parametrize("w, expected", [(8, 28), (4, 6)])
+def test_hello_command_json(w, expected, capsys):
+    assert cli_main(["hello", "-w", str(w), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["rank_sum"] == expected and payload["processes"] == 1
+    assert payload["gathered"][-1] == [10.0 * (w - 1), 10.0 * (w - 1) + 1]
+
+
+def test_hello_command_table(capsys):
+    assert cli_main(["hello", "-w", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "[Rank 3/4] Hello!" in out and "I handle odd data!" in out
+    assert "From rank 3: [30.0, 31.0]" in out and "Correct: True" in out
