@@ -144,6 +144,8 @@ def _run_kv(args) -> int:
         f"Capacity: {model.name} ({model.model_size_gb:g} GB weights) on {where}, overhead "
         f"{args.overhead_gb:g} GB per GPU: {available:.1f} GB left for KV",
     ]
+    if args.custom and args.model_size_gb is None:
+        lines.append("(14 GB of weights is the seed's fallback for --custom; see --model-size-gb)")
     if fits_from is not None and fits_from > 1:
         lines.append(f"(the weights need at least {fits_from} GPUs of {gpu.memory_gb:g} GB)")
     lines += [

@@ -91,7 +91,7 @@ def rl_iteration(
     if mode not in MODES:
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
     _check_count("PPO epochs", ppo_epochs)
-    _check_count("total GPUs", total_gpus, 1 if mode == "sync" or seed_faithful else 2)
+    _check_count("total GPUs", total_gpus, 1 if mode == "sync" else 2)  # async splits them
     if not 0 < mfu <= 1 or not 0 < reward_fraction:
         raise ValueError("MFU must be in (0, 1] and the reward-model fraction > 0")
     if gpu.flops_per_s is None or gpu.hbm_bytes_per_s is None:

@@ -110,6 +110,7 @@ def test_async_with_half_the_gpus_can_lose_to_sync():
     [
         lambda: _corrected("both"),
         lambda: _corrected("async", total_gpus=1),
+        lambda: _seed("async", total_gpus=1),  # the seed would divide by 0 training GPUs
         lambda: _corrected("async", gen_gpus=256),
         lambda: _corrected("async", gen_gpus=1),  # 70B needs 2 GPUs per generation replica
         lambda: _corrected("sync", ppo_epochs=0),
