@@ -17,7 +17,7 @@ from jaxscale.calc.training_format import format_table
 from jaxscale.sim import pipeline as pp
 from jaxscale.sim import plots
 
-MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # shared/seeds/002 L5608
+MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # shared/seeds/002 L5619
 
 
 def summary(results) -> str:
@@ -81,7 +81,7 @@ def main() -> None:
     print(summary(schedules(p, m, v, args.backward_ratio)))
 
     rows = bubble_rows(p, v)
-    print(f"\n== bubble vs microbatches, P={p} (seed 002 L5596-5627; seed 004 L722-744) ==")
+    print(f"\n== bubble vs microbatches, P={p} (seed 002 L5603-5627; seed 004 L722-744) ==")
     print(format_table(
         ["M", "(P-1)/(M+P-1)", "simulated 1F1B", f"interleaved v={v}", "(P-1)/M",
          "seed 004 efficiency"],

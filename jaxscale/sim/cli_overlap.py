@@ -11,8 +11,8 @@ from jaxscale.sim import overlap as ov
 from jaxscale.sim import timeline
 from jaxscale.sim.cli import guarded
 
-BAR_BATCHES = 4  # batches drawn in the timeline bars (seed 002 L8689)
-BAR_CHARS_PER_MS = 2  # L8600
+BAR_BATCHES = 4  # batches drawn in the timeline bars (seed 002 L8713-8714)
+BAR_CHARS_PER_MS = 2  # L8603
 LAUNCH_BAR_ITERATIONS = 2
 
 

@@ -14,10 +14,10 @@ from jaxscale.sim.cli import guarded
 
 FAITHFUL_WHAT = (
     "pipeline_schedule_viz.py's printout: naive bubble (P-1)M/(PM+P-1) (68.6% for P4 M8) and its "
-    "formula-placed 1F1B grid (seed 002 L5437-5541)"
+    "formula-placed 1F1B grid (seed 002 L5437-5548)"
 )
-BUBBLE_TABLE_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # seed 002 L5608
-SEED_BUBBLE_TABLE_STAGES = 4  # the seed's table ignores --stages (L5606)
+BUBBLE_TABLE_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # seed 002 L5619
+SEED_BUBBLE_TABLE_STAGES = 4  # the seed's table ignores --stages (L5614)
 
 
 def add_command(sim_sub) -> None:

@@ -77,7 +77,7 @@ def scheduling_orders(cfg: SchedulingConfig, mode: str) -> dict[str, list[Op]]:
     if mode == "sequential":
         cpu = [op for i in range(n) for op in (sched[i], post[i])]
     else:
-        # The seed's overlap loop (L7929-7945): schedule next, launch it, process previous.
+        # The seed's overlap loop (L7926-7945): schedule next, launch it, process previous.
         cpu = [sched[0]]
         for i in range(n):
             cpu += ([sched[i + 1]] if i + 1 < n else []) + [post[i]]
@@ -95,7 +95,7 @@ def seed_ideal_ms(cfg: SchedulingConfig) -> dict[str, float]:
 
 
 def scheduling_analysis(cfg: SchedulingConfig) -> dict[str, float]:
-    """The seed's ANALYSIS block (L8690-8700): 23.1% overhead, 1.0 ms effective, 67% reduction."""
+    """The seed's ANALYSIS block (L8720-8733): 23.1% overhead, 1.0 ms effective, 67% reduction."""
     s, c, p = cfg.scheduling_ms, cfg.compute_ms, cfg.postprocess_ms
     return {
         "overhead_fraction": (s + p) / (s + c + p),
@@ -133,7 +133,7 @@ def launch_overhead_per_iteration_ms(cfg: LaunchConfig, mode: str) -> float:
 
 
 def bars(spans: dict, end: float, chars_per_ms: float) -> dict[str, str]:
-    """CPU and GPU bars up to `end` ms (2 chars/ms in the seed, L8600)."""
+    """CPU and GPU bars up to `end` ms (2 chars/ms in the seed, L8603)."""
     rows = timeline.by_resource(spans)
     return {
         r: timeline.render_bars([s for s in rows[r] if s.start < end], end, chars_per_ms)

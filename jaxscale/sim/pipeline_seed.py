@@ -1,4 +1,4 @@
-"""Seed-faithful port of shared/seeds/002 `pipeline_schedule_viz.py` (L5437-5541), defects kept.
+"""Seed-faithful port of shared/seeds/002 `pipeline_schedule_viz.py` (L5437-5548), defects kept.
 
 Used only under `--seed-faithful`, so users can compare with the seed's printout:
 - the naive bubble is (P-1)*M / (P*M + P-1) (L5475; 68.6% for P4 M8, defect 3), where the
@@ -11,7 +11,7 @@ The corrected values come from `jaxscale.sim.pipeline.simulate`.
 
 from jaxscale.sim.pipeline import _check_counts
 
-SEED_GRID_MAX_CELLS = 25  # the seed truncates the 1F1B grid to 25 time slots (L5527-5531)
+SEED_GRID_MAX_CELLS = 25  # the seed truncates the 1F1B grid to 25 time slots (L5541-5546)
 
 
 def naive_bubble(stages: int, microbatches: int) -> float:
@@ -35,7 +35,7 @@ def naive_cells(stages: int, microbatches: int) -> list[list[str]]:
 
 
 def one_f_one_b_cells(stages: int, microbatches: int) -> list[list[str]]:
-    """The seed's formula-placed 1F1B grid (L5489-5519), including its overwrites."""
+    """The seed's formula-placed 1F1B grid (L5499-5533), including its overwrites."""
     _check_counts(stages, microbatches, 1)
     total = 2 * microbatches + 2 * (stages - 1)
     rows = []

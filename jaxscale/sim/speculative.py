@@ -47,7 +47,7 @@ def seed_expected_tokens_per_pass(gamma: float, k: int) -> float:
 def speedup_with_draft_cost(gamma: float, k: int, draft_cost: float) -> float:
     """E[tokens] / (1 + k*c): c = cost of one drafted token relative to one target pass.
 
-    shared/seeds/002 Ex1 (L8945-8952): gamma 0.75, k 4, c 0.05 -> 3.0508 / 1.2 = 2.54x.
+    shared/seeds/002 Ex1 (L8943-8954): gamma 0.75, k 4, c 0.05 -> 3.0508 / 1.2 = 2.54x.
     """
     if draft_cost < 0:
         raise ValueError(f"draft cost must be >= 0, got {draft_cost}")
@@ -82,7 +82,7 @@ class SweepConfig:
     match_prob: float = 0.70  # L518
     draft_time_ms: float = 10.0  # per drafted token (L519)
     target_time_ms: float = 50.0  # per target pass, whatever K (L520)
-    num_trials: int = 200  # L462
+    num_trials: int = 200  # L463
     seed: int = 42  # np.random.seed(42) before each sweep (L515, L601)
 
     def validate(self) -> None:

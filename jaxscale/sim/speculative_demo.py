@@ -23,7 +23,7 @@ Two departures from the standard algorithm, kept only with `seed_faithful=True`:
 import random
 from dataclasses import dataclass
 
-# shared/seeds/002 L9300-9307, in order (the token index drawn by randint selects from it).
+# shared/seeds/002 L9296-9304, in order (the token index drawn by randint selects from it).
 VOCAB = (
     "the", "a", "is", "are", "was", "were", "has", "have", "had",
     "will", "would", "could", "should", "may", "might", "must",
@@ -95,14 +95,14 @@ def per_token_acceptance(acceptance_rate: float) -> float:
 def _round(rng: random.Random, k: int, a: float) -> tuple[list[str], str | None]:
     """One draft/verify round; draws exactly what the seed draws, in the same order."""
     drafts = []
-    for _ in range(k):  # simulate_draft_model (L9096-9111)
+    for _ in range(k):  # simulate_draft_model (L9091-9115)
         word = VOCAB[rng.randint(0, len(VOCAB) - 1)]
         drafts.append([word, rng.uniform(0.3, 0.9), 0.0])
-    for d in drafts:  # simulate_target_verification (L9124-9136)
+    for d in drafts:  # simulate_target_verification (L9118-9139)
         ratio = rng.uniform(0.9, 1.5) if rng.random() < a else rng.uniform(0.1, 0.8)
         d[2] = min(1.0, d[1] * ratio)
     accepted = []
-    for i, (word, p_draft, p_target) in enumerate(drafts):  # speculative_acceptance (L9152-9172)
+    for i, (word, p_draft, p_target) in enumerate(drafts):  # speculative_acceptance (L9142-9174)
         if p_target >= p_draft or rng.random() < p_target / p_draft:
             accepted.append(word)
             continue
