@@ -1,5 +1,7 @@
 """`jaxscale simulate batching`: static vs continuous batching (seed 000 ex. 3, seed 003 L93)."""
 
+import numpy as np
+
 from jaxscale.calc.training_format import (
     add_output_flags,
     comma_list,
@@ -68,7 +70,7 @@ def run(args) -> int:
         args.num_requests, args.seed, args.mean_length, args.std_length, args.min_length,
         args.max_length,
     )  # fmt: skip
-    lengths = bt.np.asarray(args.lengths) if args.lengths else workload.lengths()
+    lengths = np.asarray(args.lengths) if args.lengths else workload.lengths()
     static = bt.simulate_static(lengths, args.batch_size)
     cont = bt.simulate_continuous(lengths, args.batch_size)
     example = bt.simulate_static(bt.SEED_003_LENGTHS, len(bt.SEED_003_LENGTHS))

@@ -1,5 +1,7 @@
 """`jaxscale simulate overlap`: scheduling and launch overhead, virtual clock (seed 002 ch10)."""
 
+from dataclasses import asdict
+
 from jaxscale.calc.training_format import (
     add_output_flags,
     emit,
@@ -130,7 +132,7 @@ def run(args) -> int:
     report = {
         "command": "simulate overlap",
         "scheduling": {
-            "config": vars(scfg) | {},
+            "config": asdict(scfg),
             "total_ms": total,
             "seed_ideal_ms": seed,
             "speedup": {m: total["sequential"] / total[m] for m in total},
@@ -138,7 +140,7 @@ def run(args) -> int:
             "bars": bars,
         },
         "launch": {
-            "config": vars(lcfg) | {},
+            "config": asdict(lcfg),
             "total_ms": ltotal,
             "speedup_vs_eager": {m: ltotal["eager"] / ltotal[m] for m in ltotal},
             "bars": lbars,

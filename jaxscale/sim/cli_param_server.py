@@ -1,6 +1,8 @@
 """`jaxscale simulate param-server`: sync vs stale asynchronous updates (seed 004 §9)."""
 
 import argparse
+import math
+from dataclasses import asdict
 
 from jaxscale.calc.training_format import (
     add_output_flags,
@@ -59,13 +61,22 @@ def _status(run: ps.RunResult) -> str:
     return "converged" if run.final_gap <= CONVERGED_RATIO * run.gaps[0] else "not yet"
 
 
+def _finite(x: float) -> float | None:
+    """JSON has no inf/nan: a gap that overflowed is reported as null."""
+    return x if math.isfinite(x) else None
+
+
+def _fmt_gap(x: float | None) -> str:
+    return "overflow" if x is None else f"{x:.2e}"
+
+
 def _summary(run: ps.RunResult) -> dict:
     return {
         "updates": len(run.times), "gradients": run.gradients,
         "sim_time": run.times[-1] if run.times else 0.0,
         "mean_staleness": sum(run.staleness) / max(len(run.staleness), 1),
-        "max_staleness": max(run.staleness, default=0), "final_gap": run.final_gap,
-        "status": _status(run), "gaps": list(run.gaps),
+        "max_staleness": max(run.staleness, default=0), "final_gap": _finite(run.final_gap),
+        "status": _status(run), "gaps": [_finite(g) for g in run.gaps],
     }  # fmt: skip
 
 
@@ -82,7 +93,7 @@ def run(args) -> int:
         r = ps.run_delayed(problem, cfg.lr, tau, cfg.updates)
         sweep.append({
             "staleness": tau, "critical_lr": ps.critical_lr(tau),
-            "predicted_rate": ps.delayed_rate(cfg.lr, tau, eig), "final_gap": r.final_gap,
+            "predicted_rate": ps.delayed_rate(cfg.lr, tau, eig), "final_gap": _finite(r.final_gap),
             "status": _status(r), "run": r,
         })  # fmt: skip
     summaries = {name: _summary(r) for name, r in runs.items()}
@@ -114,7 +125,7 @@ def run(args) -> int:
                     s["gradients"],
                     f"{s['sim_time']:.1f}",
                     f"{s['mean_staleness']:.2f}/{s['max_staleness']}",
-                    f"{s['final_gap']:.2e}",
+                    _fmt_gap(s["final_gap"]),
                     s["status"],
                 ]
                 for name, s in summaries.items()
@@ -134,7 +145,7 @@ def run(args) -> int:
                     row["staleness"],
                     f"{row['critical_lr']:.3f}",
                     f"{row['predicted_rate']:.3f}",
-                    f"{row['final_gap']:.2e}",
+                    _fmt_gap(row["final_gap"]),
                     row["status"],
                 ]
                 for row in sweep
@@ -146,7 +157,7 @@ def run(args) -> int:
     ]
     report = {
         "command": "simulate param-server",
-        "config": vars(cfg) | {},
+        "config": asdict(cfg),
         "lambda_min": float(eig.min()),
         "runs": summaries,
         "staleness_sweep": [{k: v for k, v in row.items() if k != "run"} for row in sweep],

@@ -64,8 +64,9 @@ class Problem:
     f_star: float
 
     def loss(self, x: np.ndarray) -> float:
-        r = self.a_nd @ x - self.b_n
-        return float(r @ r) / (2 * len(self.b_n))
+        with np.errstate(over="ignore", invalid="ignore"):  # divergence is detected by the caller
+            r = self.a_nd @ x - self.b_n
+            return float(r @ r) / (2 * len(self.b_n))
 
     def gap(self, x: np.ndarray) -> float:
         # Clamped: at the optimum, rounding can put loss(x) a hair below f*.
