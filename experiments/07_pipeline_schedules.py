@@ -48,14 +48,16 @@ def bubble_rows(p: int, v: int) -> list[dict]:
     rows = []
     for m in MICROBATCHES:
         inter = pp.PipelineConfig(p, m, "interleaved", virtual_stages=v)
-        rows.append({
-            "microbatches": m,
-            "bubble_s2": pp.bubble_fraction(p, m, "s2"),
-            "bubble_s4": pp.bubble_fraction(p, m, "s4"),
-            "efficiency_s4": pp.pipeline_efficiency(p, m, "s4"),
-            "simulated_1f1b": pp.simulate(pp.PipelineConfig(p, m, "1f1b")).bubble_s2,
-            "simulated_interleaved": pp.simulate(inter).bubble_s2 if m % p == 0 else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "microbatches": m,
+                "bubble_s2": pp.bubble_fraction(p, m, "s2"),
+                "bubble_s4": pp.bubble_fraction(p, m, "s4"),
+                "efficiency_s4": pp.pipeline_efficiency(p, m, "s4"),
+                "simulated_1f1b": pp.simulate(pp.PipelineConfig(p, m, "1f1b")).bubble_s2,
+                "simulated_interleaved": pp.simulate(inter).bubble_s2 if m % p == 0 else None,
+            }
+        )
     return rows
 
 
@@ -82,21 +84,46 @@ def main() -> None:
 
     rows = bubble_rows(p, v)
     print(f"\n== bubble vs microbatches, P={p} (seed 002 L5603-5627; seed 004 L722-744) ==")
-    print(format_table(
-        ["M", "(P-1)/(M+P-1)", "simulated 1F1B", f"interleaved v={v}", "(P-1)/M",
-         "seed 004 efficiency"],
-        [[r["microbatches"], f"{r['bubble_s2']:.1%}", f"{r['simulated_1f1b']:.1%}",
-          "-" if r["simulated_interleaved"] is None else f"{r['simulated_interleaved']:.1%}",
-          f"{r['bubble_s4']:.1%}", f"{r['efficiency_s4']:.1%}"] for r in rows],
-    ))  # fmt: skip
+    print(
+        format_table(
+            [
+                "M",
+                "(P-1)/(M+P-1)",
+                "simulated 1F1B",
+                f"interleaved v={v}",
+                "(P-1)/M",
+                "seed 004 efficiency",
+            ],
+            [
+                [
+                    r["microbatches"],
+                    f"{r['bubble_s2']:.1%}",
+                    f"{r['simulated_1f1b']:.1%}",
+                    "-"
+                    if r["simulated_interleaved"] is None
+                    else f"{r['simulated_interleaved']:.1%}",
+                    f"{r['bubble_s4']:.1%}",
+                    f"{r['efficiency_s4']:.1%}",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
     print(f"\n== peak activations, stage 0 (microbatches held), P={p} ==")
-    print(format_table(
-        ["M", "GPipe", "1F1B"],
-        [[mb, f"{pp.simulate(pp.PipelineConfig(p, mb, 'gpipe')).peak_activations[0]:g}",
-          f"{pp.simulate(pp.PipelineConfig(p, mb, '1f1b')).peak_activations[0]:g}"]
-         for mb in (4, 8, 16, 32)],
-    ))  # fmt: skip
+    print(
+        format_table(
+            ["M", "GPipe", "1F1B"],
+            [
+                [
+                    mb,
+                    f"{pp.simulate(pp.PipelineConfig(p, mb, 'gpipe')).peak_activations[0]:g}",
+                    f"{pp.simulate(pp.PipelineConfig(p, mb, '1f1b')).peak_activations[0]:g}",
+                ]
+                for mb in (4, 8, 16, 32)
+            ],
+        )
+    )
 
     os.makedirs(args.out, exist_ok=True)
     gantt = plots.pipeline(equal, os.path.join(args.out, "07_pipeline_gantt.png"))

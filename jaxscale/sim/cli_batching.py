@@ -34,19 +34,27 @@ def add_command(sim_sub) -> None:
     p.add_argument("--min-length", type=positive_int, default=w.min_length)
     p.add_argument("--max-length", type=positive_int, default=w.max_length)
     p.add_argument(
-        "--lengths", type=comma_list(positive_int), help="explicit request lengths (overrides "
+        "--lengths",
+        type=comma_list(positive_int),
+        help="explicit request lengths (overrides "
         "the generated workload), e.g. 20,45,200,15,80,150,30,200",
-    )  # fmt: skip
+    )
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
 
 
 def _row(res: bt.BatchingResult) -> list[str]:
     return [
-        res.strategy, res.total_steps, f"{res.avg_utilization:.1%}", res.slot_steps,
-        res.wasted_slot_steps, f"{res.waste_fraction:.1%}", f"{res.avg_service_latency:.1f}",
-        f"{res.avg_completion:.1f}", f"{res.tokens_per_step:.2f}",
-    ]  # fmt: skip
+        res.strategy,
+        res.total_steps,
+        f"{res.avg_utilization:.1%}",
+        res.slot_steps,
+        res.wasted_slot_steps,
+        f"{res.waste_fraction:.1%}",
+        f"{res.avg_service_latency:.1f}",
+        f"{res.avg_completion:.1f}",
+        f"{res.tokens_per_step:.2f}",
+    ]
 
 
 def _summary(res: bt.BatchingResult, with_history: bool) -> dict:
@@ -67,9 +75,13 @@ def _summary(res: bt.BatchingResult, with_history: bool) -> dict:
 
 def run(args) -> int:
     workload = bt.Workload(
-        args.num_requests, args.seed, args.mean_length, args.std_length, args.min_length,
+        args.num_requests,
+        args.seed,
+        args.mean_length,
+        args.std_length,
+        args.min_length,
         args.max_length,
-    )  # fmt: skip
+    )
     lengths = np.asarray(args.lengths) if args.lengths else workload.lengths()
     static = bt.simulate_static(lengths, args.batch_size)
     cont = bt.simulate_continuous(lengths, args.batch_size)
@@ -106,7 +118,7 @@ def run(args) -> int:
                 "tokens/step",
             ],
             [_row(static), _row(cont)],
-        ),  # fmt: skip
+        ),
         f"continuous batching serves the queue in {static.total_steps / cont.total_steps:.2f}x "
         "fewer steps.",
         "latency: steps from a request's start of service until its batch (static) or itself "

@@ -36,8 +36,12 @@ def add_command(sim_sub) -> None:
     g.add_argument("--iterations", type=positive_int, default=launch.iterations)
     g.add_argument("--kernels", type=positive_int, default=launch.kernels)
     g.add_argument("--launch-ms", type=positive_float, default=launch.launch_ms)
-    g.add_argument("--kernel-compute-ms", type=positive_float, default=launch.compute_ms,
-                   help="GPU compute per iteration, all kernels together")  # fmt: skip
+    g.add_argument(
+        "--kernel-compute-ms",
+        type=positive_float,
+        default=launch.compute_ms,
+        help="GPU compute per iteration, all kernels together",
+    )
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
 
@@ -89,7 +93,7 @@ def run(args) -> int:
                 ]
                 for m in ov.SCHEDULING_MODES
             ],
-        ),  # fmt: skip
+        ),
         *[f"  {m}: {describe[m]}" for m in ov.SCHEDULING_MODES],
         f"overhead without overlap: (S+P)/(S+C+P) = {analysis['overhead_fraction']:.1%}; "
         f"with overlap the effective overhead is P = {analysis['effective_overhead_ms']:g} ms, "
@@ -116,7 +120,7 @@ def run(args) -> int:
                 ]
                 for m in ov.LAUNCH_MODES
             ],
-        ),  # fmt: skip
+        ),
         *[f"  {m}: {describe[m]}" for m in ov.LAUNCH_MODES],
         f"seed prints {ltotal['eager']:.1f} vs {ltotal['graph']:.1f} ms = "
         f"{ltotal['eager'] / ltotal['graph']:.2f}x; overhead "

@@ -41,16 +41,26 @@ def add_command(sim_sub) -> None:
     p.add_argument("--workers", type=positive_int, default=d.workers, help="W")
     p.add_argument("--lr", type=positive_float, default=d.lr, help="step size x lambda_max")
     p.add_argument("--updates", type=positive_int, default=d.updates, help="server updates")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="rows per gradient (0 = all rows)")  # fmt: skip
+    p.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help="rows per gradient (0 = all rows)"
+    )
     p.add_argument("--samples", type=positive_int, default=d.samples)
     p.add_argument("--dim", type=positive_int, default=d.dim)
     p.add_argument("--noise", type=non_negative_float, default=d.noise)
-    p.add_argument("--jitter", type=non_negative_float, default=d.jitter,
-                   help="worker compute time ~ U(1-j, 1+j)")  # fmt: skip
+    p.add_argument(
+        "--jitter",
+        type=non_negative_float,
+        default=d.jitter,
+        help="worker compute time ~ U(1-j, 1+j)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--staleness-sweep", type=_staleness_list, default=list(DEFAULT_SWEEP),
-                   metavar="TAUS", help="comma-separated staleness values")  # fmt: skip
+    p.add_argument(
+        "--staleness-sweep",
+        type=_staleness_list,
+        default=list(DEFAULT_SWEEP),
+        metavar="TAUS",
+        help="comma-separated staleness values",
+    )
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
 
@@ -72,30 +82,45 @@ def _fmt_gap(x: float | None) -> str:
 
 def _summary(run: ps.RunResult) -> dict:
     return {
-        "updates": len(run.times), "gradients": run.gradients,
+        "updates": len(run.times),
+        "gradients": run.gradients,
         "sim_time": run.times[-1] if run.times else 0.0,
         "mean_staleness": sum(run.staleness) / max(len(run.staleness), 1),
-        "max_staleness": max(run.staleness, default=0), "final_gap": _finite(run.final_gap),
-        "status": _status(run), "gaps": [_finite(g) for g in run.gaps],
-    }  # fmt: skip
+        "max_staleness": max(run.staleness, default=0),
+        "final_gap": _finite(run.final_gap),
+        "status": _status(run),
+        "gaps": [_finite(g) for g in run.gaps],
+    }
 
 
 def run(args) -> int:
     cfg = ps.ParamServerConfig(
-        args.workers, args.lr, args.updates, args.batch_size, args.samples, args.dim,
-        args.noise, args.jitter, args.seed,
-    )  # fmt: skip
+        args.workers,
+        args.lr,
+        args.updates,
+        args.batch_size,
+        args.samples,
+        args.dim,
+        args.noise,
+        args.jitter,
+        args.seed,
+    )
     problem = ps.make_problem(cfg)
     eig = problem.hessian_eigenvalues()
     runs = {"sync": ps.run_sync(cfg, problem), "async": ps.run_async(cfg, problem)}
     sweep = []
     for tau in args.staleness_sweep:
         r = ps.run_delayed(problem, cfg.lr, tau, cfg.updates)
-        sweep.append({
-            "staleness": tau, "critical_lr": ps.critical_lr(tau),
-            "predicted_rate": ps.delayed_rate(cfg.lr, tau, eig), "final_gap": _finite(r.final_gap),
-            "status": _status(r), "run": r,
-        })  # fmt: skip
+        sweep.append(
+            {
+                "staleness": tau,
+                "critical_lr": ps.critical_lr(tau),
+                "predicted_rate": ps.delayed_rate(cfg.lr, tau, eig),
+                "final_gap": _finite(r.final_gap),
+                "status": _status(r),
+                "run": r,
+            }
+        )
     summaries = {name: _summary(r) for name, r in runs.items()}
     batch = "all rows" if cfg.batch_size in (0, cfg.samples) else f"{cfg.batch_size} random rows"
     lines = [
@@ -130,7 +155,7 @@ def run(args) -> int:
                 ]
                 for name, s in summaries.items()
             ],
-        ),  # fmt: skip
+        ),
         "sync: W gradients at the current x, averaged, one update per round (a round lasts as "
         "long as its slowest worker).",
         "async: each push is applied at once; staleness = updates applied between a worker's "
@@ -150,7 +175,7 @@ def run(args) -> int:
                 ]
                 for row in sweep
             ],
-        ),  # fmt: skip
+        ),
         "stability: e(t+1) = e(t) - lr*lambda*e(t-tau) is stable iff lr*lambda < "
         "2 sin(pi / (2(2 tau + 1))); rate = largest root of z^(tau+1) - z^tau + lr*lambda "
         "over H's eigenvalues.",

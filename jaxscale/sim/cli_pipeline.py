@@ -32,8 +32,13 @@ def add_command(sim_sub) -> None:
     p.add_argument("--stages", "-s", type=positive_int, default=d.stages, help="P")
     p.add_argument("--microbatches", "-m", type=positive_int, default=d.microbatches, help="M")
     p.add_argument("--schedule", choices=("all",) + pp.SCHEDULES, default="all")
-    p.add_argument("--virtual-stages", "-v", type=positive_int, default=2,
-                   help="model chunks per device for the interleaved schedule")  # fmt: skip
+    p.add_argument(
+        "--virtual-stages",
+        "-v",
+        type=positive_int,
+        default=2,
+        help="model chunks per device for the interleaved schedule",
+    )
     p.add_argument("--forward-time", type=positive_float, default=d.forward_time, help="t_F")
     p.add_argument("--backward-time", type=positive_float, default=d.backward_time, help="t_B")
     add_output_flags(p, plot=True, faithful=True)
@@ -66,27 +71,32 @@ def _name(cfg: pp.PipelineConfig) -> str:
 def _summary(res: pp.PipelineResult) -> dict:
     c = res.config
     return {
-        "schedule": c.schedule, "virtual_stages": c.virtual_stages, "makespan": res.makespan,
-        "busy_per_device": res.work_per_stage, "bubble_s2": res.bubble_s2,
+        "schedule": c.schedule,
+        "virtual_stages": c.virtual_stages,
+        "makespan": res.makespan,
+        "busy_per_device": res.work_per_stage,
+        "bubble_s2": res.bubble_s2,
         "bubble_s4": res.bubble_s4,
         "formula_s2": pp.bubble_fraction(c.stages, c.microbatches, "s2", c.virtual_stages),
         "formula_s4": pp.bubble_fraction(c.stages, c.microbatches, "s4", c.virtual_stages),
         "peak_activations": list(res.peak_activations),
-    }  # fmt: skip
+    }
 
 
 def _bubble_table(args, stages: int) -> list[dict]:
     rows = []
     for m in BUBBLE_TABLE_MICROBATCHES:
         cfg = pp.PipelineConfig(stages, m, "1f1b", args.forward_time, args.backward_time)
-        rows.append({
-            "microbatches": m,
-            "bubble_s2": pp.bubble_fraction(stages, m, "s2"),
-            "efficiency_s2": pp.pipeline_efficiency(stages, m, "s2"),
-            "bubble_s4": pp.bubble_fraction(stages, m, "s4"),
-            "efficiency_s4": pp.pipeline_efficiency(stages, m, "s4"),
-            "simulated_1f1b_bubble": pp.simulate(cfg).bubble_s2,
-        })  # fmt: skip
+        rows.append(
+            {
+                "microbatches": m,
+                "bubble_s2": pp.bubble_fraction(stages, m, "s2"),
+                "efficiency_s2": pp.pipeline_efficiency(stages, m, "s2"),
+                "bubble_s4": pp.bubble_fraction(stages, m, "s4"),
+                "efficiency_s4": pp.pipeline_efficiency(stages, m, "s4"),
+                "simulated_1f1b_bubble": pp.simulate(cfg).bubble_s2,
+            }
+        )
     return rows
 
 
@@ -114,23 +124,31 @@ def run(args) -> int:
     if args.seed_faithful:
         seed = pipeline_seed.seed_report(args.stages, args.microbatches)
         lines += [
-            "seed's NAIVE (fill-drain) schedule:", seed["naive_grid"],
+            "seed's NAIVE (fill-drain) schedule:",
+            seed["naive_grid"],
             f"Bubble ratio: {seed['naive_bubble']:.1%}   (the grid's own idle share is "
             f"{pp.bubble_fraction(args.stages, args.microbatches):.1%})",
-            f"Peak activation memory: {seed['naive_peak_memory']} microbatches worth", "",
+            f"Peak activation memory: {seed['naive_peak_memory']} microbatches worth",
+            "",
             "seed's 1F1B schedule (placed by formula; cells overwrite each other):",
             seed["one_f_one_b_grid"],
             f"Bubble ratio: {seed['one_f_one_b_bubble']:.1%}",
             f"Peak activation memory: {seed['one_f_one_b_peak_memory']} microbatches worth "
-            "(the seed's summary then crashes on an invalid format spec; shown fixed below)", "",
+            "(the seed's summary then crashes on an invalid format spec; shown fixed below)",
+            "",
             format_table(
                 ["Metric", "Naive", "1F1B"],
-                [["Bubble ratio", f"{seed['naive_bubble']:.1%}",
-                  f"{seed['one_f_one_b_bubble']:.1%}"],
-                 ["Peak memory", args.microbatches, seed["one_f_one_b_peak_memory"]]],
+                [
+                    [
+                        "Bubble ratio",
+                        f"{seed['naive_bubble']:.1%}",
+                        f"{seed['one_f_one_b_bubble']:.1%}",
+                    ],
+                    ["Peak memory", args.microbatches, seed["one_f_one_b_peak_memory"]],
+                ],
             ),
             "",
-        ]  # fmt: skip
+        ]
         report["seed"] = seed
     else:
         lines += [
@@ -158,7 +176,7 @@ def run(args) -> int:
                     ]
                     for r, s in zip(results, map(_summary, results), strict=True)
                 ],
-            ),  # fmt: skip
+            ),
             "s2 = idle / total time, (P-1)/(v*M+P-1) (seed 002 L5167); s4 = idle / ideal time, "
             "(P-1)/(v*M) (seed 004 L603).",
             "peak activations: microbatches of one stage's activations held at once (from F start "
@@ -192,7 +210,7 @@ def run(args) -> int:
                 ]
                 for r in bubble_rows
             ],
-        ),  # fmt: skip
+        ),
         "s4's efficiency 1 - (P-1)/M is a first-order approximation of M/(M+P-1); it goes "
         "negative for M < P-1.",
     ]

@@ -41,8 +41,12 @@ def add_command(sim_sub) -> None:
     g.add_argument("--draft-length", "-k", type=positive_int, default=d.draft_length)
     g.add_argument("--target-length", "-n", type=positive_int, default=d.target_length)
     g.add_argument("--acceptance-rate", "-a", type=_probability, default=d.acceptance_rate)
-    g.add_argument("--draft-cost", type=non_negative_float, default=d.draft_cost,
-                   help="one draft forward relative to one target forward")  # fmt: skip
+    g.add_argument(
+        "--draft-cost",
+        type=non_negative_float,
+        default=d.draft_cost,
+        help="one draft forward relative to one target forward",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="Python random seed of the demo")
     g = p.add_argument_group("seed 000 exercise 2 Monte-Carlo")
     s = sp.SweepConfig()
@@ -65,28 +69,46 @@ def _closed_form_rows(args, best_k: int) -> list[dict]:
     cases = [
         (SEED_EXAMPLE, 0.8, 5, None),
         ("seed 002 ch11 Exercise 1", 0.75, 4, 0.05),
-        (f"speculative_demo model (-a {args.acceptance_rate:g})", gamma_demo,
-         args.draft_length, args.draft_cost),
-        (f"seed 000 model, optimal K (match_prob {args.match_prob:g})", args.match_prob, best_k,
-         None),
-    ]  # fmt: skip
+        (
+            f"speculative_demo model (-a {args.acceptance_rate:g})",
+            gamma_demo,
+            args.draft_length,
+            args.draft_cost,
+        ),
+        (
+            f"seed 000 model, optimal K (match_prob {args.match_prob:g})",
+            args.match_prob,
+            best_k,
+            None,
+        ),
+    ]
     rows = []
     for name, gamma, k, cost in cases:
         e = sp.expected_tokens_per_pass(gamma, k)
         if args.seed_faithful and name == SEED_EXAMPLE:
             e = sp.seed_expected_tokens_per_pass(gamma, k)  # the seed's 3.36
-        rows.append({
-            "case": name, "gamma": gamma, "k": k, "draft_cost": cost, "tokens_per_pass": e,
-            "speedup": None if cost is None else sp.speedup_with_draft_cost(gamma, k, cost),
-        })  # fmt: skip
+        rows.append(
+            {
+                "case": name,
+                "gamma": gamma,
+                "k": k,
+                "draft_cost": cost,
+                "tokens_per_pass": e,
+                "speedup": None if cost is None else sp.speedup_with_draft_cost(gamma, k, cost),
+            }
+        )
     return rows
 
 
 def run(args) -> int:
     sweep_cfg = sp.SweepConfig(
-        args.total_tokens, args.match_prob, args.draft_time_ms, args.target_time_ms, args.trials,
+        args.total_tokens,
+        args.match_prob,
+        args.draft_time_ms,
+        args.target_time_ms,
+        args.trials,
         args.mc_seed,
-    )  # fmt: skip
+    )
     ks = tuple(range(1, args.max_k + 1))
     points = sp.k_sweep(sweep_cfg, ks)
     mp_sweep = sp.match_prob_sweep(sweep_cfg, sp.MATCH_PROBS, ks)
@@ -120,7 +142,7 @@ def run(args) -> int:
                 ]
                 for r in closed
             ],
-        ),  # fmt: skip
+        ),
         (
             f"seed-faithful: the example row shows the seed's 3.36 = (1 - g^k) / (1 - g); the "
             f"formula it states gives {sp.expected_tokens_per_pass(0.8, 5):.5f}."
@@ -158,7 +180,7 @@ def run(args) -> int:
                 ]
                 for p in points
             ],
-        ),  # fmt: skip
+        ),
         f"optimal K = {best.k} ({best.speedup:.2f}x); P(all {ks[-1]} drafts match) = "
         f"{args.match_prob ** ks[-1]:.3f}.",
         f"a perfect draft (match_prob 1) at K={best.k} would give {perfect:.2f}x "
@@ -175,7 +197,7 @@ def run(args) -> int:
                 [f"{mp:g}"] + [f"{q.speedup:.2f}" for q in pts] + [sp.best(pts).k]
                 for mp, pts in mp_sweep.items()
             ],
-        ),  # fmt: skip
+        ),
         "",
         f"speculative_demo (seed 002 ch11, Python random seed {args.seed}): k={args.draft_length}, "
         f"n={args.target_length}, a={args.acceptance_rate:g}, draft cost {args.draft_cost:g}",
@@ -206,7 +228,7 @@ def run(args) -> int:
                     f"{res.speedup:.2f}x",
                 ]
             ],
-        ),  # fmt: skip
+        ),
         (
             "seed-faithful: no bonus token when all drafts pass; draft cost charged once per call."
             if args.seed_faithful
@@ -236,7 +258,7 @@ def run(args) -> int:
             "acceptance_rate": res.acceptance_rate,
             "speedup": res.speedup,
             "preview": list(res.tokens[:20]),
-        },  # fmt: skip
+        },
     }
     if args.plot:
         from jaxscale.sim import plots
@@ -253,12 +275,15 @@ def _closed_form_speedup(p: sp.SweepPoint, args) -> float:
 
 def _point(p: sp.SweepPoint, args) -> dict:
     return {
-        "k": p.k, "avg_accepted_per_round": p.avg_accepted_per_round,
-        "avg_tokens_per_round": p.avg_tokens_per_round, "avg_rounds": p.avg_rounds,
-        "avg_time_ms": p.avg_time_ms, "baseline_time_ms": p.baseline_time_ms,
+        "k": p.k,
+        "avg_accepted_per_round": p.avg_accepted_per_round,
+        "avg_tokens_per_round": p.avg_tokens_per_round,
+        "avg_rounds": p.avg_rounds,
+        "avg_time_ms": p.avg_time_ms,
+        "baseline_time_ms": p.baseline_time_ms,
         "speedup": p.speedup,
         "closed_form_tokens_per_round": sp.expected_tokens_per_pass(p.match_prob, p.k),
         "closed_form_speedup": sp.expected_speedup_timed(
             p.match_prob, p.k, args.draft_time_ms, args.target_time_ms
         ),
-    }  # fmt: skip
+    }

@@ -83,9 +83,12 @@ def pipeline(results, path: str) -> str:
         for span in res.spans.values():
             kind = span.op.key[0]
             ax.barh(
-                span.op.resource, span.end - span.start, left=span.start,
-                color="#1f77b4" if kind == "F" else "#ff7f0e", edgecolor="white",
-            )  # fmt: skip
+                span.op.resource,
+                span.end - span.start,
+                left=span.start,
+                color="#1f77b4" if kind == "F" else "#ff7f0e",
+                edgecolor="white",
+            )
         cfg = res.config
         ax.set_yticks(range(cfg.stages), [f"GPU{d}" for d in range(cfg.stages)])
         ax.invert_yaxis()
@@ -109,9 +112,13 @@ def timelines(named_spans: dict, path: str) -> str:
             if span.start < end:
                 row = 0 if span.op.resource == "cpu" else 1
                 ax.barh(
-                    row, min(span.end, end) - span.start, left=span.start,
-                    color=colors[span.op.label], edgecolor="white", linewidth=0.5,
-                )  # fmt: skip
+                    row,
+                    min(span.end, end) - span.start,
+                    left=span.start,
+                    color=colors[span.op.label],
+                    edgecolor="white",
+                    linewidth=0.5,
+                )
         ax.set_yticks([0, 1], ["CPU", "GPU"])
         ax.invert_yaxis()
         ax.set_xlim(0, end)

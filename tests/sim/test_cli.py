@@ -9,10 +9,22 @@ import pytest
 from jaxscale.cli import main
 
 MY_MODULES = [
-    "batching", "speculative", "speculative_demo", "pipeline", "pipeline_seed", "overlap",
-    "param_server", "timeline", "plots", "cli", "cli_batching", "cli_speculative",
-    "cli_pipeline", "cli_overlap", "cli_param_server",
-]  # fmt: skip
+    "batching",
+    "speculative",
+    "speculative_demo",
+    "pipeline",
+    "pipeline_seed",
+    "overlap",
+    "param_server",
+    "timeline",
+    "plots",
+    "cli",
+    "cli_batching",
+    "cli_speculative",
+    "cli_pipeline",
+    "cli_overlap",
+    "cli_param_server",
+]
 FAST_SPEC = ["--trials", "20"]  # the K sweeps' trial count does not touch the demo's goldens
 
 

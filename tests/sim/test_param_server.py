@@ -133,9 +133,17 @@ def test_same_seed_same_run(problem):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(workers=0), dict(lr=0.0), dict(samples=8, dim=16), dict(batch_size=-1),
-     dict(batch_size=600), dict(noise=-1.0), dict(jitter=1.0), dict(updates=0)],
-)  # fmt: skip
+    [
+        dict(workers=0),
+        dict(lr=0.0),
+        dict(samples=8, dim=16),
+        dict(batch_size=-1),
+        dict(batch_size=600),
+        dict(noise=-1.0),
+        dict(jitter=1.0),
+        dict(updates=0),
+    ],
+)
 def test_bad_config_raises(kwargs):
     with pytest.raises(ValueError):
         ps.make_problem(replace(CFG, **kwargs))

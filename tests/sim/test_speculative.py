@@ -123,10 +123,14 @@ def test_speculative_demo_seed_42_golden():
 def test_speculative_demo_other_seed_runs(cfg, expected):
     res = demo.run_demo(cfg, seed_faithful=True)
     got = (
-        len(res.tokens), res.target_calls, res.accepted, res.rejected,
-        f"{res.tokens_per_target_call:.2f}", f"{100 * res.acceptance_rate:.2f}",
+        len(res.tokens),
+        res.target_calls,
+        res.accepted,
+        res.rejected,
+        f"{res.tokens_per_target_call:.2f}",
+        f"{100 * res.acceptance_rate:.2f}",
         f"{res.speedup:.2f}",
-    )  # fmt: skip
+    )
     assert got == expected
 
 
