@@ -1,0 +1,292 @@
+"""`jaxscale bench collectives`: latency and bus bandwidth of jitted collectives over message
+sizes, an alpha-beta fit, and the census check that each variant moves the bytes it should
+(seed 002 ch4 benchmark_algorithms.py, shared/seeds/002_7edd1202589f894b.txt L2897-3160).
+
+Message size D is one device's buffer in the census convention (`jaxscale.analysis.hlo`): the
+psum operand, the all_gather OUTPUT, the psum_scatter INPUT. Bus bandwidth follows NCCL
+(`jaxscale.calc.comm.bus_bandwidth`; all-reduce 2(N-1)/N, seed L3013-3015). The fit is
+t = alpha + bus_bytes / busbw per variant, least squares on relative error so small and large
+messages count alike.
+
+On CPU the "devices" share the host's cores and a collective is a memory copy: the numbers are
+indicative, and say nothing about interconnects (the output says so).
+"""
+
+import json
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from jaxscale.calc import comm
+
+VARIANTS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute", "ring")
+COLLECTIVE_OF = {  # variant -> (collective for busbw, HLO op the census must find)
+    "psum": ("all-reduce", "all-reduce"),
+    "all_gather": ("all-gather", "all-gather"),
+    "psum_scatter": ("reduce-scatter", "reduce-scatter"),
+    "all_to_all": ("all-to-all", "all-to-all"),
+    "ppermute": ("collective-permute", "collective-permute"),
+    "ring": ("all-reduce", "collective-permute"),
+}
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    size_bytes: int
+    latency_s: float  # median of the timed calls
+    algbw_Bps: float
+    busbw_Bps: float
+    census: str  # e.g. "14 x collective-permute 4.0 KB"
+    census_ok: bool
+
+
+@dataclass(frozen=True)
+class Fit:
+    variant: str
+    alpha_s: float
+    busbw_Bps: float  # 1 / beta
+    r2: float  # on log latency
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*", text.upper())
+    if not m:
+        raise ValueError(f"cannot read size {text!r}; use e.g. 1K, 64M, 4096")
+    size = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return size
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1K:64M' = powers of 4 from 1K to 64M; '1K,1M,64M' = exactly those."""
+    if ":" in text:
+        lo, hi = (parse_size(t) for t in text.split(":", 1))
+        if hi < lo:
+            raise ValueError(f"size range {text!r} runs backwards")
+        sizes, s = [], lo
+        while s <= hi:
+            sizes.append(s)
+            s *= 4
+        return sizes
+    return [parse_size(t) for t in text.split(",") if t.strip()]
+
+
+def format_bytes(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):  # 1024 bases, like the seed's format_bytes (L2930)
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TB"
+
+
+def _program(variant: str, n: int, size_bytes: int):
+    """(jitted shard_map program, global input length, expected census) for one variant."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    from jaxscale.parallel import collectives
+
+    mesh = jax.make_mesh((n,), ("x",), axis_types=(AxisType.Auto,))
+    elems = max(n * n, (size_bytes // 4) // (n * n) * (n * n))  # divisible for every variant
+    d = elems * 4  # the buffer actually measured
+    bodies = {
+        "psum": (lambda a: jax.lax.psum(a, "x"), n * elems, [("all-reduce", d)]),
+        "all_gather": (
+            lambda a: jax.lax.all_gather(a, "x", tiled=True),
+            elems,
+            [("all-gather", d)],
+        ),
+        "psum_scatter": (
+            lambda a: jax.lax.psum_scatter(a, "x", tiled=True),
+            n * elems,
+            [("reduce-scatter", d)],
+        ),
+        "all_to_all": (
+            lambda a: jax.lax.all_to_all(a, "x", 0, 0, tiled=True),
+            n * elems,
+            [("all-to-all", d)],
+        ),
+        "ppermute": (
+            lambda a: jax.lax.ppermute(a, "x", [(i, (i + 1) % n) for i in range(n)]),
+            n * elems,
+            [("collective-permute", d)],
+        ),
+        "ring": (
+            lambda a: collectives.ring_all_reduce(a, "x"),
+            n * elems,
+            [("collective-permute", d / n)] * (2 * (n - 1)),
+        ),
+    }
+    body, length, expected = bodies[variant]
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    make = jax.jit(
+        lambda: jnp.ones((length,), jnp.float32),
+        out_shardings=jax.NamedSharding(mesh, P("x")),
+    )
+    return f, make, d, expected
+
+
+def measure(
+    variant: str, n: int, size_bytes: int, repeats: int, warmup: int, budget_s: float = 1.0
+) -> Row:
+    """Median of up to `repeats` timed calls, stopping early once `budget_s` is spent (big
+    messages on CPU take seconds; one timed call is the minimum)."""
+    import jax
+
+    from jaxscale.analysis import hlo
+
+    f, make, d, expected = _program(variant, n, size_bytes)
+    x = make()
+    compiled = f.lower(x).compile()
+    found = [(c.op, c.bytes_per_device) for c in hlo.normalize(hlo.collectives_of(compiled))]
+    ok = sorted(found) == sorted(expected)
+    counts = {}
+    for op, b in found:
+        counts[(op, b)] = counts.get((op, b), 0) + 1
+    census = "; ".join(f"{k} x {op} {format_bytes(b)}" for (op, b), k in counts.items()) or "none"
+    for _ in range(warmup):
+        jax.block_until_ready(compiled(x))
+    times = []
+    while len(times) < repeats and (not times or sum(times) < budget_s):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(x))
+        times.append(time.perf_counter() - t0)
+    latency = statistics.median(times)
+    collective = COLLECTIVE_OF[variant][0]
+    busbw = comm.bus_bandwidth(collective, d, latency, n)
+    return Row(variant, d, latency, d / latency, busbw, census, ok)
+
+
+def fit_alpha_beta(rows: list[Row], n: int) -> Fit:
+    """t = alpha + beta * bus_bytes; minimise relative error (weights 1/t)."""
+    collective = COLLECTIVE_OF[rows[0].variant][0]
+    t = np.array([r.latency_s for r in rows])
+    bus_bytes = np.array([comm.bus_bandwidth(collective, r.size_bytes, 1.0, n) for r in rows])
+    a = np.stack([1 / t, bus_bytes / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    pred = np.maximum(alpha + beta * bus_bytes, 1e-12)
+    resid = np.log(t) - np.log(pred)
+    total = np.log(t) - np.log(t).mean()
+    r2 = 1 - float(resid @ resid) / float(total @ total) if len(t) > 1 and total.any() else 1.0
+    return Fit(rows[0].variant, float(alpha), float(1 / beta) if beta > 0 else float("inf"), r2)
+
+
+def add_arguments(parser) -> None:
+    """Flags of this suite (the mesh bench owns --json, --out, --model and friends)."""
+    parser.add_argument(
+        "--sizes", default="1K:64M",
+        help="message sizes per device: 'A:B' powers of 4 from A to B, or a list '1K,1M' "
+        "(default 1K:64M)",
+    )  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per size (median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls per size")
+    parser.add_argument(
+        "--budget-s", type=float, default=1.0, help="stop timing a size after this many seconds"
+    )
+    parser.add_argument("--ops", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    parser.add_argument(
+        "--plot", default="results/bench_collectives.png", help="PNG of latency vs size and fits"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip the plot")
+
+
+def _validate(args) -> tuple[list[int], list[str]]:
+    sizes = parse_sizes(args.sizes)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in VARIANTS]
+    if bad or not ops:
+        raise ValueError(f"unknown --ops {', '.join(bad) or '(none)'}; choose from {VARIANTS}")
+    if args.repeats < 1 or args.warmup < 0 or args.budget_s <= 0:
+        raise ValueError("--repeats must be >= 1, --warmup >= 0 and --budget-s > 0")
+    if not sizes:
+        raise ValueError("--sizes names no size")
+    return sizes, ops
+
+
+def main(args) -> int:
+    try:
+        sizes, ops = _validate(args)
+    except ValueError as e:
+        print(f"jaxscale bench collectives: error: {e}", file=sys.stderr)
+        return 2
+    import jax
+
+    n = jax.device_count()
+    platform = jax.default_backend()
+    rows = [
+        measure(op, n, s, args.repeats, args.warmup, args.budget_s) for op in ops for s in sizes
+    ]
+    fits = [fit_alpha_beta([r for r in rows if r.variant == op], n) for op in ops]
+    plot = None if args.no_plot or not args.plot else write_plot(rows, fits, n, args.plot)
+    census_ok = all(r.census_ok for r in rows)
+    note = f"{platform}: {n} devices; " + (
+        "simulated CPU devices share the host's cores: collectives are host-memory copies, "
+        "timings are indicative only"
+        if platform == "cpu"
+        else "real devices"
+    )
+    if getattr(args, "json", False):
+        print(json.dumps({
+            "platform": platform, "devices": n, "note": note, "census_ok": census_ok,
+            "rows": [asdict(r) for r in rows], "fits": [asdict(f) for f in fits], "plot": plot,
+        }))  # fmt: skip
+    else:
+        print(format_report(rows, fits, note, plot))
+    return 0 if census_ok else 1
+
+
+def format_report(rows: list[Row], fits: list[Fit], note: str, plot: str | None) -> str:
+    lines = [note, ""]
+    head = f"{'variant':<13}{'size':>10}{'latency ms':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
+    lines.append(head + "  census (bytes per device)")
+    for r in rows:
+        lines.append(
+            f"{r.variant:<13}{format_bytes(r.size_bytes):>10}{r.latency_s * 1e3:>12.3f}"
+            f"{r.algbw_Bps / 1e9:>12.2f}{r.busbw_Bps / 1e9:>12.2f}  "
+            f"{'ok' if r.census_ok else 'MISMATCH'}: {r.census}"
+        )
+    lines += ["", "alpha-beta fit  t = alpha + bus_bytes / busbw  (per call, dispatch included)"]
+    lines.append(f"{'variant':<13}{'alpha us':>10}{'busbw GB/s':>12}{'R^2 (log t)':>13}")
+    for f in fits:
+        lines.append(
+            f"{f.variant:<13}{f.alpha_s * 1e6:>10.1f}{f.busbw_Bps / 1e9:>12.2f}{f.r2:>13.3f}"
+        )
+    if plot:
+        lines.append(f"\nplot: {plot}")
+    return "\n".join(lines)
+
+
+def write_plot(rows: list[Row], fits: list[Fit], n: int, path: str) -> str:
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for f in fits:
+        mine = [r for r in rows if r.variant == f.variant]
+        sizes = np.array([r.size_bytes for r in mine], float)
+        (line,) = ax.loglog(sizes, [r.latency_s * 1e3 for r in mine], "o", label=f.variant)
+        coll = COLLECTIVE_OF[f.variant][0]
+        bus = np.array([comm.bus_bandwidth(coll, s, 1.0, n) for s in sizes])
+        ax.loglog(sizes, (f.alpha_s + bus / f.busbw_Bps) * 1e3, "-", color=line.get_color())
+    ax.set_xlabel("message size per device (bytes)")
+    ax.set_ylabel("latency (ms, median)")
+    ax.set_title(f"collectives on {n} devices: measured (dots) and alpha-beta fit (lines)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

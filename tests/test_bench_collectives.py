@@ -1,0 +1,92 @@
+"""`jaxscale bench collectives`: sizes, the census check, bus bandwidth, the alpha-beta fit and
+the flags it must leave to the mesh bench (tiny sizes; timings are not asserted)."""
+
+import argparse
+import json
+
+import pytest
+
+from jaxscale.bench import collectives as bench
+
+LEAD_FLAGS = ("--model", "--meshes", "--strategies", "--target", "--out", "--json", "--steps")
+
+
+def _parser():
+    p = argparse.ArgumentParser()
+    for flag in LEAD_FLAGS:  # the mesh bench's flags share this parser
+        p.add_argument(flag, action="store_true" if flag == "--json" else "store")
+    bench.add_arguments(p)  # would raise argparse.ArgumentError on a clash
+    return p
+
+
+def test_parse_sizes():
+    assert bench.parse_sizes("1K:64M") == [2**10 * 4**k for k in range(9)]  # 1 KB .. 64 MB
+    assert bench.parse_sizes("1K,1M,4096") == [1024, 2**20, 4096]
+    for bad in ("0", "1X", "64M:1K"):
+        with pytest.raises(ValueError):
+            bench.parse_sizes(bad)
+
+
+def test_fit_recovers_a_known_alpha_and_bandwidth():
+    alpha, busbw, n = 50e-6, 2e9, 8
+    rows = []
+    for size in (1e3, 1e5, 1e7):
+        bus = size * 2 * (n - 1) / n  # all-reduce bus bytes
+        t = alpha + bus / busbw
+        rows.append(bench.Row("psum", int(size), t, size / t, bus / t, "", True))
+    fit = bench.fit_alpha_beta(rows, n)
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.busbw_Bps == pytest.approx(busbw, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def json_run(tmp_path_factory):
+    plot = tmp_path_factory.mktemp("bench") / "collectives.png"
+    args = _parser().parse_args(
+        ["--json", "--sizes", "1K,16K", "--repeats", "2", "--ops", "psum,ring,all_gather",
+         "--plot", str(plot)]
+    )  # fmt: skip
+    return args, plot
+
+
+def test_json_report_census_and_bus_bandwidth(json_run, capsys):
+    args, plot = json_run
+    assert bench.main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["census_ok"] is True and report["devices"] == 8
+    rows = {(r["variant"], r["size_bytes"]): r for r in report["rows"]}
+    assert len(rows) == 6
+    ring = rows[("ring", 16384)]
+    # seed 002 L2306-2308: 2(N-1) steps of D/N -> 14 collective-permutes of 2 KB on 8 devices
+    assert ring["census"] == "14 x collective-permute 2.0 KB"
+    psum = rows[("psum", 1024)]
+    assert psum["busbw_Bps"] == pytest.approx(psum["algbw_Bps"] * 2 * 7 / 8)  # L3013-3015
+    assert {f["variant"] for f in report["fits"]} == {"psum", "ring", "all_gather"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_report_labels_cpu_timings(capsys, tmp_path):
+    args = _parser().parse_args(
+        ["--sizes", "4K", "--repeats", "1", "--ops", "psum_scatter,all_to_all,ppermute",
+         "--no-plot"]
+    )  # fmt: skip
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "indicative only" in out and "host-memory copies" in out
+    assert "ok: 1 x reduce-scatter 4.0 KB" in out
+    assert "ok: 1 x all-to-all 4.0 KB" in out and "ok: 1 x collective-permute 4.0 KB" in out
+    assert "alpha-beta fit" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ops", "psum,allreduce"], "unknown --ops allreduce"),
+        (["--sizes", "0"], "positive"),
+        (["--repeats", "0"], "--repeats"),
+    ],
+)
+def test_bad_input_exits_2(argv, message, capsys):
+    assert bench.main(_parser().parse_args(argv + ["--no-plot"])) == 2
+    assert message in capsys.readouterr().err
