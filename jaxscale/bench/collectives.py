@@ -95,7 +95,7 @@ def _program(variant: str, n: int, size_bytes: int):
 
     from jaxscale.parallel import collectives
 
-    mesh = jax.make_mesh((n,), ("x",), axis_types=(AxisType.Auto,))
+    mesh = jax.make_mesh((n,), ("x",), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
     elems = max(n * n, (size_bytes // 4) // (n * n) * (n * n))  # divisible for every variant
     d = elems * 4  # the buffer actually measured
     bodies = {

@@ -29,9 +29,9 @@ _DEVICE_COL = re.compile(r"^(GPU\d+|NIC\d+|mlx\S*)$")
 
 # The seed's simulated matrix (L2685-2693): 8 GPUs, every pair NV12, no affinity columns.
 SIMULATED_DGX_A100 = "\n".join(
-    ["        " + "".join(f"GPU{j:<5}" for j in range(8))]
+    ["        " + "".join(f"GPU{j:<5}" for j in range(8)).rstrip()]
     + [
-        f"GPU{i}    " + "".join(("X" if i == j else "NV12").ljust(8) for j in range(8))
+        (f"GPU{i}    " + "".join(("X" if i == j else "NV12").ljust(8) for j in range(8))).rstrip()
         for i in range(8)
     ]
 )

@@ -123,6 +123,7 @@ def simulate(
                 trace.append(f"t={rnd} rank {r}: {op.label} -> {op.var}={env_r[r][op.var]}")
             else:
                 reads.append((r, op.label, env_r[r].get(op.var, 0.0)))
+                trace.append(f"t={rnd} rank {r}: read {op.var}={reads[-1][2]} ({op.label})")
             return True
         if isinstance(op, Send | Recv):
             msg = posted[r].get(pc[r])
