@@ -34,8 +34,8 @@ class Link:
 # Per-direction bandwidths. Headline figures are often bidirectional (NVLink 4: 900 GB/s), which
 # is twice what one rank can send: mixing the two conventions is the seed's 28x (seed-notes).
 LINKS = {
-    "nvlink3": Link("NVLink 3 (A100)", 300e9, 1e-6, "12 links x 25 GB/s, seed 002 L2352"),
-    "nvlink4": Link("NVLink 4 (H100)", 450e9, 1e-6, "18 links x 25 GB/s, seed 002 L2353"),
+    "nvlink3": Link("NVLink 3 (A100)", 300e9, 1e-6, "12 links x 25 GB/s, seed 002 L2353"),
+    "nvlink4": Link("NVLink 4 (H100)", 450e9, 1e-6, "18 links x 25 GB/s, seed 002 L2354"),
     "pcie4": Link("PCIe 4.0 x16", 32e9, 2e-6, "~32 GB/s, seed 002 L2356; alpha assumed"),
     "ib_ndr": Link("InfiniBand NDR", 50e9, 2e-6, "400 Gb/s per port; alpha seed 001 §7"),
     "eth100": Link("100 GbE", 12.5e9, 10e-6, "100 Gb/s; alpha seed 001 §7"),

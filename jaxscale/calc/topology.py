@@ -22,7 +22,7 @@ LEGEND = {
 }
 PCIE_TOKENS = ("SYS", "NODE", "PHB", "PXB", "PIX")
 NVLINK_GBps_PER_LINK = 25.0  # NVLink 2-4 link, per direction (seed 002 L2350-2354)
-SYS_GBps = 12.0  # "PCIe 4.0 x16 through CPU", seed 002 L2705
+SYS_GBps = 12.0  # "PCIe 4.0 x16 through CPU", seed 002 L2706
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DEVICE_COL = re.compile(r"^(GPU\d+|NIC\d+|mlx\S*)$")
@@ -125,7 +125,7 @@ def analyze(topo: Topology) -> TopologyReport:
 
 
 def link_bandwidth_GBps(token: str) -> float | None:
-    """Nominal one-way bandwidth of a link token: NV# x 25 GB/s; SYS ~12 GB/s (seed L2704-2705)."""
+    """Nominal one-way bandwidth of a link token: NV# x 25 GB/s; SYS ~12 GB/s (seed L2705-2706)."""
     if re.fullmatch(r"NV\d+", token):
         return int(token[2:]) * NVLINK_GBps_PER_LINK
     return SYS_GBps if token == "SYS" else None

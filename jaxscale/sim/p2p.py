@@ -234,7 +234,7 @@ def _stuck(programs, pc, handles, env_r, trace, reads) -> P2PResult:
 
 
 def chain(world_size: int, init: float = 42.0, add: float = 10.0):
-    """send_recv_basic.py (S2 L1034-1070): 0 sends; 1..W-2 receive, add, forward; W-1 receives."""
+    """send_recv_basic.py (S2 L1020-1079): 0 sends; 1..W-2 receive, add, forward; W-1 receives."""
     if world_size < 2:
         raise ValueError("the chain needs at least 2 ranks")
     last = world_size - 1

@@ -1,5 +1,5 @@
 """Point-to-point simulator: the seed's ch2 patterns complete, deadlock or hang as the seed says
-(shared/seeds/002_7edd1202589f894b.txt L814-900, L1034-1070)."""
+(shared/seeds/002_7edd1202589f894b.txt L814-900, L1020-1079)."""
 
 import subprocess
 import sys
