@@ -31,6 +31,9 @@ class ModelConfig:
     compute_dtype: str = "float32"  # dtype of matmuls and activations
     param_dtype: str = "float32"  # dtype parameters (and Adam state) are stored in
     remat: bool = False  # recompute each block in the backward pass (jax.checkpoint)
+    # Unroll the layer scan. The compiler's cost_analysis counts a loop body once, so FLOPs
+    # read from a compiled program are per-layer-exact only when the layers are unrolled.
+    unroll_layers: bool = False
 
     def __post_init__(self):
         positive = ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq")
@@ -65,12 +68,8 @@ class ModelConfig:
 # Named model sizes for the CLI (`--model`). "tiny" is the test model; "small" the bench default.
 MODEL_PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(),
-    "small": ModelConfig(
-        d_model=256, n_layers=4, n_heads=8, n_kv_heads=8, d_ff=1024, max_seq=256
-    ),
-    "medium": ModelConfig(
-        d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, d_ff=2048, max_seq=512
-    ),
+    "small": ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=8, d_ff=1024, max_seq=256),
+    "medium": ModelConfig(d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, d_ff=2048, max_seq=512),
 }
 
 

@@ -1,4 +1,9 @@
-"""Test-session edge: 8 simulated CPU devices, set before any jax backend initialises."""
+"""Test-session edge: 8 simulated CPU devices, set before any jax backend initialises.
+
+The suite compares values, not speed, so XLA's slower optimisation passes are switched off
+(as flax's own example tests do): compiles are ~1.5x faster and results stay within the stated
+tolerances. A test that measures compiled memory or timings can switch them back on locally.
+"""
 
 import os
 
@@ -8,3 +13,4 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
+jax.config.update("jax_disable_most_optimizations", True)

@@ -28,7 +28,7 @@ def graphdef_and_logical(cfg: ModelConfig):
     model = nnx.eval_shape(lambda: _build(cfg, 0))
     graphdef, state = nnx.split(model)
     variables = jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
-    treedef = jax.tree.structure(state.to_pure_dict())
+    treedef = jax.tree.structure(nnx.to_pure_dict(state))
     logical = jax.tree.unflatten(treedef, [tuple(v.get_metadata()["logical_axes"]) for v in variables])
     return graphdef, logical
 
@@ -48,7 +48,7 @@ def param_count(cfg: ModelConfig) -> int:
 
 def init_params(cfg: ModelConfig, seed: int):
     """Parameters as a pure dict of arrays (unsharded: call under jit with out_shardings)."""
-    return nnx.state(_build(cfg, seed)).to_pure_dict()
+    return nnx.to_pure_dict(nnx.state(_build(cfg, seed)))
 
 
 def param_shardings(cfg: ModelConfig, sharder: Sharder):

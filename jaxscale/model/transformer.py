@@ -19,6 +19,7 @@ from flax import nnx
 from jaxscale.config import ModelConfig
 from jaxscale.sharding import Sharder, constrain
 
+
 # Per-layer parameter shapes (as functions of the config) and their logical axes.
 # A leading L (layers) axis is added to every entry.
 def layer_param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -104,7 +105,7 @@ def forward(embed_VD, layers, final_norm_D, unembed_DV, tokens_BT, cfg, sharder=
 
     if cfg.remat:  # keep only the block inputs; recompute the insides in the backward pass
         body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-    x_BTD, _ = jax.lax.scan(body, x_BTD, layers)
+    x_BTD, _ = jax.lax.scan(body, x_BTD, layers, unroll=cfg.n_layers if cfg.unroll_layers else 1)
     x_BTD = rms_norm(x_BTD, final_norm_D, cfg.norm_eps)
     logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, unembed_DV.astype(cdt))
     logits_BTV = constrain(sharder, logits_BTV, ("batch", "seq", "act_vocab"))

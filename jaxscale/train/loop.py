@@ -48,6 +48,7 @@ class RunSetup:
     prompt: str = "def "
     sample_tokens: int = 48
     progress: bool = True
+    stop_after: int | None = None  # stop at this step (an interruption; the schedule is unchanged)
 
 
 def check_batch(tcfg: TrainConfig, spec: MeshSpec) -> None:
@@ -78,11 +79,12 @@ def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> TrainResult:
         tokens = data.tokens_per_step(tcfg.global_batch, tcfg.seq_len)
         log = open(setup.metrics_path, "a") if setup.metrics_path else None  # noqa: SIM115
         start = int(jax.device_get(state["step"]))
-        bar = Progress(tcfg.steps - start, desc=f"train {spec}", enabled=setup.progress)
+        end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
+        bar = Progress(end - start, desc=f"train {spec}", enabled=setup.progress)
         pending = None  # (step, metrics, t_dispatch) read one step late
         t_prev = time.perf_counter()
         try:
-            for s in range(start, tcfg.steps):
+            for s in range(start, end):
                 batch = data.global_batch(
                     dataset, batch_sh, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len
                 )
@@ -100,8 +102,8 @@ def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> TrainResult:
             bar.close()
             if log:
                 log.close()
-        if not result.evals or result.evals[-1]["step"] != tcfg.steps:
-            _evaluate(eval_fn, state, dataset, batch_sh, tcfg, tcfg.steps, result, None)
+        if not result.evals or result.evals[-1]["step"] != end:
+            _evaluate(eval_fn, state, dataset, batch_sh, tcfg, end, result, None)
         if setup.ckpt_dir:
             checkpoint.save(setup.ckpt_dir, state, meta)
     if setup.sample_tokens and isinstance(dataset, data.TextData):

@@ -7,6 +7,8 @@ that every strategy is checked against.
 
 from __future__ import annotations
 
+from functools import cache
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -89,6 +91,7 @@ def init_state(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = No
     return jax.jit(init, out_shardings=state_shardings(cfg, tcfg, sharder))()
 
 
+@cache  # configs and the Sharder are hashable; compile the shardings probe once
 def state_shardings(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder):
     """Shardings of the whole state: optimizer moments follow their parameters (ZeRO-3 under
     fsdp: params, Adam m and v all sharded alike); scalars are replicated."""
@@ -123,6 +126,7 @@ def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=No
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
 
+@cache  # one compiled step per (model, run, mesh), reused by every caller
 def jit_train_step(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None):
     """The compiled-once step; the old state's buffers are donated to the new one."""
 
@@ -140,6 +144,7 @@ def jit_train_step(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None 
     )
 
 
+@cache
 def jit_eval_loss(cfg: ModelConfig, sharder: Sharder | None = None):
     def ev(params, batch):
         return loss_fn(params, batch, cfg, sharder)

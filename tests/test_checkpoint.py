@@ -1,0 +1,108 @@
+"""Checkpoints: exact resume, restore under another mesh, clear errors, nothing half-written."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.mesh import build_mesh
+from jaxscale.sharding import Sharder
+from jaxscale.train import checkpoint, data
+from jaxscale.train import step as st
+from jaxscale.train.loop import RunSetup, train
+
+RTOL, ATOL = 1e-5, 1e-6
+CFG = ModelConfig(n_layers=1)
+N = 3
+TCFG = TrainConfig(steps=2 * N, global_batch=8, seq_len=16, warmup_steps=1, eval_every=0)
+
+
+def _run(mesh, stop_after, ckpt_dir=None, resume=False):
+    """A 2N-step run (its LR schedule spans 2N steps) that stops after `stop_after` steps."""
+    setup = RunSetup(mesh=mesh, dataset="markov", ckpt_dir=ckpt_dir, resume=resume,
+                     progress=False, sample_tokens=0, stop_after=stop_after)  # fmt: skip
+    return train(CFG, TCFG, setup)
+
+
+def _host(tree):
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    return _host(_run("dp=8", 2 * N).state)
+
+
+def test_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, uninterrupted):
+    first = _run("dp=8", N, ckpt_dir=tmp_path)
+    assert checkpoint.latest_step(tmp_path) == N
+    assert first.resumed_from is None
+    resumed = _run("dp=8", 2 * N, ckpt_dir=tmp_path, resume=True)
+    assert resumed.resumed_from == N
+    got = _host(resumed.state)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(uninterrupted), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _restore(ckpt_dir, mesh_spec, cfg=CFG):
+    sharder = Sharder(build_mesh(mesh_spec))
+    meta = checkpoint.meta_record(cfg, TCFG, mesh_spec)
+    abstract = jax.eval_shape(lambda: st.init_state(cfg, TCFG))
+    with jax.set_mesh(sharder.mesh):
+        shardings = st.state_shardings(cfg, TCFG, sharder)
+        return checkpoint.restore(ckpt_dir, shardings, abstract, meta)[0], sharder
+
+
+def test_checkpoint_from_one_mesh_restores_under_another(tmp_path):
+    saved = _run("dp=8", N, ckpt_dir=tmp_path).state
+    state, sharder = _restore(tmp_path, "fsdp=2,tp=4")
+    # the restored arrays carry the new mesh's layout ...
+    wq = state["params"]["blocks"]["wq_DHK"]
+    assert wq.sharding.spec == jax.P(None, "fsdp", "tensor", None)
+    # ... and hold exactly the saved values
+    for a, b in zip(jax.tree.leaves(_host(state)), jax.tree.leaves(_host(saved)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    batch = data.MarkovData().rows(0, 99, range(8), 16)
+    loss_old = st.jit_eval_loss(CFG)(_host(saved["params"]), batch)
+    with jax.set_mesh(sharder.mesh):
+        sharded_batch = jax.device_put(batch, st.batch_sharding(sharder))
+        loss_new = st.jit_eval_loss(CFG, sharder)(state["params"], sharded_batch)
+    np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=RTOL, atol=ATOL)
+
+
+def _snapshot(directory):
+    return sorted((p.relative_to(directory), p.stat().st_size) for p in directory.rglob("*"))
+
+
+def test_mismatched_model_is_refused_and_nothing_changes(tmp_path):
+    _run("dp=8", N, ckpt_dir=tmp_path)
+    before = _snapshot(tmp_path)
+    with pytest.raises(checkpoint.CheckpointError, match="different model.*d_model"):
+        _restore(tmp_path, "dp=8", cfg=CFG.replace(d_model=128))
+    assert _snapshot(tmp_path) == before
+
+
+def test_corrupt_checkpoint_gives_a_clear_error_and_nothing_changes(tmp_path):
+    _run("dp=8", N, ckpt_dir=tmp_path)
+    # garble every array data file of the saved state (orbax/tensorstore "d/" chunk files)
+    victims = [p for p in (tmp_path / str(N) / "state").rglob("*")
+               if p.is_file() and p.parent.name == "d"]  # fmt: skip
+    assert victims, "expected array data files in the checkpoint"
+    for p in victims:
+        p.write_bytes(b"\x00garbage" * 4)
+    before = _snapshot(tmp_path)
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt|unreadable"):
+        _restore(tmp_path, "dp=8")
+    assert _snapshot(tmp_path) == before
+
+
+def test_unfinished_save_is_not_taken_for_a_checkpoint(tmp_path):
+    _run("dp=8", N, ckpt_dir=tmp_path)
+    # what an interrupted save leaves: orbax's temporary directory, never renamed into place
+    (tmp_path / f"{2 * N}.orbax-checkpoint-tmp-1234").mkdir()
+    assert checkpoint.latest_step(tmp_path) == N
+
+
+def test_missing_checkpoint_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint directory"):
+        _restore(tmp_path / "nope", "dp=8")

@@ -1,0 +1,120 @@
+"""Training loop, data and the `jaxscale train` command."""
+
+import json
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from jaxscale.cli import main as cli_main
+from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.mesh import build_mesh
+from jaxscale.sharding import Sharder
+from jaxscale.train import data
+from jaxscale.train import step as st
+from jaxscale.train.loop import NonFiniteLoss, RunSetup, train
+
+RTOL, ATOL = 1e-5, 1e-6
+MARKOV_MARGIN = 0.05  # nats above the entropy rate that counts as "near the optimum"
+CFG = ModelConfig(n_layers=1)
+
+
+def test_byte_tokenizer_round_trips_unicode():
+    tok = data.ByteTokenizer()
+    text = "def f(x):\n    return 'héllo ∑'\n"
+    ids = tok.encode(text)
+    assert ids.dtype == np.int32 and ids.max() < tok.vocab
+    assert tok.decode(ids) == text
+
+
+def test_stdlib_corpus_is_deterministic_python_source():
+    a, b = data.load_stdlib_corpus(200_000), data.load_stdlib_corpus(200_000)
+    assert a == b and len(a) == 200_000
+    assert b"def " in a and b"import " in a
+    files = data.stdlib_source_files()
+    assert files == sorted(files) and all(f.suffix == ".py" for f in files)
+
+
+def test_markov_optimum_matches_monte_carlo_entropy_rate():
+    """Independent check of the closed form: the empirical NLL of long samples under the true
+    transition matrix converges to the entropy rate."""
+    task = data.MarkovData()
+    P = task.transition_matrix()
+    seqs = task.rows(seed=7, step=0, rows=range(64), seq_len=512)
+    nll = -np.log(P[seqs[:, :-1], seqs[:, 1:]])
+    assert np.isfinite(nll).all()  # every sampled transition has positive probability
+    assert abs(nll.mean() - task.optimal_loss()) < 0.02
+
+
+def test_rows_are_a_pure_function_of_seed_step_and_row():
+    task = data.MarkovData()
+    whole = task.rows(0, 3, range(8), 16)
+    halves = np.concatenate([task.rows(0, 3, range(0, 4), 16), task.rows(0, 3, range(4, 8), 16)])
+    np.testing.assert_array_equal(whole, halves)  # any split over processes sees the same rows
+    assert not np.array_equal(whole, task.rows(0, 4, range(8), 16))
+
+
+def test_global_batch_is_sharded_over_data_like_axes():
+    mesh = build_mesh("dp=2,fsdp=2,tp=2")
+    sharding = st.batch_sharding(Sharder(mesh))
+    batch = data.global_batch(data.MarkovData(), sharding, 0, 5, 8, 16)
+    assert batch.shape == (8, 17) and batch.sharding.spec == jax.P(("data", "fsdp"), None)
+    np.testing.assert_array_equal(np.asarray(batch), data.MarkovData().rows(0, 5, range(8), 16))
+
+
+def test_gradient_accumulation_equals_full_batch():
+    tcfg = TrainConfig(global_batch=8, seq_len=16)
+    params = st.init_state(CFG, tcfg)["params"]
+    batch = data.MarkovData().rows(0, 0, range(8), 16)
+    full = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG))(params, batch)
+    accum = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG, grad_accum=4))(params, batch)
+    chex.assert_trees_all_close(accum, full, rtol=RTOL, atol=ATOL)
+
+
+def test_markov_task_reaches_near_its_known_optimum():
+    tcfg = TrainConfig(steps=150, global_batch=16, seq_len=32, lr=1e-2, warmup_steps=10,
+                       eval_every=0, eval_batches=4)  # fmt: skip
+    result = train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", progress=False))
+    optimum = data.MarkovData().optimal_loss()
+    final = result.evals[-1]["eval_loss"]
+    assert final >= optimum - 0.02  # nothing beats the entropy rate (up to sampling noise)
+    assert final < optimum + MARKOV_MARGIN, (final, optimum)
+    assert result.history[0]["loss"] > optimum + 1.0  # it started far away
+
+
+def test_non_finite_loss_stops_with_a_message():
+    tcfg = TrainConfig(steps=20, global_batch=8, seq_len=16, lr=1e9, warmup_steps=0,
+                       grad_clip=0, eval_every=0)  # fmt: skip
+    with pytest.raises(NonFiniteLoss, match=r"non-finite loss .* at step \d+"):
+        train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", progress=False))
+
+
+def test_batch_that_does_not_divide_is_rejected_clearly():
+    tcfg = TrainConfig(steps=1, global_batch=12, seq_len=16)
+    with pytest.raises(ValueError, match="does not divide over the 8 data-parallel shards"):
+        train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", progress=False))
+
+
+def test_train_cli_writes_metrics_and_samples(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    metrics = tmp_path / "m.jsonl"
+    rc = cli_main([
+        "train", "--mesh", "dp=2,tp=4", "--data", str(corpus), "--steps", "6", "--n-layers", "1",
+        "--global-batch", "8", "--seq-len", "16", "--eval-every", "3", "--log-every", "1",
+        "--metrics", str(metrics), "--sample-tokens", "8", "--prompt", "the ", "--no-progress",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(6))
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(steps[0])
+    assert [r["step"] for r in records if "eval_loss" in r] == [3, 6]
+    assert "sample: 'the " in out and "eval loss" in out
+
+
+def test_train_cli_bad_mesh_exits_2(capsys):
+    assert cli_main(["train", "--mesh", "dp=3,tp=-1", "--steps", "1"]) == 2
+    assert "dp=3 does not divide 8 devices" in capsys.readouterr().err
