@@ -3,6 +3,9 @@ the flags it must leave to the mesh bench (tiny sizes; timings are not asserted)
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +93,14 @@ def test_table_report_labels_cpu_timings(capsys, tmp_path):
 def test_bad_input_exits_2(argv, message, capsys):
     assert bench.main(_parser().parse_args(argv + ["--no-plot"])) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_single_device_is_refused():
+    code = (
+        "import argparse, sys; from jaxscale.bench import collectives as b; "
+        "p = argparse.ArgumentParser(); b.add_arguments(p); "
+        "sys.exit(b.main(p.parse_args(['--sizes', '1K', '--no-plot'])))"
+    )
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "at least 2 devices" in out.stderr

@@ -222,6 +222,10 @@ def main(args) -> int:
 
     n = jax.device_count()
     platform = jax.default_backend()
+    if n < 2:  # XLA drops collectives over one device: nothing to measure
+        print(f"jaxscale bench collectives: error: needs at least 2 devices, {platform} has {n} "
+              "(on CPU set JAX_NUM_CPU_DEVICES=8)", file=sys.stderr)  # fmt: skip
+        return 2
     rows = [
         measure(op, n, s, args.repeats, args.warmup, args.budget_s) for op in ops for s in sizes
     ]
