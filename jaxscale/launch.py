@@ -227,5 +227,9 @@ def add_parser(sub) -> None:
 
     h = sub.add_parser("hello", help="seed ch1: all_gather of [10r, 10r+1] and psum of ranks")
     h.add_argument("-w", "--world-size", type=int, default=None, help="ranks (default: all)")
+    h.add_argument(
+        "-b", "--backend", default="gloo", choices=["gloo", "nccl"],
+        help="the seed's torch backend, accepted for parity: under JAX the platform decides",
+    )  # fmt: skip
     h.add_argument("--json", action="store_true", help="print one JSON object (process 0)")
     h.set_defaults(func=_hello_main, parser=h)

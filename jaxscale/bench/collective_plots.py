@@ -1,4 +1,5 @@
-"""Plot for experiment 04: the alpha-beta model's all-reduce algorithms next to a measured psum.
+"""Plots of the communication lab: the collectives benchmark with its alpha-beta fit, and, for
+experiment 04, the model's all-reduce algorithms next to a measured psum.
 
 matplotlib is imported inside the function (Agg backend), so importing this module is cheap.
 """
@@ -39,6 +40,31 @@ def plot_algorithms(rows, n_measured: int, path: str, link_key: str = "nvlink4")
               title=f"measured psum, {n_measured} devices (indicative on CPU)")  # fmt: skip
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_measurements(rows, fits, n: int, path: str) -> str:
+    """`jaxscale bench collectives`: measured latency (dots) and the alpha-beta fit (lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for f in fits:
+        mine = [r for r in rows if r.variant == f.variant]
+        sizes = np.array([r.size_bytes for r in mine], float)
+        (line,) = ax.loglog(sizes, [r.latency_s * 1e3 for r in mine], "o", label=f.variant)
+        bus = np.array([r.busbw_Bps * r.latency_s for r in mine])  # bus bytes of each size
+        ax.loglog(sizes, (f.alpha_s + bus / f.busbw_Bps) * 1e3, "-", color=line.get_color())
+    ax.set_xlabel("message size per device (bytes)")
+    ax.set_ylabel("latency (ms, median)")
+    ax.set_title(f"collectives on {n} devices: measured (dots) and alpha-beta fit (lines)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

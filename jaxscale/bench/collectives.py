@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from jaxscale.bench.collective_plots import plot_measurements
 from jaxscale.calc import comm
 
 VARIANTS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute", "ring")
@@ -136,10 +137,11 @@ def _program(variant: str, n: int, size_bytes: int):
 
 
 def measure(
-    variant: str, n: int, size_bytes: int, repeats: int, warmup: int, budget_s: float = 1.0
+    variant: str, n: int, size_bytes: int, repeats: int, warmup: int, budget_s: float | None = 1.0
 ) -> Row:
     """Median of up to `repeats` timed calls, stopping early once `budget_s` is spent (big
-    messages on CPU take seconds; one timed call is the minimum)."""
+    messages on CPU take seconds; one timed call is the minimum). budget_s=None: exactly
+    `repeats` calls, which several processes need (each must make the same collective calls)."""
     import jax
 
     from jaxscale.analysis import hlo
@@ -156,7 +158,7 @@ def measure(
     for _ in range(warmup):
         jax.block_until_ready(compiled(x))
     times = []
-    while len(times) < repeats and (not times or sum(times) < budget_s):
+    while len(times) < repeats and (not times or budget_s is None or sum(times) < budget_s):
         t0 = time.perf_counter()
         jax.block_until_ready(compiled(x))
         times.append(time.perf_counter() - t0)
@@ -218,6 +220,9 @@ def main(args) -> int:
     except ValueError as e:
         print(f"jaxscale bench collectives: error: {e}", file=sys.stderr)
         return 2
+    from jaxscale.launch import maybe_initialize_distributed
+
+    maybe_initialize_distributed()  # under `jaxscale launch`: measure across processes
     import jax
 
     n = jax.device_count()
@@ -226,11 +231,12 @@ def main(args) -> int:
         print(f"jaxscale bench collectives: error: needs at least 2 devices, {platform} has {n} "
               "(on CPU set JAX_NUM_CPU_DEVICES=8)", file=sys.stderr)  # fmt: skip
         return 2
-    rows = [
-        measure(op, n, s, args.repeats, args.warmup, args.budget_s) for op in ops for s in sizes
-    ]
+    budget = args.budget_s if jax.process_count() == 1 else None
+    rows = [measure(op, n, s, args.repeats, args.warmup, budget) for op in ops for s in sizes]
     fits = [fit_alpha_beta([r for r in rows if r.variant == op], n) for op in ops]
-    plot = None if args.no_plot or not args.plot else write_plot(rows, fits, n, args.plot)
+    if jax.process_index() != 0:  # every process measured; one reports
+        return 0
+    plot = None if args.no_plot or not args.plot else plot_measurements(rows, fits, n, args.plot)
     census_ok = all(r.census_ok for r in rows)
     note = f"{platform}: {n} devices; " + (
         "simulated CPU devices share the host's cores: collectives are host-memory copies, "
@@ -267,30 +273,3 @@ def format_report(rows: list[Row], fits: list[Fit], note: str, plot: str | None)
     if plot:
         lines.append(f"\nplot: {plot}")
     return "\n".join(lines)
-
-
-def write_plot(rows: list[Row], fits: list[Fit], n: int, path: str) -> str:
-    import os
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for f in fits:
-        mine = [r for r in rows if r.variant == f.variant]
-        sizes = np.array([r.size_bytes for r in mine], float)
-        (line,) = ax.loglog(sizes, [r.latency_s * 1e3 for r in mine], "o", label=f.variant)
-        coll = COLLECTIVE_OF[f.variant][0]
-        bus = np.array([comm.bus_bandwidth(coll, s, 1.0, n) for s in sizes])
-        ax.loglog(sizes, (f.alpha_s + bus / f.busbw_Bps) * 1e3, "-", color=line.get_color())
-    ax.set_xlabel("message size per device (bytes)")
-    ax.set_ylabel("latency (ms, median)")
-    ax.set_title(f"collectives on {n} devices: measured (dots) and alpha-beta fit (lines)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
