@@ -40,6 +40,22 @@ def test_hello_in_two_processes_matches_one_process_with_eight_devices():
     assert multi["correct"] is True
 
 
+def test_doctor_sees_eight_devices_across_two_processes():
+    """What `jaxscale launch -n 2 -- jaxscale doctor` runs once __main__ joins the group first."""
+    script = (
+        "import sys; from jaxscale.launch import maybe_initialize_distributed as join; join(); "
+        "from jaxscale.cli import main; sys.exit(main(['doctor', '--json']))"
+    )
+    out = _launch("-n", "2", "--timeout", str(LAUNCH_TIMEOUT_S), "--", "python", "-c", script)
+    assert out.returncode == 0, out.stderr[-2000:]
+    reports = [json.loads(line.split("] ", 1)[1]) for line in out.stdout.splitlines()
+               if line.startswith(("[p0] {", "[p1] {"))]  # fmt: skip
+    assert sorted(r["process_index"] for r in reports) == [0, 1]
+    for r in reports:
+        assert (r["device_count"], r["local_device_count"], r["process_count"]) == (8, 4, 2)
+        assert r["psum_smoke"]["ok"]
+
+
 def test_a_failing_child_stops_the_others_and_is_named():
     script = (
         "import os, sys, time; pid = int(os.environ['JAXSCALE_PROCESS_ID']); "
