@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Command groups that live in their own modules; each exposes add_parser(subparsers).
 _OPTIONAL_COMMAND_MODULES = (
     "jaxscale.train.cli",  # train
+    "jaxscale.bench.cli",  # bench [meshes|collectives]
     "jaxscale.sim.cli",  # simulate …
     "jaxscale.calc.advise_cli",  # advise
     "jaxscale.launch",  # launch -n N -- …

@@ -14,11 +14,20 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
         flag = "--" + f.name.replace("_", "-")
         kind = {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
         if kind is bool:
-            parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
-                                help=f"(default {f.default})")  # fmt: skip
+            action = argparse.BooleanOptionalAction
+            parser.add_argument(
+                flag, dest=f.name, default=None, action=action, help=f"(default {f.default})"
+            )
         else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(),
-                                help=f"(default {f.default})")  # fmt: skip
+            metavar = kind.__name__.upper()
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                type=kind,
+                default=None,
+                metavar=metavar,
+                help=f"(default {f.default})",
+            )
 
 
 def overrides(args: argparse.Namespace, cls) -> dict:

@@ -112,7 +112,8 @@ def parse_mesh(text: str) -> MeshSpec:
         name = ALIASES.get(key.lower())
         if name is None:
             raise MeshSpecError(
-                f"unknown mesh axis {key!r}; known axes: dp/data, fsdp, tp/tensor, pp/pipe, ep/expert"
+                f"unknown mesh axis {key!r}; "
+                "known axes: dp/data, fsdp, tp/tensor, pp/pipe, ep/expert"
             )
         if name in sizes:
             raise MeshSpecError(f"mesh axis {name!r} is given twice (as {key!r} and before)")
@@ -148,7 +149,7 @@ def build_mesh(spec: MeshSpec | str, devices=None):
 
 
 def single_device_mesh(device=None):
-    """A 1-device mesh whose axes are all size 1: the reference every strategy is checked against."""
+    """A 1-device mesh (all axes size 1): the reference every strategy is checked against."""
     import jax
 
     return build_mesh(MeshSpec((("data", 1),)), devices=[device or jax.devices()[0]])

@@ -10,8 +10,8 @@ Which rules apply is decided by which axes the mesh has:
     strategy        mesh (8 devices)        what is sharded
     reference       1 device                nothing
     dp              dp=8                    batch over data; params replicated
-    fsdp (ZeRO-3)   fsdp=8                  batch and params' embed over fsdp (params, grads and
-                                            optimizer state all sharded; weights all-gathered per use)
+    fsdp (ZeRO-3)   fsdp=8                  batch and params' embed over fsdp (params, grads
+                                            and optimizer state sharded; weights all-gathered)
     tp (Megatron)   tp=8                    heads, kv_heads, mlp, vocab over tensor
     dp x tp         dp=2,tp=4               both of the above
     fsdp x tp       fsdp=4,tp=2

@@ -29,7 +29,9 @@ def graphdef_and_logical(cfg: ModelConfig):
     graphdef, state = nnx.split(model)
     variables = jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
     treedef = jax.tree.structure(nnx.to_pure_dict(state))
-    logical = jax.tree.unflatten(treedef, [tuple(v.get_metadata()["logical_axes"]) for v in variables])
+    logical = jax.tree.unflatten(
+        treedef, [tuple(v.get_metadata()["logical_axes"]) for v in variables]
+    )
     return graphdef, logical
 
 

@@ -47,7 +47,9 @@ def save(directory: str | Path, state, meta: dict) -> int:
     with _manager(Path(directory), create=True) as mgr:
         mgr.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
             force=True,
         )
         mgr.wait_until_finished()

@@ -24,8 +24,12 @@ def add_parser(sub) -> None:
     p.add_argument("--metrics", default=None, help="append JSON-lines metrics to this file")
     p.add_argument("--prompt", default="def ", help="prompt for the greedy sample at the end")
     p.add_argument("--sample-tokens", type=int, default=48)
-    p.add_argument("--stop-after", type=int, default=None,
-                   help="stop at this step, as if interrupted (the LR schedule still spans --steps)")
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop at this step, as if interrupted (the LR schedule still spans --steps)",
+    )
     p.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("model overrides (on top of --model)")
     add_dataclass_args(g, ModelConfig)

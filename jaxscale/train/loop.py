@@ -10,7 +10,6 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import jax
 import numpy as np

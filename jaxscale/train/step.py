@@ -102,9 +102,16 @@ def state_shardings(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder):
         model_state.abstract_params(cfg),
         param_sh,
     )
-    # zeros_like propagates each parameter's sharding to its moments; read the result back.
-    opt_sh = jax.jit(tx.init).lower(abstract).compile().output_shardings
     replicated = sharder.named(())
+    # Each moment takes its parameter's sharding, set structurally: left to the compiler, an
+    # init that only calls zeros_like may come out replicated (8x the bytes under ZeRO-3).
+    opt_sh = optax.tree_map_params(
+        tx,
+        lambda _, sh: sh,
+        jax.eval_shape(tx.init, abstract),
+        param_sh,
+        transform_non_params=lambda _: replicated,
+    )
     return {"step": replicated, "params": param_sh, "opt_state": opt_sh}
 
 
