@@ -53,6 +53,7 @@ def _restore(ckpt_dir, mesh_spec, cfg=CFG):
         return checkpoint.restore(ckpt_dir, shardings, abstract, meta)[0], sharder
 
 
+@pytest.mark.smoke
 def test_checkpoint_from_one_mesh_restores_under_another(tmp_path):
     saved = _run("dp=8", N, ckpt_dir=tmp_path).state
     state, sharder = _restore(tmp_path, "fsdp=2,tp=4")

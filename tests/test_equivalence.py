@@ -23,7 +23,8 @@ TRAJ_STEPS = 10
 
 CFG = ModelConfig()
 TCFG = TrainConfig(steps=TRAJ_STEPS, global_batch=16, seq_len=32, warmup_steps=2, lr=1e-3)
-MESHES = ["dp=8", "fsdp=8", "dp=2,tp=4", "fsdp=4,tp=2", "dp=2,fsdp=2,tp=2"]
+MESHES = ["dp=8", "fsdp=8", "dp=2,tp=4", "fsdp=4,tp=2",
+          pytest.param("dp=2,fsdp=2,tp=2", marks=pytest.mark.smoke)]  # fmt: skip
 DATASET = data.MarkovData()
 
 
@@ -91,6 +92,7 @@ def _manual_dp_grads(mesh, reduce: bool):
     return jax.jit(f)
 
 
+@pytest.mark.smoke
 def test_equivalence_check_catches_a_dropped_gradient_reduction(reference):
     mesh = build_mesh("dp=8")
     batch = jax.device_put(_batch(0), jax.NamedSharding(mesh, jax.P("data")))

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from jaxscale.mesh import MESH_AXES, MeshSpec, MeshSpecError, build_mesh, parse_mesh
 
+pytestmark = pytest.mark.smoke
+
 SHORT = {"data": "dp", "pipe": "pp", "fsdp": "fsdp", "expert": "ep", "tensor": "tp"}
 LONG = {"data": "data", "pipe": "pipe", "fsdp": "fsdp", "expert": "expert", "tensor": "tensor"}
 

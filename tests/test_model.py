@@ -65,6 +65,7 @@ def test_every_param_has_known_logical_axes_of_matching_rank():
     assert all(axes[0] == "layers" for axes in blocks.values())
 
 
+@pytest.mark.smoke
 def test_forward_flops_match_compiled_cost_analysis():
     # D=256, F=1024, T=128: elementwise work (norms, softmax, RoPE) is < 2% of the matmuls.
     # Unrolled, because cost_analysis counts the body of the layer loop once.
@@ -89,6 +90,7 @@ def test_causal_prefix_is_unaffected_by_later_tokens():
     assert not np.allclose(np.asarray(a[:, 10:]), np.asarray(b[:, 10:]))
 
 
+@pytest.mark.smoke
 def test_gqa_equals_mha_with_repeated_kv_heads():
     """Independent check of the grouping: query head h must use kv head h // (H/G)."""
     gqa = ModelConfig(n_heads=8, n_kv_heads=2)

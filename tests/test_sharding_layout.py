@@ -46,6 +46,7 @@ def test_state_bytes_per_device_follow_the_strategy(spec, ways):
     assert measured == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.smoke
 def test_compiled_argument_bytes_match_the_layout():
     sharder, abstract, state_bytes = _state_bytes("fsdp=8")
     sh = st.state_shardings(CFG, TCFG, sharder)

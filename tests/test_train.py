@@ -96,6 +96,7 @@ def test_batch_that_does_not_divide_is_rejected_clearly():
         train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", progress=False))
 
 
+@pytest.mark.smoke
 def test_train_cli_writes_metrics_and_samples(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)

@@ -1,0 +1,34 @@
+"""`jaxscale doctor` and platform facts."""
+
+import json
+
+import jax
+import pytest
+
+from jaxscale import devices
+from jaxscale.cli import main as cli_main
+
+pytestmark = pytest.mark.smoke
+
+
+def test_psum_smoke_equals_closed_form():
+    measured, expected = devices.psum_smoke_test()
+    n = jax.device_count()
+    assert expected == n * (n + 1) // 2
+    assert measured == expected
+
+
+def test_doctor_json_reports_the_simulated_devices(capsys):
+    assert cli_main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device_count"] == jax.device_count() == 8
+    assert report["backend"] == "cpu" and report["fake_cpu_devices"] is True
+    assert report["process_count"] == 1 and report["process_index"] == 0
+    assert report["jax"] == jax.__version__
+    assert report["psum_smoke"] == {"measured": 36, "expected": 36, "ok": True}
+
+
+def test_peak_flops_known_for_accelerators_and_never_guessed():
+    assert devices.peak_flops("TPU v5 lite") == 197e12
+    assert devices.peak_flops("NVIDIA H100 80GB HBM3") == 989.5e12
+    assert devices.peak_flops("cpu") is None
