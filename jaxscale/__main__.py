@@ -11,6 +11,9 @@ import sys
 
 def main() -> int:
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+    from jaxscale.launch import maybe_initialize_distributed
+
+    maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     from jaxscale.cli import main as cli_main
 
     return cli_main(sys.argv[1:])

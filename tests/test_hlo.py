@@ -44,6 +44,10 @@ def _module(*body_lines: str, extra: str = "") -> str:
         ("mesh['a'=2,'b'=2,'c'=2] {'a','c'}", ((0, 1, 4, 5), (2, 3, 6, 7))),
         ("mesh['x'=8] {'x':(1)2}", ((0, 4), (1, 5), (2, 6), (3, 7))),
         ("mesh['x'=8] {'x':(2)4}", ((0, 1, 2, 3), (4, 5, 6, 7))),
+        # devices not in id order: position p holds device [0,4,1,5,2,6,3,7][p]
+        ("mesh['a'=4,'b'=1,'c'=2], device_ids=([2,4]T(1,0)) {'a'}", ((0, 1, 2, 3), (4, 5, 6, 7))),
+        ("mesh['a'=4,'b'=2], device_ids=([2,4]T(1,0)) {'b'}", ((0, 4), (1, 5), (2, 6), (3, 7))),
+        ("mesh['a'=2,'b'=2], device_ids=(3,2,1,0) {'a'}", ((3, 1), (2, 0))),
     ],
 )
 def test_replica_group_formats(text, groups):
@@ -289,3 +293,16 @@ def test_cpu_fsdp_gradient_normalises_to_a_bf16_reduce_scatter():
     assert hlo.CensusRow("reduce-scatter", "bf16", weight_bytes_bf16, 8, 1) in rows
     assert hlo.CensusRow("all-gather", "bf16", weight_bytes_bf16, 8, 1) in rows
     assert all(c.dtype == "f32" for c in raw)  # what XLA:CPU really printed
+
+
+def test_mesh_groups_with_device_ids_in_a_real_instruction():
+    """The attribute form jax 0.10 prints for a 2-D mesh whose device order is transposed."""
+    text = (
+        "HloModule m, num_partitions=8\n\nENTRY %main (p: f32[]) -> f32[] {\n"
+        "  %p = f32[] parameter(0)\n"
+        "  ROOT %ar = f32[] all-reduce(%p), channel_id=1, "
+        "replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) "
+        "{'axis_0'}, use_global_device_ids=true, to_apply=%add\n}\n"
+    )
+    (c,) = hlo.collectives_from_text(text)
+    assert (c.op, c.group_size, c.num_groups, c.bytes_per_device) == ("all-reduce", 4, 2, 4)

@@ -181,7 +181,11 @@ def collectives_from_text(text: str) -> list[Collective]:
                 group_size = len({d for p in pairs for d in p})
                 num_groups = len(pairs)
             else:
-                groups = parse_replica_groups(instr.attrs.get("replica_groups", "{}"), num_devices)
+                rg = instr.attrs.get("replica_groups", "{}")
+                if rg.startswith("mesh") and "device_ids" in instr.attrs:
+                    # the attribute splitter cut `mesh[...], device_ids=(...) {...}` in two
+                    rg = f"{rg}, device_ids={instr.attrs['device_ids']}"
+                groups = parse_replica_groups(rg, num_devices)
                 group_size, num_groups = len(groups[0]), len(groups)
             size = nbytes(shapes) * (group_size if op == "reduce-scatter" else 1)
             dtypes = {d for d, _ in shapes}

@@ -160,13 +160,18 @@ def _iota_groups(text: str) -> np.ndarray:
 
 
 def _mesh_groups(text: str) -> np.ndarray:
-    """`mesh['a'=2,'b'=4] {'a'}`: groups vary over the listed axes (sub-axes 'a':(1)2 allowed)."""
-    m = re.fullmatch(r"\s*mesh\[(.*?)\]\s*\{(.*)\}\s*", text)
+    """`mesh['a'=2,'b'=4] {'a'}`: groups vary over the listed axes (sub-axes 'a':(1)2 allowed).
+
+    A mesh whose devices are not in id order carries them after the shape, as an iota or a list:
+    `mesh['a'=4,'b'=2], device_ids=([2,4]T(1,0)) {'a'}`.
+    """
+    m = re.fullmatch(r"\s*mesh\[(.*?)\]\s*(?:,?\s*device_ids=\((.*?)\))?\s*\{(.*)\}\s*", text)
     if not m:
         raise ValueError(f"unrecognised mesh replica groups: {text!r}")
     axes = [(n, int(s)) for n, s in re.findall(r"'([^']+)'\s*=\s*(\d+)", m.group(1))]
+    order = _device_order(m.group(2)) if m.group(2) else None
     # Split each mesh axis into the sub-axes the selection mentions, major to minor.
-    selected = re.findall(r"'([^']+)'(?:\s*:\s*\((\d+)\)(\d+))?", m.group(2))
+    selected = re.findall(r"'([^']+)'(?:\s*:\s*\((\d+)\)(\d+))?", m.group(3))
     dims, names = [], []
     for axis, size in axes:
         subs = sorted((int(p), int(s)) for n, p, s in selected if n == axis and p)
@@ -189,7 +194,18 @@ def _mesh_groups(text: str) -> np.ndarray:
     keep = [i for i, n in enumerate(names) if n is None]
     vary = [i for i, n in enumerate(names) if n is not None]
     group_size = prod(dims[i] for i in vary)
-    return ids.transpose(keep + vary).reshape(-1, group_size)
+    groups = ids.transpose(keep + vary).reshape(-1, group_size)
+    return groups if order is None else order[groups]
+
+
+def _device_order(text: str) -> np.ndarray:
+    """Device id at each mesh position: an iota `[2,4]T(1,0)` (flattened) or a list `0,4,1,5`."""
+    m = re.fullmatch(r"\s*\[([\d,\s]+)\]\s*(?:T\(([\d,\s]+)\))?\s*", text)
+    if m:
+        dims = int_list(m.group(1))
+        ids = np.arange(prod(dims)).reshape(dims)
+        return (ids.transpose(int_list(m.group(2))) if m.group(2) else ids).reshape(-1)
+    return np.asarray(int_list(text.strip("[] ")))
 
 
 def parse_replica_groups(text: str, num_devices: int | None = None) -> tuple[tuple[int, ...], ...]:
