@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 _OPTIONAL_COMMAND_MODULES = (
     "jaxscale.train.cli",  # train
     "jaxscale.bench.cli",  # bench [meshes|collectives]
+    "jaxscale.verify_cli",  # verify
     "jaxscale.sim.cli",  # simulate …
     "jaxscale.calc.advise_cli",  # advise
     "jaxscale.launch",  # launch -n N -- …

@@ -1,9 +1,8 @@
-"""Auto-sharded training equals the single-device reference (DESIGN §5).
+"""The equivalence check catches broken strategies; data replicas stay identical.
 
-For each mesh, the loss and every gradient leaf match the reference at f32 tolerance, and a
-10-step training trajectory (losses and final parameters) stays within 1e-4. The same check is
-shown to catch a deliberately broken strategy: data parallelism with the gradient reduction
-dropped.
+The matrix itself (every strategy x mesh vs the reference) is tests/test_verify.py. Here the same
+check is shown to fail for a deliberately broken strategy -- data parallelism with its gradient
+all-reduce dropped -- and to pass for the same strategy written correctly.
 """
 
 import chex
@@ -18,13 +17,9 @@ from jaxscale.train import data
 from jaxscale.train import step as st
 
 RTOL, ATOL = 1e-5, 1e-6  # loss and gradients, f32 (DESIGN §5)
-TRAJ_ATOL = 1e-4  # 10-step trajectory
-TRAJ_STEPS = 10
 
 CFG = ModelConfig()
-TCFG = TrainConfig(steps=TRAJ_STEPS, global_batch=16, seq_len=32, warmup_steps=2, lr=1e-3)
-MESHES = ["dp=8", "fsdp=8", "dp=2,tp=4", "fsdp=4,tp=2",
-          pytest.param("dp=2,fsdp=2,tp=2", marks=pytest.mark.smoke)]  # fmt: skip
+TCFG = TrainConfig(steps=10, global_batch=16, seq_len=32, warmup_steps=2, lr=1e-3)
 DATASET = data.MarkovData()
 
 
@@ -37,43 +32,11 @@ def _batch(step: int):
     return DATASET.rows(TCFG.seed, step, range(TCFG.global_batch), TCFG.seq_len)
 
 
-def _trajectory(sharder):
-    state = st.init_state(CFG, TCFG, sharder)
-    step_fn = st.jit_train_step(CFG, TCFG, sharder)
-    losses = []
-    for s in range(TRAJ_STEPS):
-        batch = _batch(s)
-        if sharder is not None:
-            batch = jax.device_put(batch, st.batch_sharding(sharder))
-        state, metrics = step_fn(state, batch)
-        losses.append(metrics["loss"])
-    return np.asarray(jax.device_get(losses)), jax.device_get(state["params"])
-
-
 @pytest.fixture(scope="module")
 def reference():
     params = st.init_state(CFG, TCFG)["params"]
     grads = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG))(params, _batch(0))
-    return {"params": params, "loss_grads": grads, "trajectory": _trajectory(None)}
-
-
-@pytest.mark.parametrize("spec", MESHES)
-def test_loss_grads_and_trajectory_match_reference(spec, reference):
-    mesh = build_mesh(spec)
-    sharder = Sharder(mesh)
-    with jax.set_mesh(mesh):
-        params = st.init_state(CFG, TCFG, sharder)["params"]
-        # the sharded init is the same function of the seed as the reference init
-        assert_equivalent(params, reference["params"], rtol=0, atol=0)
-        batch = jax.device_put(_batch(0), st.batch_sharding(sharder))
-        loss_grads = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG, sharder))(params, batch)
-        assert_equivalent(loss_grads, reference["loss_grads"])
-        losses, final = _trajectory(sharder)
-    ref_losses, ref_final = reference["trajectory"]
-    np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=TRAJ_ATOL)
-    assert_equivalent(final, ref_final, rtol=0, atol=TRAJ_ATOL)
-    # the loss went down: the trajectory is a real training run, not a constant
-    assert losses[-1] < losses[0]
+    return {"params": params, "loss_grads": grads}
 
 
 def _manual_dp_grads(mesh, reduce: bool):

@@ -119,8 +119,10 @@ def batch_sharding(sharder: Sharder):
     return sharder.named(("batch", None))
 
 
-def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=None):
-    """One optimizer step. Returns (new state, metrics {loss, grad_norm, lr})."""
+def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=None,
+               with_grads: bool = False):  # fmt: skip
+    """One optimizer step. Returns (new state, metrics {loss, grad_norm, lr}); with_grads adds
+    the step's (pre-clip) mean gradient, so one compiled program serves the equivalence check."""
     tx = make_optimizer(tcfg, cfg)
     loss, grads = loss_and_grads(state["params"], batch_BT1, cfg, sharder, tcfg.grad_accum)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -130,23 +132,30 @@ def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=No
         "grad_norm": optax.global_norm(grads),
         "lr": lr_schedule(tcfg)(state["step"]),
     }
+    if with_grads:
+        metrics["grads"] = grads
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
 
 @cache  # one compiled step per (model, run, mesh), reused by every caller
-def jit_train_step(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None):
+def jit_train_step(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None,
+                   with_grads: bool = False):  # fmt: skip
     """The compiled-once step; the old state's buffers are donated to the new one."""
 
     def step(state, batch):
-        return train_step(state, batch, cfg, tcfg, sharder)
+        return train_step(state, batch, cfg, tcfg, sharder, with_grads)
 
     if sharder is None:
         return jax.jit(step, donate_argnums=0)
     state_sh = state_shardings(cfg, tcfg, sharder)
+    rep = sharder.named(())
+    metrics_sh = {"loss": rep, "grad_norm": rep, "lr": rep}
+    if with_grads:
+        metrics_sh["grads"] = state_sh["params"]
     return jax.jit(
         step,
         in_shardings=(state_sh, batch_sharding(sharder)),
-        out_shardings=(state_sh, sharder.named(())),
+        out_shardings=(state_sh, metrics_sh),
         donate_argnums=0,
     )
 

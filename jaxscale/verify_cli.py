@@ -1,0 +1,35 @@
+"""`jaxscale verify`: print the equivalence matrix (every strategy x mesh vs the reference)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "verify", help="check every strategy (auto and manual) on every mesh against the "
+        "single-device reference: loss, gradients, 10-step trajectory",
+    )  # fmt: skip
+    p.add_argument("--only", default="", help="run only cases whose label or mesh contains this")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    import json
+
+    from jaxscale import verify
+    from jaxscale.progress import Progress
+
+    cases = [c for c in verify.all_cases() if args.only in f"{c.label} {c.mesh}"]
+    if not cases:
+        print(f"jaxscale verify: error: no case matches {args.only!r}", file=sys.stderr)
+        return 2
+    bar = Progress(len(cases), desc="verify", enabled=not args.json)
+    results = verify.run(cases, progress=bar)
+    bar.close()
+    if args.json:
+        print(json.dumps(verify.as_json(results)))
+    else:
+        print(verify.format_matrix(results))
+    return 0 if all(r.passed for r in results) else 1
