@@ -2,16 +2,13 @@
 
     .venv/bin/python experiments/06_tensor_parallel.py [-t 4] [-H 64] [-b 4] [-s 16]
 
-shared/seeds/002_7edd1202589f894b.txt L4055-5119 and shared/seeds/004_7eeb8748191cda4b.txt
-L761-1046, on simulated devices: column- and row-parallel linear checks, the Megatron column->row
-pattern, the tensor-parallel MLP against the dense MLP with the same weights (the seed's check
-crashes: seed-spec §0.1 #2), the communication analysis (defaults: 4,096 elements; 16.0 KB; ring
-24.0 KB per GPU; 96.0 KB total) beside the bytes the compiled all-reduce moves, a forward timing
-(indicative only: simulated devices share the CPU cores), the MLP scaling numbers, and the
-collectives per transformer layer read from the compiled tp_block in each mode (Megatron: 2
-all-reduces forward, 4 forward+backward; seed 004's gather_output layer: 2 all-gathers + 2
-all-reduces). tests/test_tp.py checks the whole model in each mode against one device.
-No --seed-faithful: this chapter prints no wrong number (its wrong check crashes instead).
+shared/seeds/002_7edd1202589f894b.txt L4055-5119, shared/seeds/004_7eeb8748191cda4b.txt L761-1046.
+Column/row-parallel checks (with seed 004's rank-0-only bias beside the fix), the TP MLP against
+the dense MLP with the same weights (the seed's check crashes: seed-spec §0.1 #2), the
+communication analysis (4,096 elements; 16.0 KB; ring 24.0 KB per GPU; 96.0 KB total) beside the
+compiled all-reduce, an indicative timing, 8H^2 scaling, and the collectives per layer of the
+compiled tp_block in each mode. tests/test_tp.py checks the whole model against one device.
+No --seed-faithful: the chapter prints no wrong number (its wrong check crashes instead).
 """
 
 import argparse
@@ -25,18 +22,27 @@ from jaxscale.calc.training_format import format_table, positive_int  # noqa: E4
 KB = 1024  # the seed prints bytes / 1024 as "KB"
 
 
+def banner(title: str) -> None:
+    print(f"\n{'=' * 60}\n {title}\n{'=' * 60}")
+
+
 def linear_checks(mesh) -> None:
     from jaxscale.parallel import tp_demos as D
 
     for check in (D.column_parallel(mesh), D.row_parallel(mesh)):
-        print(f"\n{'=' * 60}\n {check.name.upper()}-PARALLEL LINEAR VERIFICATION\n{'=' * 60}")
-        print(
-            f"  Local weight: {check.local_weight_shape}   Full weight: {check.full_weight_shape}"
-        )
+        banner(f"{check.name.upper()}-PARALLEL LINEAR VERIFICATION")
+        print(f"  Local weight: {check.local_weight_shape}   Full: {check.full_weight_shape}")
         print(f"  Output: {check.output_shape}   Max difference vs x @ W: {check.max_abs_diff:.2e}")
         print(f"  Correct: {check.correct}")
+    banner("ROW-PARALLEL WITH BIAS (seed 004 L889-961)")
+    for rank0_only in (False, True):
+        check = D.row_parallel_bias(mesh, rank0_only=rank0_only)
+        where = "rank 0 only (seed 004)" if rank0_only else "every rank, after the all-reduce"
+        diffs = " ".join(f"{d:.2e}" for d in check.max_abs_diff_per_rank)
+        print(f"  Bias on {where}: max difference per rank vs x @ W + b: {diffs}")
+        print(f"    Ranks identical: {check.ranks_identical}   Correct: {check.correct}")
     demo = D.tp_mlp(mesh, hidden=8, x_shape=(4, 8))  # the seed: hidden 8, intermediate 32
-    print(f"\n{'=' * 60}\n MEGATRON PATTERN: Column + Row\n{'=' * 60}")
+    banner("MEGATRON PATTERN: Column + Row")
     print(f"  [4, 8] -> column W1 -> [4, 32/{mesh.shape['tensor']}] per device -> GeLU -> row W2")
     print(f"  All-reduces in the compiled forward: {demo.allreduces}")
     print(f"  All ranks have identical output: {demo.ranks_identical}")
@@ -48,14 +54,14 @@ def mlp_and_comm(mesh, args) -> None:
 
     t, h, b, s = mesh.shape["tensor"], args.hidden_size, args.batch_size, args.seq_len
     check = D.tp_mlp(mesh, hidden=h, x_shape=(4, 8, h))  # the seed verifies on [4, 8, H]
-    print(f"\n{'=' * 60}\n CORRECTNESS VERIFICATION\n{'=' * 60}")
+    banner("CORRECTNESS VERIFICATION")
     print(f"  Input shape: {check.x_shape}   Output shape: {check.x_shape}")
     print(f"  Max difference from reference gelu(x @ W1) @ W2: {check.max_abs_diff:.2e}")
     print(f"  Correct: {check.correct}")
 
     timed = D.tp_mlp(mesh, h, (b, s, h), warmup=args.warmup, iterations=args.iterations)
     comm = tc.tp_mlp_comm(h, b, s, t)
-    print(f"\n{'=' * 60}\n COMMUNICATION ANALYSIS\n{'=' * 60}")
+    banner("COMMUNICATION ANALYSIS")
     print(f"  Hidden size: {h}   Batch size: {b}   Sequence length: {s}   TP degree: {t}")
     print(f"  All-reduce calls: 1   (compiled forward: {timed.allreduces})")
     print(f"  Elements per all-reduce: {comm.elements_per_allreduce:,}")
@@ -67,24 +73,19 @@ def mlp_and_comm(mesh, args) -> None:
     print(f"  Ring all-reduce, total across all GPUs: {comm.ring_bytes_total / KB:.1f} KB")
     print(f"  TP MLP forward: {timed.forward_ms:.3f} ms (indicative: simulated CPU devices)")
 
-    # shared/seeds/002 L4150-4158: each row written as 2*b*s*h/T values; a ring moves (T-1)/T.
-    values = b * s * h
-    seed_row, ring_row = 2 * values / t, 2 * values * (t - 1) / t
-    rows = [[name, f"{seed_row:,.0f}", f"{ring_row:,.0f}", f"{ring_row * 4 / KB:.1f} KB"]
-            for name in ("MLP forward", "MLP backward", "Attention forward",
-                         "Attention backward")]  # fmt: skip
-    rows.append(["Total per layer", f"{4 * seed_row:,.0f}", f"{4 * ring_row:,.0f}",
-                 f"{comm.layer_fwd_bwd_bytes_per_gpu / KB:.1f} KB"])  # fmt: skip
-    print("\nPer transformer layer, values sent per GPU (f32 bytes in the last column):")
-    print(format_table(["component", "seed 2bsh/T", "ring 2bsh(T-1)/T", "bytes"], rows))
-    print(
-        f"  The seed's total line 8*b*s*h*(T-1)/T = {8 * values * (t - 1) / t:,.0f} counts values,"
-        " not bytes (it prints 'bytes')."
-    )
+    # shared/seeds/002 L4150-4158 writes each all-reduce as 2*b*s*h/T values; a ring sends
+    # 2*b*s*h*(T-1)/T per GPU, and its own total line 8*b*s*h*(T-1)/T counts values, not bytes.
+    seed_row, ring_row = 2 * b * s * h / t, 2 * b * s * h * (t - 1) / t
+    rows = [["one (MLP/attention, fwd/bwd)", f"{seed_row:,.0f}", f"{ring_row:,.0f}",
+             f"{ring_row * 4 / KB:.1f} KB"],
+            ["4 per layer", f"{4 * seed_row:,.0f}", f"{4 * ring_row:,.0f}",
+             f"{comm.layer_fwd_bwd_bytes_per_gpu / KB:.1f} KB"]]  # fmt: skip
+    print("\nAll-reduces per transformer layer, values sent per GPU:")
+    print(format_table(["all-reduce", "seed 2bsh/T", "ring 2bsh(T-1)/T", "f32 bytes"], rows))
 
 
 def scaling(t: int) -> None:
-    print(f"\n{'=' * 60}\n SCALING ANALYSIS (MLP parameters 8H^2/T)\n{'=' * 60}")
+    banner("SCALING ANALYSIS (MLP parameters 8H^2/T)")
     seed_text = {1: "134M (537 MB)", 8: "16.7M (67 MB)"}  # shared/seeds/002 L5045-5047
     rows = []
     for tp in sorted({1, 8, t}):
@@ -94,32 +95,24 @@ def scaling(t: int) -> None:
     print("  (16,777,216 rounds to 16.8M; the seed's 16.7M truncates)")
 
 
-def census_config(args):
-    """The transformer layer whose collectives are counted: 8 heads, d_ff = 4 H."""
-    from jaxscale.config import ModelConfig
-
-    h, s = args.hidden_size, args.seq_len
-    return ModelConfig(d_model=h, n_heads=8, n_kv_heads=8, d_ff=4 * h, max_seq=s)
+SEED_SAYS = {
+    "megatron": "2 fwd, 4 fwd+bwd all-reduces (002 L4123, L4299)",
+    "sequence": "psum_scatter + all_gather (seed-spec ch6, S4 L1126)",
+    "gather_output": "2 AllGather + 2 AllReduce (004 L1003-1009)",
+}
 
 
 def layer_census(mesh, args) -> None:
     from jaxscale.parallel import tp
     from jaxscale.parallel import tp_demos as D
 
-    h, b, s = args.hidden_size, args.batch_size, args.seq_len
-    cfg = census_config(args)
-    seed_says = {
-        "megatron": "2 fwd, 4 fwd+bwd all-reduces (002 L4123, L4299)",
-        "sequence": "psum_scatter + all_gather (seed-spec ch6, S4 L1126)",
-        "gather_output": "2 AllGather + 2 AllReduce (004 L1003-1009)",
-    }
-    rows = []
+    h, b, s, t = args.hidden_size, args.batch_size, args.seq_len, mesh.shape["tensor"]
+    cfg, rows = D.census_model(h, s), []
     for mode in tp.MODES:
         counts = [D.layer_census(cfg, mesh, mode, g, batch=b, seq=s) for g in (False, True)]
         cells = [" + ".join(f"{n} {op}" for op, n in sorted(c.items())) for c in counts]
-        rows.append([mode, *cells, seed_says[mode]])
-    print(f"\n{'=' * 60}\n COLLECTIVES PER TRANSFORMER LAYER (compiled tp_block)\n{'=' * 60}")
-    t = mesh.shape["tensor"]
+        rows.append([mode, *cells, SEED_SAYS[mode]])
+    banner("COLLECTIVES PER TRANSFORMER LAYER (compiled tp_block)")
     print(f"  [B={b}, T={s}, D={h}] activations, 8 heads, F={4 * h}, tensor-parallel size {t}")
     print(format_table(["mode", "forward", "forward+backward", "seed"], rows))
 
@@ -135,18 +128,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.warmup < 0:
         ap.error(f"--warmup must be >= 0, got {args.warmup}")
-    from jaxscale.parallel import tp, tp_demos
+    from jaxscale.parallel import tp_demos
 
     try:  # every size the sections split, checked before anything runs
-        mesh = tp_demos.tensor_mesh(args.tp_size)
-        if 8 % args.tp_size:
-            raise ValueError(
-                f"--tp-size {args.tp_size} must divide 8 (the seed's 8x8 linear layers, 8 heads)"
-            )
-        tp.check_tp_layout(census_config(args), args.tp_size, mode="sequence",
-                           seq_len=args.seq_len)  # fmt: skip
+        tp_demos.check_demo_sizes(args.tp_size, args.hidden_size, args.seq_len)
     except ValueError as e:
         ap.error(str(e))
+    mesh = tp_demos.tensor_mesh(args.tp_size)
     print(f"TENSOR PARALLELISM: TP degree {args.tp_size}, hidden {args.hidden_size}")
     linear_checks(mesh)
     mlp_and_comm(mesh, args)

@@ -90,6 +90,43 @@ def row_parallel(mesh, batch=4, d_in=8, d_out=8, seed=42, input_seed=123) -> Lin
 
 
 @dataclass(frozen=True)
+class BiasCheck:
+    rank0_only: bool  # seed 004's placement (L919-953) instead of every rank
+    max_abs_diff_per_rank: tuple[float, ...]  # each device's output against x @ W + b
+    ranks_identical: bool  # bit-identical outputs on every device
+
+    @property
+    def correct(self) -> bool:
+        return max(self.max_abs_diff_per_rank) < SEED_TOLERANCE
+
+
+def row_parallel_bias(mesh, rank0_only=False, batch=4, d_in=8, d_out=8, seed=42) -> BiasCheck:
+    """RowParallelLinear with a bias: replicated and added after the all-reduce on EVERY device
+    (then all devices hold x @ W + b). `rank0_only` reproduces seed 004, which keeps the bias on
+    rank 0 alone: the other ranks end without it and the replicas diverge (seed-spec §0.1 #18)."""
+    tp = mesh.shape[AXIS]
+    _split_check("in_features", d_in, tp)
+    w_IO, x_BI = _normal(seed, (d_in, d_out), d_in), _normal(seed + 1, (batch, d_in))
+    b_O = _normal(seed + 2, (d_out,))
+
+    def local(x, w, b):
+        y = jax.lax.psum(x @ w, AXIS)  # one all-reduce over 'tensor'
+        if rank0_only:
+            b = jnp.where(jax.lax.axis_index(AXIS) == 0, b, 0.0)
+        return (y + b)[None]  # stacked per device
+
+    f = jax.shard_map(
+        local, mesh=mesh, in_specs=(jax.P(None, AXIS), jax.P(AXIS, None), jax.P()),
+        out_specs=jax.P(AXIS),
+    )  # fmt: skip
+    y_tBO = jax.jit(f)(x_BI, w_IO, b_O)
+    want_BO = x_BI @ w_IO + b_O
+    diffs = tuple(float(jnp.max(jnp.abs(y_BO - want_BO))) for y_BO in y_tBO)
+    same = bool(np.all(np.asarray(y_tBO) == np.asarray(y_tBO)[:1]))
+    return BiasCheck(rank0_only, diffs, same)
+
+
+@dataclass(frozen=True)
 class MLPCheck:
     hidden: int
     intermediate: int
@@ -182,3 +219,15 @@ def layer_census(cfg: ModelConfig, mesh, mode: str, grads: bool, batch=4, seq=16
         for c in hlo.normalize(hlo.collectives_of(compiled))
         if c.group_size == tp and c.bytes_per_device >= activation_bytes
     )
+
+
+def census_model(hidden: int, seq: int) -> ModelConfig:
+    """The layer experiment 06 counts: 8 heads (MHA) and d_ff = 4 x hidden, the seed's MLP."""
+    return ModelConfig(d_model=hidden, n_heads=8, n_kv_heads=8, d_ff=4 * hidden, max_seq=seq)
+
+
+def check_demo_sizes(tp: int, hidden: int, seq: int) -> None:
+    """Every split experiment 06 makes, checked before anything runs (ValueError names it)."""
+    tensor_mesh(tp)
+    _split_check("the seed's 8 linear features (and 8 heads)", 8, tp)
+    check_tp_layout(census_model(hidden, seq), tp, mode="sequence", seq_len=seq)
