@@ -160,7 +160,8 @@ def test_entry_argument_bytes_needs_an_entry_layout():
 
 # --- compiling for a TPU v5e:2x4 slice --------------------------------------------------------
 
-CFG = ModelConfig(n_layers=1, unroll_layers=True)  # tiny, unrolled as `make bench` compiles it
+# the tiny model with one layer (short compiles), unrolled as `make bench` compiles it
+CFG = ModelConfig(n_layers=1, unroll_layers=True)
 TCFG = TrainConfig()
 
 
