@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from jaxscale import strategies
 from jaxscale.config import ModelConfig, TrainConfig
-from jaxscale.mesh import build_mesh
-from jaxscale.sharding import Sharder
+from jaxscale.strategies import Case
 from jaxscale.train import data
 from jaxscale.train import step as train_step
 
@@ -30,22 +30,6 @@ TRAJ_STEPS = 10
 
 CFG = ModelConfig(n_heads=8, n_kv_heads=8)  # kv heads divide every tensor degree up to 8
 TCFG = TrainConfig(steps=TRAJ_STEPS, global_batch=16, seq_len=32, warmup_steps=2, lr=1e-3)
-
-
-@dataclass(frozen=True)
-class Case:
-    path: str  # "auto" (jit + rules) or "manual" (shard_map, explicit collectives)
-    strategy: str
-    mesh: str
-    stage: int = 0  # manual: ZeRO stage
-    tp_mode: str | None = None  # manual: megatron | sequence | gather_output
-    compute_dtype: str = "float32"
-    dp_variant: str = "explicit"  # manual DP: "extra_pmean" is the deliberate bug (see dp.py)
-
-    @property
-    def label(self) -> str:
-        dtype = "" if self.compute_dtype == "float32" else f" [{self.compute_dtype}]"
-        return f"{self.path}:{self.strategy}{dtype}"
 
 
 def all_cases() -> list[Case]:
@@ -116,31 +100,14 @@ def reference(cfg: ModelConfig = CFG, tcfg: TrainConfig = TCFG) -> Reference:
     return Reference(losses[0], grads0, np.asarray(losses), jax.device_get(state["params"]))
 
 
-def build(case: Case, cfg: ModelConfig, tcfg: TrainConfig):
-    """(init, step, put_batch) for a case."""
-    cfg = cfg.replace(compute_dtype=case.compute_dtype)
-    mesh = build_mesh(case.mesh)
-    if case.path == "auto":
-        sharder = Sharder(mesh)
-        step = train_step.jit_train_step(cfg, tcfg, sharder, with_grads=True)
-        batch_sh = train_step.batch_sharding(sharder)
-        init = lambda: train_step.init_state(cfg, tcfg, sharder)  # noqa: E731
-        return mesh, init, step, lambda b: jax.device_put(b, batch_sh)
-    from jaxscale.parallel import manual
-
-    built = manual.build(cfg, tcfg, mesh, stage=case.stage, tp_mode=case.tp_mode,
-                         dp_variant=case.dp_variant, with_grads=True)  # fmt: skip
-    return mesh, built.init, built.step, built.put_batch
-
-
 def check(case: Case, ref: Reference, cfg: ModelConfig = CFG, tcfg: TrainConfig = TCFG) -> Result:
     result = Result(case)
     try:
-        mesh, init, step, put = build(case, cfg, tcfg)
-        with jax.set_mesh(mesh):
-            state, losses, grads0 = init(), [], None
+        built = strategies.build(case, cfg, tcfg, with_grads=True)
+        with jax.set_mesh(built.mesh):
+            state, losses, grads0 = built.init(), [], None
             for batch in batches(tcfg):
-                state, metrics = step(state, put(batch))
+                state, metrics = built.step(state, built.put(batch))
                 losses.append(float(metrics["loss"]))
                 grads0 = jax.device_get(metrics["grads"]) if grads0 is None else grads0
             params = jax.device_get(state["params"])

@@ -306,3 +306,24 @@ def test_mesh_groups_with_device_ids_in_a_real_instruction():
     )
     (c,) = hlo.collectives_from_text(text)
     assert (c.op, c.group_size, c.num_groups, c.bytes_per_device) == ("all-reduce", 4, 2, 4)
+
+
+def test_combined_all_reduce_with_some_elements_sliced_splits_on_normalise():
+    """XLA combines a scalar (loss) with a gradient into one tuple all-reduce; only the gradient
+    is then cut to 1/4 by a dynamic-slice: normalise yields an all-reduce of 4 B and a
+    reduce-scatter of the gradient's 256 B."""
+    text = (
+        "HloModule m, num_partitions=4\n\nENTRY %main (a: f32[], b: f32[64]) -> f32[16] {\n"
+        "  %a = f32[] parameter(0)\n  %b = f32[64]{0} parameter(1)\n"
+        "  %ar = (f32[], f32[64]{0}) all-reduce(%a, %b), channel_id=1, "
+        "replica_groups={{0,1,2,3}}, to_apply=%add\n"
+        "  %g0 = f32[] get-tuple-element(%ar), index=0\n"
+        "  %g1 = f32[64]{0} get-tuple-element(%ar), index=1\n"
+        "  %off = s32[] parameter(2)\n"
+        "  ROOT %ds = f32[16]{0} dynamic-slice(%g1, %off), dynamic_slice_sizes={16}\n}\n"
+    )
+    (c,) = hlo.collectives_from_text(text)
+    assert c.scattered_elements == (False, True) and not c.scattered
+    totals = hlo.summarize(hlo.normalize([c]))
+    assert (totals["all-reduce"].count, totals["all-reduce"].total_bytes) == (1, 4)
+    assert (totals["reduce-scatter"].count, totals["reduce-scatter"].total_bytes) == (1, 256)

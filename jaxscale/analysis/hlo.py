@@ -77,6 +77,8 @@ class Collective:
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # result arrays (dtype, dims)
     upcast_from: str | None = None  # narrow float converted to dtype around the collective
     scattered: bool = False  # all-reduce whose result is dynamic-sliced to 1/group_size
+    # per element of a tuple-shaped all-reduce (combined ops mix scattered and whole arrays)
+    scattered_elements: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,12 @@ def _upcast_from(coll_dtype, operands, users, by_name, computations) -> str | No
 
 
 def _is_scattered(result: Instruction, elements: int, group: int, users_of, computations) -> bool:
-    """The all-reduce result is cut to 1/group of its elements by a dynamic-slice (maybe fused)."""
+    """The all-reduce result is only ever used cut to 1/group of its elements by a dynamic-slice
+    (maybe fused, maybe after a convert/copy): a reduce-scatter in disguise. A result that is
+    also used whole (say, for a gradient norm before the slice) is a real all-reduce."""
     if group <= 1:
         return False
-    frontier, seen = [result.name], set()
+    frontier, seen, sliced = [result.name], set(), False
     for _ in range(3):  # look through up to two convert/copy steps
         nxt = []
         for name in frontier:
@@ -142,15 +146,29 @@ def _is_scattered(result: Instruction, elements: int, group: int, users_of, comp
                 seen.add(user.name)
                 out = array_shapes(user.result_type)
                 n_out = prod(out[0][1]) if out else 0
-                if user.opcode == "dynamic-slice" or (
+                is_slice = user.opcode == "dynamic-slice" or (
                     user.opcode == "fusion" and _fusion_has(user, "dynamic-slice", computations)
-                ):
-                    if n_out * group == elements:
-                        return True
-                if _is_convert_like(user, computations):
+                )
+                if is_slice and n_out * group == elements:
+                    sliced = True
+                elif _is_convert_like(user, computations):
                     nxt.append(user.name)
+                else:
+                    return False  # the full result is needed somewhere
         frontier = nxt
-    return False
+    return sliced
+
+
+def _scattered_elements(result, shapes, group, users_of, computations) -> tuple[bool, ...]:
+    """For a tuple-shaped all-reduce: is element i read (get-tuple-element index=i) and then
+    dynamic-sliced to 1/group of its elements?"""
+    flags = []
+    for i, (_, dims) in enumerate(shapes):
+        gtes = [u for u in users_of.get(result.name, ())
+                if u.opcode == "get-tuple-element" and u.attrs.get("index") == str(i)]  # fmt: skip
+        flags.append(any(_is_scattered(g, prod(dims), group, users_of, computations)
+                         for g in gtes))  # fmt: skip
+    return tuple(flags)
 
 
 def collectives_from_text(text: str) -> list[Collective]:
@@ -193,6 +211,10 @@ def collectives_from_text(text: str) -> list[Collective]:
             operands = [by_name.get(o) for o in instr.operands]
             users = users_of.get(result.name, ())
             elements = sum(prod(d) for _, d in shapes)
+            per_element = ()
+            if op == "all-reduce" and len(shapes) > 1:
+                per_element = _scattered_elements(result, shapes, group_size, users_of,
+                                                  computations)  # fmt: skip
             found.append(
                 Collective(
                     op=op,
@@ -205,8 +227,13 @@ def collectives_from_text(text: str) -> list[Collective]:
                     is_async=is_async,
                     shapes=shapes,
                     upcast_from=_upcast_from(dtype, operands, users, by_name, computations),
-                    scattered=op == "all-reduce"
-                    and _is_scattered(result, elements, group_size, users_of, computations),
+                    scattered=(
+                        all(per_element)
+                        if per_element
+                        else op == "all-reduce"
+                        and _is_scattered(result, elements, group_size, users_of, computations)
+                    ),
+                    scattered_elements=per_element,
                 )
             )
     return found
@@ -237,7 +264,7 @@ def collectives_of(compiled) -> list[Collective]:
 def normalize(collectives: list[Collective]) -> list[Collective]:
     """Undo CPU habits: scattered all-reduce -> reduce-scatter; f32 upcast -> the narrow dtype."""
     out = []
-    for c in collectives:
+    for c in _split_mixed(collectives):
         if c.scattered:
             c = replace(c, op="reduce-scatter", scattered=False)
         if c.upcast_from:
@@ -249,6 +276,24 @@ def normalize(collectives: list[Collective]) -> list[Collective]:
                 upcast_from=None,
             )
         out.append(c)
+    return out
+
+
+def _split_mixed(collectives: list[Collective]) -> list[Collective]:
+    """A combined all-reduce whose tuple mixes scattered and whole elements becomes two: the
+    scattered elements (a reduce-scatter once normalised) and the rest (an all-reduce)."""
+    out = []
+    for c in collectives:
+        flags = c.scattered_elements
+        if not flags or all(flags) or not any(flags):
+            out.append(c)
+            continue
+        for want in (True, False):
+            part = tuple(s for s, f in zip(c.shapes, flags, strict=True) if f == want)
+            dtypes = {d for d, _ in part}
+            out.append(replace(c, shapes=part, bytes_per_device=nbytes(part), scattered=want,
+                               scattered_elements=(), dtype=dtypes.pop() if len(dtypes) == 1
+                               else "mixed"))  # fmt: skip
     return out
 
 

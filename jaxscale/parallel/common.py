@@ -42,6 +42,7 @@ class ManualStep:
     batch_spec: P
     step: Callable  # jitted (state, batch [B, T+1]) -> (state, metrics)
     init: Callable  # () -> state in this layout
+    grad_specs: dict | None = None  # layout of the gradients the optimizer update sees
 
     def shardings(self, specs):
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=_is_spec)

@@ -83,7 +83,7 @@ def build(cfg: ModelConfig, tcfg: TrainConfig, mesh, *, stage: int = 0,
     sharded = jax.shard_map(body, mesh=mesh, in_specs=(state_specs, batch_spec),
                             out_specs=(state_specs, metric_specs), check_vma=True)  # fmt: skip
     name = ("dp" if stage == 0 else f"zero{stage}") + (f"+tp:{tp_mode}" if tp_mode else "")
-    built = common.ManualStep(name, mesh, state_specs, batch_spec, None, None)
+    built = common.ManualStep(name, mesh, state_specs, batch_spec, None, None, grad_specs)
     shardings = built.shardings(state_specs)
 
     def init():
@@ -94,6 +94,7 @@ def build(cfg: ModelConfig, tcfg: TrainConfig, mesh, *, stage: int = 0,
         name, mesh, state_specs, batch_spec,
         step=jax.jit(sharded, donate_argnums=0),
         init=jax.jit(init, out_shardings=shardings),
+        grad_specs=grad_specs,
     )  # fmt: skip
 
 
