@@ -50,17 +50,6 @@ RULES: dict[str, tuple[str, ...]] = {
     "act_vocab": ("tensor",),
 }
 
-# Named strategies of the auto path: the mesh each uses on 8 devices (-1 fills any device count).
-STRATEGY_MESHES: dict[str, str] = {
-    "reference": "dp=1",
-    "dp": "dp=-1",
-    "fsdp": "fsdp=-1",
-    "tp": "tp=-1",
-    "dp_tp": "dp=2,tp=-1",
-    "fsdp_tp": "fsdp=-1,tp=2",
-    "dp_fsdp_tp": "dp=2,fsdp=2,tp=-1",
-}
-
 
 @dataclass(frozen=True)
 class Sharder:

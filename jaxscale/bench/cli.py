@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from jaxscale.config import MODEL_PRESETS
-from jaxscale.sharding import STRATEGY_MESHES
 
 
 def add_parser(sub) -> None:
@@ -18,12 +17,16 @@ def add_parser(sub) -> None:
     )
     p.add_argument("suite", nargs="?", default="meshes", choices=["meshes", "collectives"])
     p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS))
-    p.add_argument("--strategies", default=",".join(STRATEGY_MESHES),
-                   help=f"comma-separated, from: {', '.join(STRATEGY_MESHES)}")  # fmt: skip
+    p.add_argument("--strategies", default="",
+                   help="comma-separated labels (auto:dp, manual:zero3, or a bare name such as "
+                   "dp for both paths); default: all")  # fmt: skip
+    p.add_argument("--target", default="cpu",
+                   help="'cpu' (run on the simulated devices) or a TPU topology such as "
+                   "tpu:v5e:2x4 (compile only; needs the tpu-aot extra)")  # fmt: skip
     p.add_argument("--meshes", default="", help="extra mesh specs, ';'-separated (dp=4,tp=2;...)")
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per row (after a warm-up)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per row (after a warm-up)")
     p.add_argument("--out", default="results", help="directory for JSON and PNG")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     from jaxscale.bench import collectives
@@ -50,23 +53,76 @@ def main(args) -> int:
         tcfg = TrainConfig(global_batch=args.global_batch, seq_len=args.seq_len, steps=100)
         names = [s.strip() for s in args.strategies.split(",") if s.strip()]
         extra = [m.strip() for m in args.meshes.split(";") if m.strip()]
-        strategies = meshes.resolve_strategies(names, extra)
+        cases = meshes.resolve_cases(names, extra) if names or extra else list(meshes.DEFAULT_CASES)
         if args.seq_len > cfg.max_seq:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq {cfg.max_seq}")
+        target = None
+        if args.target != "cpu":
+            from jaxscale.analysis import aot
+
+            target = aot.parse_target(args.target)
+            reason = aot.aot_unavailable_reason()
+            if reason:
+                raise ValueError(f"--target {args.target}: {reason}")
     except ValueError as e:
         print(f"jaxscale bench: error: {e}", file=sys.stderr)
         return 2
-    env = report.environment()
-    print(f"bench: model {args.model} ({cfg.d_model=}, {cfg.n_layers=}), batch {args.global_batch}"
-          f" x seq {args.seq_len}, {env['device_count']} {env['device_kind']} devices, "
-          f"jax {env['jax']}", file=sys.stderr)  # fmt: skip
-    bar = Progress(len(strategies) + 1, desc="bench")
-    rows = meshes.run_bench(cfg, tcfg, strategies, args.steps, progress=bar)
+    env = report.environment(args.target)
+    print(f"bench: model {args.model} (d_model {cfg.d_model}, {cfg.n_layers} layers), batch "
+          f"{args.global_batch} x seq {args.seq_len}, {env['device_count']} {env['device_kind']} "
+          f"devices, jax {env['jax']}, target {args.target}", file=sys.stderr)  # fmt: skip
+    if target is not None:
+        return _main_aot(args, cfg, tcfg, cases, target, env)
+    bar = Progress(len(cases) + 2, desc="bench")
+    rows, ref_ms = meshes.run_bench(cfg, tcfg, cases, args.steps, progress=bar)
+    remat = meshes.remat_report(cfg.replace(n_layers=8), tcfg)
+    bar.update(1, note="remat")
     bar.close()
-    paths = report.write_outputs(rows, env, args.out)
+    paths = report.write_outputs(rows, env, args.out, extra={"remat": remat})
     if args.json:
-        print(json.dumps(report.to_json(rows, env)))
+        print(json.dumps(report.to_json(rows, env, {"remat": remat})))
     else:
-        print(report.format_table(rows, jax.default_backend()))
+        print(report.memory_table(rows, ref_ms))
+        print()
+        print(report.comm_table(rows))
+        print()
+        print(report.remat_lines(remat))
+        if jax.default_backend() == "cpu":
+            print("* step ms on simulated CPU devices sharing the host's cores: indicative only;"
+                  " compare meshes by the compiler figures, not by wall-clock.")  # fmt: skip
         print("\nwrote " + ", ".join(str(p) for p in paths))
-    return 0 if all(r.equivalent or r.report is None for r in rows) else 1
+    ok = all(r.report is None or (r.equivalent and r.memory_ok and r.comm_ok is not False)
+             for r in rows)  # fmt: skip
+    return 0 if ok else 1
+
+
+def _main_aot(args, cfg, tcfg, cases, target, env) -> int:
+    """Compile for the TPU topology (no execution) and for the CPU devices, and compare."""
+    import json
+
+    from jaxscale.bench import meshes, report
+    from jaxscale.progress import Progress
+
+    bar = Progress(2 * len(cases), desc=f"compile {target}")
+    tpu_rows, _ = meshes.run_bench(cfg, tcfg, cases, progress=bar, target=target)
+    cfg_u = cfg.replace(unroll_layers=True)
+    cpu_rows = []
+    for case in cases:
+        cpu_rows.append(meshes.bench_case(case, cfg_u, tcfg, 0, None, execute=False))
+        bar.update(1, note=f"cpu {case.label}")
+    bar.close()
+    paths = report.write_outputs(tpu_rows, env, args.out, name=f"bench_{target.topology_name}")
+    if args.json:
+        print(json.dumps(report.to_json(tpu_rows, env)))
+        return 0
+    print(report.memory_table(tpu_rows, None))
+    print()
+    print(report.comm_table(tpu_rows))
+    print()
+    print(report.cross_backend_table(cpu_rows, tpu_rows, str(target)))
+    print(
+        "\nNothing ran: memory, FLOPs and collectives are the TPU compiler's; TPU pads buffers to "
+        "memory tiles, so its argument bytes exceed the layout's (see docs/tpu-aot.md)."
+    )
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

@@ -1,91 +1,165 @@
-"""The bench's report: an aligned table on stdout, JSON and PNG charts under results/."""
+"""The bench's report: aligned tables on stdout, JSON and PNG charts under results/."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from pathlib import Path
 
+from jaxscale.bench import predict
 from jaxscale.bench.meshes import TRAJ_ATOL, BenchRow
 
 MB = 1 << 20
-_OP_SHORT = {
-    "all-reduce": "AR",
-    "all-gather": "AG",
-    "reduce-scatter": "RS",
-    "all-to-all": "A2A",
-    "collective-permute": "CP",
-    "ragged-all-to-all": "RA2A",
-}
+SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
+         "collective-permute": "CP", "ragged-all-to-all": "RA2A"}  # fmt: skip
 
 
-def _collectives_cell(row: BenchRow) -> str:
-    totals = row.report.collective_totals()
-    if not totals:
-        return "none"
-    return " ".join(
-        f"{_OP_SHORT.get(op, op)} {t.count}x {t.total_bytes / MB:.2f}MB" for op, t in totals.items()
-    )
+def _mark(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("✓" if ok else "✗")
 
 
-def format_table(rows: list[BenchRow], backend: str) -> str:
-    head = (f"{'strategy':<11} {'mesh':<17} {'comp s':>6} {'args MB':>8} {'temp MB':>8} "
-            f"{'peak MB':>8} {'GFLOP/dev':>15} {'step ms*':>9} {'|dloss|':>8} {'eq':>2}  "
-            f"collectives per step (count, MB/device)")  # fmt: skip
+def _mp(measured: float, predicted: float) -> str:
+    return f"{measured / MB:.2f}/{predicted / MB:.2f}"
+
+
+def _flops(r: BenchRow) -> str:
+    return f"{r.report.flops / 1e9:.2f}/{r.flops_analytic_per_device / 1e9:.2f}"
+
+
+def memory_table(rows: list[BenchRow], ref_ms: float | None) -> str:
+    head = (f"{'strategy':<17} {'mesh':<17} {'comp s':>6} {'params MB':>11} {'grads MB':>11} "
+            f"{'adam MB':>11} {'args MB':>11} {'temp MB':>8} {'GFLOP/dev':>11} {'step ms*':>8} "
+            f"{'|dloss|':>8} {'eq':>3} {'mem':>3}")  # fmt: skip
     lines = [head, "-" * len(head)]
+    if ref_ms is not None:
+        lines.append(f"{'reference':<17} {'1 device':<17} {'':>6} {'':>11} {'':>11} {'':>11} "
+                     f"{'':>11} {'':>8} {'':>11} {ref_ms:8.1f}")  # fmt: skip
     for r in rows:
         if r.report is None:
-            lines.append(f"{r.strategy:<11} {r.mesh:<17} skipped: {r.error}")
+            lines.append(f"{r.case.label:<17} {r.case.mesh:<17} skipped: {r.error}")
             continue
-        m = r.report.memory
-        flops = f"{r.report.flops / 1e9:.2f}/{r.flops_analytic_per_device / 1e9:.2f}"
-        mark = "✓" if r.equivalent else "✗"
+        m, p, mem = r.state_measured, r.state_predicted, r.report.memory
+        dloss = "" if r.max_loss_diff is None else f"{r.max_loss_diff:8.1e}"
         lines.append(
-            f"{r.strategy:<11} {r.mesh:<17} {r.report.compile_s:6.1f} {m.argument / MB:8.2f} "
-            f"{m.temp / MB:8.2f} {m.peak / MB:8.2f} {flops:>15} {r.step_ms_median:9.1f} "
-            f"{r.max_loss_diff:8.1e} {mark:>2}  {_collectives_cell(r)}"
+            f"{r.case.label:<17} {r.case.mesh:<17} {r.report.compile_s:6.1f} "
+            f"{_mp(m.params, p.params):>11} {_mp(m.grads, p.grads):>11} "
+            f"{_mp(m.optimizer, p.optimizer):>11} {_mp(mem.argument, r.args_predicted):>11} "
+            f"{mem.temp / MB:8.2f} {_flops(r):>11}"
+            f" {r.step_ms_median:8.1f} {dloss:>8} {_mark(r.equivalent):>3} {_mark(r.memory_ok):>3}"
         )
     lines += [
-        "",
-        "GFLOP/dev: measured (cost_analysis) / analytic (3 x forward matmuls, full attention).",
-        f"|dloss|: max |loss - reference loss| over the first steps; eq ✓ when <= {TRAJ_ATOL:g}.",
-        "peak = args + output + temp - alias (memory_analysis, per device). Collectives are the",
-        "normalised census of the compiled step (CPU all-reduce+slice counted as reduce-scatter).",
+        "MB columns: measured/predicted per device. params/grads/adam: the strategy's real layout",
+        "vs the ZeRO calculator (calc.memory); args: memory_analysis vs params+adam+batch shard.",
+        f"mem ✓ when all four are within {predict.MEMORY_RTOL:.0%}. GFLOP/dev: cost_analysis / "
+        "analytic (3 x forward matmuls).",
+        f"|dloss|: largest loss difference from the 1-device reference; eq ✓ if <= {TRAJ_ATOL:g}.",
     ]
-    if backend == "cpu":
-        lines.append(
-            "* step ms on simulated CPU devices sharing the host's cores: indicative only;"
-        )
-        lines.append("  compare meshes by the compiler figures, not by wall-clock.")
     return "\n".join(lines)
 
 
-def to_json(rows: list[BenchRow], env: dict) -> dict:
+def comm_table(rows: list[BenchRow]) -> str:
+    head = (f"{'strategy':<17} {'mesh':<17} {'ok':>3}  "
+            "collectives per step, MB/device measured/predicted")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r.report is None:
+            continue
+        if r.comm_predicted is None:
+            measured = " ".join(f"{SHORT.get(op, op)} {t.count}x {t.total_bytes / MB:.2f}"
+                                for op, t in r.report.collective_totals().items())  # fmt: skip
+            lines.append(f"{r.case.label:<17} {r.case.mesh:<17} {'n/a':>3}  {measured or 'none'}"
+                         f"  ({r.comm_why_not})")  # fmt: skip
+            continue
+        cells = " ".join(f"{SHORT.get(op, op)} {m / MB:.3f}/{p / MB:.3f}{'' if ok else '✗'}"
+                         for op, (m, p, ok) in r.comm.items())  # fmt: skip
+        lines.append(f"{r.case.label:<17} {r.case.mesh:<17} {_mark(r.comm_ok):>3}  {cells}")
+    lines += [
+        f"ok ✓ when every op's bytes are within {predict.COMM_RTOL:.0%} of calc.step_comm. Bytes",
+        "follow the census: all-reduce = operand, all-gather = output, reduce-scatter = input;",
+        "CPU's all-reduce+slice (result used only as 1/N) is counted as reduce-scatter.",
+    ]
+    return "\n".join(lines)
+
+
+def remat_lines(remat: dict) -> str:
+    no, yes = remat["temp_no_remat"] / MB, remat["temp_remat"] / MB
+    return (
+        f"activation checkpointing (single device, {remat['n_layers']} layers): temporaries "
+        f"{no:.1f} MB without remat, {yes:.1f} MB with per-block remat: ratio "
+        f"{remat['measured_ratio']:.2f} (seed 004's sqrt(L) estimate: "
+        f"{remat['seed004_sqrtL_ratio']:.2f})"
+    )
+
+
+def cross_backend_table(cpu: list[BenchRow], tpu: list[BenchRow], target: str) -> str:
+    lines = [f"collectives chosen per compiler (MB/device, dtype): CPU vs {target}"]
+    for c, t in zip(cpu, tpu, strict=True):
+        if c.report is None or t.report is None:
+            continue
+
+        def cell(row):
+            return " ".join(
+                f"{SHORT.get(x.op, x.op)} {x.count}x{x.dtype} {x.total_bytes / MB:.2f}"
+                for x in _by_op_dtype(row)
+            )
+
+        lines.append(f"  {c.case.label:<17} {c.case.mesh:<17} CPU: {cell(c)}")
+        est = t.report.optimal_seconds
+        est_s = f"  est {est * 1e3:.3f} ms" if est is not None and est > 0 else ""
+        lines.append(f"  {'':<17} {'':<17} TPU: {cell(t)}{est_s}")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpDtype:
+    op: str
+    dtype: str
+    count: int
+    total_bytes: float
+
+
+def _by_op_dtype(row: BenchRow) -> list[_OpDtype]:
+    from jaxscale.analysis import hlo
+
+    acc: dict = {}
+    for c in hlo.normalize(list(row.report.collectives)):
+        n, b = acc.get((c.op, c.dtype), (0, 0.0))
+        acc[(c.op, c.dtype)] = (n + 1, b + c.bytes_per_device)
+    return [_OpDtype(op, dt, n, b) for (op, dt), (n, b) in sorted(acc.items())]
+
+
+def to_json(rows: list[BenchRow], env: dict, extra: dict | None = None) -> dict:
     out = []
     for r in rows:
-        item = {"strategy": r.strategy, "mesh": r.mesh, "devices": r.devices, "error": r.error}
+        item = {**dataclasses.asdict(r.case), "devices": r.devices, "error": r.error}
         if r.report is not None:
             item |= {
                 "compile_s": r.report.compile_s,
                 "memory": r.report.memory.as_dict(),
+                "state_measured": dataclasses.asdict(r.state_measured),
+                "state_predicted": dataclasses.asdict(r.state_predicted),
+                "args_predicted": r.args_predicted,
+                "memory_ok": r.memory_ok,
                 "flops_per_device": r.report.flops,
                 "flops_analytic_per_device": r.flops_analytic_per_device,
-                "bytes_accessed_per_device": r.report.bytes_accessed,
                 "collectives": {
-                    op: {"count": t.count, "bytes_per_device": t.total_bytes}
-                    for op, t in r.report.collective_totals().items()
+                    op: {"measured": m, "predicted": p, "ok": ok}
+                    for op, (m, p, ok) in r.comm.items()
                 },  # fmt: skip
+                "comm_ok": r.comm_ok,
+                "comm_why_not": r.comm_why_not,
+                "optimal_seconds": r.report.optimal_seconds,
                 "losses": r.losses,
                 "max_loss_diff": r.max_loss_diff,
                 "equivalent": r.equivalent,
                 "step_ms": r.step_ms,
-                "step_ms_median": r.step_ms_median,
             }
         out.append(item)
-    return {"env": env, "rows": out}
+    return {"env": env, "rows": out, **(extra or {})}
 
 
-def environment() -> dict:
+def environment(target: str = "cpu") -> dict:
     import flax
     import jax
 
@@ -96,15 +170,16 @@ def environment() -> dict:
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
         "device_count": jax.device_count(),
+        "target": target,
     }
 
 
-def write_outputs(rows: list[BenchRow], env: dict, out_dir: str | Path) -> list[Path]:
+def write_outputs(rows: list[BenchRow], env: dict, out_dir, name="bench_meshes", extra=None):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    json_path = out / "bench_meshes.json"
-    json_path.write_text(json.dumps(to_json(rows, env), indent=1))
-    return [json_path, _plot(rows, out / "bench_meshes.png")]
+    json_path = out / f"{name}.json"
+    json_path.write_text(json.dumps(to_json(rows, env, extra), indent=1))
+    return [json_path, _plot(rows, out / f"{name}.png")]
 
 
 def _plot(rows: list[BenchRow], path: Path) -> Path:
@@ -114,35 +189,36 @@ def _plot(rows: list[BenchRow], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     good = [r for r in rows if r.report is not None]
-    labels = [f"{r.strategy}\n{r.mesh}" for r in good]
-    fig, (ax_mem, ax_comm) = plt.subplots(1, 2, figsize=(13, 4.5))
+    labels = [f"{r.case.label}\n{r.case.mesh}" for r in good]
+    xs = range(len(good))
+    fig, (ax_mem, ax_comm) = plt.subplots(2, 1, figsize=(max(10, 0.9 * len(good)), 8))
     parts = {
-        "arguments (params, opt state, batch)": [r.report.memory.argument / MB for r in good],
-        "temporaries": [r.report.memory.temp / MB for r in good],
-        "outputs not aliased": [
-            (r.report.memory.output - r.report.memory.alias) / MB for r in good
-        ],  # fmt: skip
+        "params": [r.state_measured.params / MB for r in good],
+        "gradients": [r.state_measured.grads / MB for r in good],
+        "Adam m, v": [r.state_measured.optimizer / MB for r in good],
     }
     bottom = [0.0] * len(good)
     for name, values in parts.items():
-        ax_mem.bar(labels, values, bottom=bottom, label=name)
+        ax_mem.bar(xs, values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    predicted = [r.state_predicted.total / MB for r in good]
+    ax_mem.scatter(xs, predicted, marker="_", s=400, color="black", label="predicted total")
     ax_mem.set_ylabel("MB per device")
-    ax_mem.set_title("Per-device memory (memory_analysis)")
+    ax_mem.set_title("Training state per device, stacked by component (measured layout)")
     ax_mem.legend(fontsize=8)
     ops = sorted({op for r in good for op in r.report.collective_totals()})
     width = 0.8 / max(len(ops), 1)
     for i, op in enumerate(ops):
         values = [r.report.collective_totals().get(op) for r in good]
-        ax_comm.bar([x + i * width for x in range(len(good))],
+        ax_comm.bar([x + i * width for x in xs],
                     [v.total_bytes / MB if v else 0 for v in values], width, label=op)  # fmt: skip
-    ax_comm.set_xticks([x + 0.4 - width / 2 for x in range(len(good))], labels)
     ax_comm.set_ylabel("MB per device per step")
     ax_comm.set_title("Collective bytes by op (compiled HLO)")
     if ops:
         ax_comm.legend(fontsize=8)
     for ax in (ax_mem, ax_comm):
-        ax.tick_params(axis="x", labelsize=7)
+        ax.set_xticks([x + 0.4 - width / 2 for x in xs] if ax is ax_comm else list(xs), labels)
+        ax.tick_params(axis="x", labelsize=7, labelrotation=30)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
