@@ -3,21 +3,23 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 DEVICES ?= 8
 export JAX_NUM_CPU_DEVICES ?= $(DEVICES)
 BENCH_ARGS ?=
+EXTRAS ?= dev
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=
 
 .PHONY: install test smoke bench lint format clean
 
 install: $(STAMP)
 
-# Re-runs only when pyproject.toml changes.
+# Re-runs only when pyproject.toml changes. EXTRAS=dev,tpu-aot adds libtpu (TPU AOT compiles).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 test: install

@@ -53,10 +53,9 @@ def main(args) -> int:
         tcfg = TrainConfig(global_batch=args.global_batch, seq_len=args.seq_len, steps=100)
         names = [s.strip() for s in args.strategies.split(",") if s.strip()]
         extra = [m.strip() for m in args.meshes.split(";") if m.strip()]
-        cases = meshes.resolve_cases(names, extra) if names or extra else list(meshes.DEFAULT_CASES)
         if args.seq_len > cfg.max_seq:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq {cfg.max_seq}")
-        target = None
+        target, n_devices = None, jax.device_count()
         if args.target != "cpu":
             from jaxscale.analysis import aot
 
@@ -64,6 +63,9 @@ def main(args) -> int:
             reason = aot.aot_unavailable_reason()
             if reason:
                 raise ValueError(f"--target {args.target}: {reason}")
+            n_devices = len(aot.target_devices(target))
+        cases = (meshes.resolve_cases(names, extra, n_devices) if names or extra
+                 else list(meshes.DEFAULT_CASES))  # fmt: skip
     except ValueError as e:
         print(f"jaxscale bench: error: {e}", file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ def memory_table(rows: list[BenchRow], ref_ms: float | None) -> str:
         lines.append(
             f"{r.case.label:<17} {r.case.mesh:<17} {r.report.compile_s:6.1f} "
             f"{_mp(m.params, p.params):>11} {_mp(m.grads, p.grads):>11} "
-            f"{_mp(m.optimizer, p.optimizer):>11} {_mp(mem.argument, r.args_predicted):>11} "
+            f"{_mp(m.optimizer, p.optimizer):>11} {_mp(r.args_measured, r.args_predicted):>11} "
             f"{mem.temp / MB:8.2f} {_flops(r):>11}"
             f" {r.step_ms_median:8.1f} {dloss:>8} {_mark(r.equivalent):>3} {_mark(r.memory_ok):>3}"
         )

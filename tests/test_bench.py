@@ -1,0 +1,122 @@
+"""The bench: predictions checked against the compiled program, and the command's output."""
+
+import json
+
+import jax
+import pytest
+
+from jaxscale import strategies
+from jaxscale.analysis.compiled import compile_with_report
+from jaxscale.bench import meshes, predict
+from jaxscale.cli import main as cli_main
+from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.strategies import Case
+
+CFG = ModelConfig(n_heads=8, n_kv_heads=8, unroll_layers=True)
+TCFG = TrainConfig(global_batch=16, seq_len=32)
+CASES = [
+    Case("auto", "dp", "dp=8"), Case("auto", "fsdp", "fsdp=8"), Case("auto", "tp", "tp=8"),
+    Case("manual", "zero1", "dp=4,fsdp=2", 1), Case("manual", "zero2", "dp=8", 2),
+    Case("manual", "zero3", "fsdp=8", 3), Case("manual", "tp_sp", "tp=8", 0, "sequence"),
+    Case("manual", "zero3+tp", "fsdp=4,tp=2", 3, "megatron"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    out = {}
+    for case in CASES:
+        built = strategies.build(case, CFG, TCFG)
+        with jax.set_mesh(built.mesh):
+            out[case] = (built, compile_with_report(built.step, *built.abstract_args(16, 32))[1])
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.label}@{c.mesh}")
+def test_state_and_argument_bytes_match_the_zero_calculator(case, compiled):
+    built, report = compiled[case]
+    measured, predicted = predict.measured_state(built), predict.predicted_state(built, CFG)
+    for m, p in ((measured.params, predicted.params), (measured.grads, predicted.grads)):
+        assert m == pytest.approx(p, rel=predict.MEMORY_RTOL)
+    assert measured.optimizer == pytest.approx(predicted.optimizer, rel=predict.MEMORY_RTOL)
+    batch = 16 * 33 * 4 / built.group_sizes[0]
+    assert report.memory.argument == pytest.approx(
+        predicted.params + predicted.optimizer + batch, rel=predict.MEMORY_RTOL
+    )
+
+
+def test_zero3_on_8_devices_holds_one_eighth_of_replicated(compiled):
+    (dp, dp_report), (z3, z3_report) = compiled[CASES[0]], compiled[CASES[5]]
+    full = predict.measured_state(dp).total
+    norms = predict.inventory(CFG).norm_params * 4 * 4  # params, grads, m, v of the norm scales
+    opt_leaves = jax.tree.leaves(z3.abstract_state["opt_state"])
+    counters = sum(x.dtype.itemsize for x in opt_leaves if x.ndim == 0)  # optax's step counts
+    replicated = norms + counters
+    assert predict.measured_state(z3).total == pytest.approx((full - replicated) / 8 + replicated)
+    assert z3_report.memory.argument < dp_report.memory.argument / 7
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.path == "manual" or c.strategy == "dp"],
+                         ids=lambda c: f"{c.label}@{c.mesh}")  # fmt: skip
+def test_collective_bytes_per_op_match_step_comm(case, compiled):
+    built, report = compiled[case]
+    predicted, why = predict.predicted_collectives(built, CFG, 16, 32)
+    assert why is None and predicted
+    measured = {op: t.total_bytes for op, t in report.collective_totals().items()}
+    assert set(measured) == set(predicted)
+    for op, bytes_ in predicted.items():
+        assert measured[op] == pytest.approx(bytes_, rel=predict.COMM_RTOL), op
+
+
+def test_gspmd_rows_say_why_they_are_not_predicted(compiled):
+    built, _ = compiled[CASES[1]]
+    predicted, why = predict.predicted_collectives(built, CFG, 16, 32)
+    assert predicted is None and "GSPMD" in why
+
+
+def test_remat_cuts_temporaries_below_the_unremat_step():
+    remat = meshes.remat_report(ModelConfig(n_layers=4), TrainConfig(global_batch=8, seq_len=64))
+    assert remat["temp_remat"] < remat["temp_no_remat"]
+    assert 0 < remat["seed004_sqrtL_ratio"] < 1  # sqrt(4)/4 = 0.5
+    assert remat["seed004_sqrtL_ratio"] == pytest.approx(0.5)
+
+
+@pytest.mark.smoke
+def test_bench_command_prints_both_tables_and_writes_json(tmp_path, capsys):
+    rc = cli_main(["bench", "--model", "tiny", "--strategies", "auto:dp,manual:zero3",
+                   "--steps", "1", "--global-batch", "8", "--seq-len", "16",
+                   "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "manual:zero3" in out and "collectives per step" in out and "✗" not in out
+    data = json.loads((tmp_path / "bench_meshes.json").read_text())
+    rows = {r["strategy"]: r for r in data["rows"]}
+    assert rows["zero3"]["equivalent"] and rows["zero3"]["memory_ok"] and rows["zero3"]["comm_ok"]
+    assert (tmp_path / "bench_meshes.png").stat().st_size > 10_000
+    assert "remat" in data
+
+
+def test_bench_bad_input_exits_2(capsys):
+    assert cli_main(["bench", "--strategies", "auto:nope"]) == 2
+    assert "unknown strategy" in capsys.readouterr().err
+    assert cli_main(["bench", "--meshes", "dp=3,tp=-1"]) == 2
+    assert cli_main(["bench", "--target", "tpu:v9:1x1"]) == 2
+
+
+def _aot_reason():
+    from jaxscale.analysis import aot
+
+    return aot.aot_unavailable_reason()
+
+
+@pytest.mark.skipif(_aot_reason() is not None, reason=str(_aot_reason()))
+def test_bench_target_tpu_compiles_without_running(tmp_path, capsys):
+    rc = cli_main(["bench", "--target", "tpu:v5e:2x4", "--model", "tiny", "--strategies",
+                   "manual:zero3", "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "CPU vs tpu:v5e:2x4" in out and "TPU:" in out and "Nothing ran" in out
+    data = json.loads((tmp_path / "bench_v5e:2x4.json").read_text())
+    (row,) = data["rows"]
+    assert row["memory_ok"] and row["equivalent"] is None and row["step_ms"] == []
+    assert row["optimal_seconds"] > 0
