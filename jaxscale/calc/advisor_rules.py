@@ -11,7 +11,7 @@ in `advisor_seed002.py`).
 Each returns a `RuleAdvice` with the layout exactly as the seed computes it, even where that
 layout leaves GPUs idle or has a zero degree. The seed's mistakes on a given input are listed in
 `notes`; where the seed's own code would raise, `error` says so instead of raising. `jaxscale
-advise` shows them side by side; docs/seed-notes/advisor.md explains each.
+advise` shows them side by side; docs/seed-notes.md explains each.
 """
 
 from dataclasses import dataclass
