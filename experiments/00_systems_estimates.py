@@ -10,7 +10,7 @@ Sections of shared/seeds/001_*.txt and the jaxscale command that reproduces each
   9 inference latency, serving GPUs (L1021-1275)          calc inference, calc serving
   10 RL sync vs async (L1277-1534)    calc rl throughput
 --seed-faithful passes the flag to the commands that have one (their output says which numbers
-are the seed's defects; see docs/seed-notes/). Plots go to results/00_systems_*.png.
+are the seed's defects; see docs/seed-notes.md). Plots go to results/00_systems_*.png.
 """
 
 import argparse
