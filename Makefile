@@ -10,6 +10,8 @@ EXTRAS ?= dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=
+# Two workers: the suite is dominated by XLA compiles, which run on one core each.
+WORKERS ?= 2
 
 .PHONY: install test smoke bench lint format clean
 
@@ -23,7 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
-	JAX_PLATFORMS=cpu $(PY) -m pytest -q $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) $(PYTEST_ARGS)
 
 smoke: install
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -m smoke $(PYTEST_ARGS)

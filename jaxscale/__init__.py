@@ -1,2 +1,3 @@
 """jaxscale: a JAX sharding laboratory."""
+
 __version__ = "0.1.0"

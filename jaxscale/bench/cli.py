@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=3, help="timed steps per row (after a warm-up)")
     p.add_argument("--out", default="results", help="directory for JSON and PNG")
+    p.add_argument("--remat-layers", type=int, default=8,
+                   help="layers of the model used for the remat vs sqrt(L) comparison")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     from jaxscale.bench import collectives
 
@@ -77,7 +79,7 @@ def main(args) -> int:
         return _main_aot(args, cfg, tcfg, cases, target, env)
     bar = Progress(len(cases) + 2, desc="bench")
     rows, ref_ms = meshes.run_bench(cfg, tcfg, cases, args.steps, progress=bar)
-    remat = meshes.remat_report(cfg.replace(n_layers=8), tcfg)
+    remat = meshes.remat_report(cfg.replace(n_layers=args.remat_layers), tcfg)
     bar.update(1, note="remat")
     bar.close()
     paths = report.write_outputs(rows, env, args.out, extra={"remat": remat})

@@ -62,6 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a("--seed-faithful", action="store_true",
       help="seed 002 calculator as the seed prints it (defect 6), with its table")  # fmt: skip
     a("--json", action="store_true", help="print one JSON object")
+    a("--validate", action="store_true",
+      help="scale the recommended layout down to the simulated devices, compile it, and compare "
+      "its memory and collectives with the predictions (imports jax)")  # fmt: skip
     p.set_defaults(func=lambda args: _run(args, p))
 
 
@@ -111,6 +114,16 @@ def _run(args, parser: argparse.ArgumentParser) -> int:
         print(json.dumps(report_json(report, args.top), indent=1))
     else:
         print(render(report, args.top, seed002_table=args.seed002_table or args.seed_faithful))
+    if args.validate:
+        if report.best is None:
+            parser.error("--validate: no layout fits, nothing to validate")
+        # jax only here: the advisor itself stays instant
+        from jaxscale.bench.validate_layout import validate
+
+        lay = report.best.layout
+        lines, ok = validate(lay.tp, lay.pp, lay.dp, lay.zero_stage)
+        print("\n" + "\n".join(lines))
+        return 0 if ok else 1
     return 0
 
 

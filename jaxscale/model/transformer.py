@@ -90,8 +90,15 @@ class Transformer(nnx.Module):
         )
 
 
-def forward(embed_VD, layers, final_norm_D, unembed_DV, tokens_BT, cfg, sharder=None):
-    """The whole model as a pure function of arrays. `layers` leaves have a leading L axis."""
+def forward(embed_VD, layers, final_norm_D, unembed_DV, tokens_BT, cfg, sharder=None,
+            block_fn=None, layer_hook=None):  # fmt: skip
+    """The whole model as a pure function of arrays. `layers` leaves have a leading L axis.
+
+    Hooks for the manual (shard_map) strategies: `layer_hook(layer_params)` runs inside the layer
+    loop just before a layer is used (ZeRO-3 all-gathers that layer's shards there, so only one
+    layer is ever whole); `block_fn(x, layer_params, positions, cfg)` replaces the block (tensor
+    parallelism substitutes Megatron blocks that work on local head and mlp shards).
+    """
     cdt = jnp.dtype(cfg.compute_dtype)
     # FSDP stores the table's embed dim sharded; gather it before the lookup (one all-gather),
     # leaving the vocab split (tensor) for the masked gather GSPMD knows how to partition.
@@ -101,6 +108,10 @@ def forward(embed_VD, layers, final_norm_D, unembed_DV, tokens_BT, cfg, sharder=
     positions_T = jnp.arange(tokens_BT.shape[1])
 
     def body(x_BTD, layer):
+        if layer_hook is not None:
+            layer = layer_hook(layer)
+        if block_fn is not None:
+            return block_fn(x_BTD, layer, positions_T, cfg), None
         return block(x_BTD, layer, positions_T, cfg, sharder), None
 
     if cfg.remat:  # keep only the block inputs; recompute the insides in the backward pass

@@ -270,11 +270,26 @@ def test_cli_bad_input_exits_2(argv, capsys):
     assert err.startswith("jaxscale advise: error:")
 
 
-def test_cli_has_no_validate_flag_yet(capsys):
-    # --validate needs the sharded-training measurement spine; it must not exist before that
-    with pytest.raises(SystemExit) as exc:
-        main(["advise", "--validate"])
-    assert exc.value.code == 2
+def test_validate_compiles_the_scaled_layout_and_matches_predictions(capsys):
+    # 70B on 64 GPUs recommends a TP x PP x DP layout; scaled to the 8 simulated devices it is
+    # compiled, and its memory and collectives must agree with the calculators (every row ✓)
+    assert (
+        main(["advise", "--params", "70e9", "--gpus", "64", "--gpu-mem", "80", "--validate"]) == 0
+    )
+    out = capsys.readouterr().out
+    report = out[out.index("validation on 8 simulated devices") :]
+    assert "✗" not in report and report.count("✓") >= 5
+    assert "arguments (memory_analysis)" in report
+
+
+def test_scaled_case_keeps_tensor_degree_and_folds_pipeline():
+    from jaxscale.bench.validate_layout import scaled_case
+
+    case, notes = scaled_case(tp=4, pp=2, dp=8, zero_stage=2, n_devices=8)
+    assert (case.mesh, case.stage, case.tp_mode) == ("dp=2,tp=4", 2, "megatron")
+    assert any("PP2 folded" in n for n in notes)
+    case, _ = scaled_case(tp=16, pp=1, dp=4, zero_stage=3, n_devices=8)
+    assert case.mesh == "tp=8"
 
 
 def test_advisor_imports_no_jax():
