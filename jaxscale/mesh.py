@@ -146,10 +146,3 @@ def build_mesh(spec: MeshSpec | str, devices=None):
     return jax.make_mesh(
         spec.shape, spec.names, axis_types=(AxisType.Auto,) * len(spec.axes), devices=devices
     )
-
-
-def single_device_mesh(device=None):
-    """A 1-device mesh (all axes size 1): the reference every strategy is checked against."""
-    import jax
-
-    return build_mesh(MeshSpec((("data", 1),)), devices=[device or jax.devices()[0]])

@@ -81,14 +81,6 @@ class Sharder:
         """Activation sharding constraint at a block boundary (GSPMD places the collectives)."""
         return jax.lax.with_sharding_constraint(x, self.named(logical))
 
-    def shards(self, logical: tuple[str | None, ...], dim: int) -> int:
-        """How many ways dimension `dim` of an array with these logical axes is split."""
-        entry = self.spec(logical)[dim] if dim < len(self.spec(logical)) else None
-        if entry is None:
-            return 1
-        names = entry if isinstance(entry, tuple) else (entry,)
-        return math.prod(self.mesh.shape[a] for a in names)
-
 
 def constrain(sharder: Sharder | None, x, logical: tuple[str | None, ...]):
     """`sharder.constrain` that is a no-op for the unsharded reference (sharder None)."""

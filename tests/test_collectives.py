@@ -69,7 +69,7 @@ def case(request):
     return n, dtype, root, x.reshape(n, n * 2, 3), outs
 
 
-def _same(a, b, dtype):
+def assert_same(a, b, dtype):
     if dtype == jnp.int32:
         np.testing.assert_array_equal(a, b)
     else:
@@ -79,19 +79,19 @@ def _same(a, b, dtype):
 def test_all_reduces_equal_psum(case):
     n, dtype, _, blocks, o = case
     # The built-in itself against an independent numpy sum, so the reference is not circular.
-    _same(o["psum"], np.broadcast_to(blocks.sum(0), o["psum"].shape), dtype)
-    _same(o["ring_all_reduce"], o["psum"], dtype)
-    _same(o["tree_all_reduce"], o["psum"], dtype)
-    _same(o["ring_all_reduce_odd"], o["psum_odd"], dtype)
+    assert_same(o["psum"], np.broadcast_to(blocks.sum(0), o["psum"].shape), dtype)
+    assert_same(o["ring_all_reduce"], o["psum"], dtype)
+    assert_same(o["tree_all_reduce"], o["psum"], dtype)
+    assert_same(o["ring_all_reduce_odd"], o["psum_odd"], dtype)
     if n & (n - 1) == 0:
-        _same(o["recursive_doubling"], o["psum"], dtype)
+        assert_same(o["recursive_doubling"], o["psum"], dtype)
 
 
 def test_reduce_scatter_all_gather_all_to_all_equal_builtins(case):
     _, dtype, _, blocks, o = case
-    _same(o["ring_reduce_scatter"], o["psum_scatter"], dtype)
-    _same(o["ring_all_gather"], o["all_gather"], dtype)
-    _same(o["all_to_all"], o["lax_all_to_all"], dtype)
+    assert_same(o["ring_reduce_scatter"], o["psum_scatter"], dtype)
+    assert_same(o["ring_all_gather"], o["all_gather"], dtype)
+    assert_same(o["all_to_all"], o["lax_all_to_all"], dtype)
     np.testing.assert_array_equal(o["all_gather"][0], blocks.reshape(-1, 3))
 
 
@@ -99,11 +99,11 @@ def test_rooted_collectives(case):
     n, dtype, root, blocks, o = case
     chunk = blocks.shape[1] // n
     for i in range(n):
-        _same(o["broadcast"][i], blocks[root], dtype)
-        _same(o["scatter"][i], blocks[root][i * chunk : (i + 1) * chunk], dtype)
+        assert_same(o["broadcast"][i], blocks[root], dtype)
+        assert_same(o["scatter"][i], blocks[root][i * chunk : (i + 1) * chunk], dtype)
     # gather/reduce: the root holds the all_gather / psum result, everyone else zeros
-    _same(o["gather"][root], o["all_gather"][root], dtype)
-    _same(o["reduce"][root], o["psum"][root], dtype)
+    assert_same(o["gather"][root], o["all_gather"][root], dtype)
+    assert_same(o["reduce"][root], o["psum"][root], dtype)
     others = [i for i in range(n) if i != root]
     assert not o["gather"][others].any() and not o["reduce"][others].any()
 

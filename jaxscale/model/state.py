@@ -7,7 +7,6 @@ mutating NNX object would silently drop updates).
 
 from __future__ import annotations
 
-import math
 from functools import cache
 
 import jax
@@ -42,10 +41,6 @@ def logical_axes(cfg: ModelConfig):
 def abstract_params(cfg: ModelConfig):
     """ShapeDtypeStruct tree of the parameters (exact shapes, no allocation)."""
     return jax.eval_shape(lambda: init_params(cfg, 0))
-
-
-def param_count(cfg: ModelConfig) -> int:
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params(cfg)))
 
 
 def init_params(cfg: ModelConfig, seed: int):

@@ -176,12 +176,16 @@ def attention(x_BTD, p, positions_T, cfg: ModelConfig, sharder=None):
 
 def mlp(x_BTD, p, cfg: ModelConfig, sharder=None):
     """Column-parallel up (and gate), row-parallel down: one all-reduce under tensor parallelism."""
+    h_BTF = constrain(sharder, mlp_hidden(x_BTD, p, cfg), ("batch", "seq", "act_mlp"))
+    return jnp.einsum("btf,fd->btd", h_BTF, p["w_down_FD"].astype(x_BTD.dtype))
+
+
+def mlp_hidden(x_BTD, p, cfg: ModelConfig):
+    """The MLP's activation [B, T, F]: SwiGLU silu(x W_gate) * x W_up, or GELU(x W_up). On local
+    F shards (tensor parallelism) it needs no collective: the column-parallel half."""
     cdt = x_BTD.dtype
     up_BTF = jnp.einsum("btd,df->btf", x_BTD, p["w_up_DF"].astype(cdt))
     if cfg.mlp == "swiglu":
         gate_BTF = jnp.einsum("btd,df->btf", x_BTD, p["w_gate_DF"].astype(cdt))
-        h_BTF = jax.nn.silu(gate_BTF) * up_BTF
-    else:
-        h_BTF = jax.nn.gelu(up_BTF)
-    h_BTF = constrain(sharder, h_BTF, ("batch", "seq", "act_mlp"))
-    return jnp.einsum("btf,fd->btd", h_BTF, p["w_down_FD"].astype(cdt))
+        return jax.nn.silu(gate_BTF) * up_BTF
+    return jax.nn.gelu(up_BTF)

@@ -47,9 +47,6 @@ class ManualStep:
     def shardings(self, specs):
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=_is_spec)
 
-    def put_batch(self, batch):
-        return jax.device_put(batch, NamedSharding(self.mesh, self.batch_spec))
-
 
 def data_axes(mesh) -> tuple[str, ...]:
     return tuple(a for a in DATA_AXES if a in mesh.shape)

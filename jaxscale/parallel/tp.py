@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from jaxscale.config import ModelConfig
 from jaxscale.model.state import logical_axes
-from jaxscale.model.transformer import layer_param_layout, rms_norm, rope
+from jaxscale.model.transformer import layer_param_layout, mlp_hidden, rms_norm, rope
 from jaxscale.parallel.tp_vocab import vocab_parallel_cross_entropy, vocab_parallel_embed
 from jaxscale.sharding import Sharder
 
@@ -130,12 +130,7 @@ def _attention_partial(h_BTD, p, positions_T, cfg, axis, gather_output):
 def _mlp_partial(h_BTD, p, cfg, axis, gather_output):
     """Column-parallel up (and gate), row-parallel down: this device's partial sum [B, T, D]."""
     cdt = h_BTD.dtype
-    up_BTF = jnp.einsum("btd,df->btf", h_BTD, p["w_up_DF"].astype(cdt))
-    if cfg.mlp == "swiglu":
-        gate_BTF = jnp.einsum("btd,df->btf", h_BTD, p["w_gate_DF"].astype(cdt))
-        act_BTF = jax.nn.silu(gate_BTF) * up_BTF
-    else:
-        act_BTF = jax.nn.gelu(up_BTF)
+    act_BTF = mlp_hidden(h_BTD, p, cfg)
     if gather_output:
         # one all-gather of the activation over F, then the row layer keeps its own F/t slice
         act_BTF = _own_slice(jax.lax.all_gather(act_BTF, axis, axis=2, tiled=True), axis, 2)
