@@ -129,7 +129,7 @@ def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=No
     params = optax.apply_updates(state["params"], updates)
     metrics = {
         "loss": loss,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "lr": lr_schedule(tcfg)(state["step"]),
     }
     if with_grads:
