@@ -45,7 +45,12 @@ class ManualStep:
     grad_specs: dict | None = None  # layout of the gradients the optimizer update sees
 
     def shardings(self, specs):
-        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=_is_spec)
+        return named_shardings(self.mesh, specs)
+
+
+def named_shardings(mesh, specs):
+    """NamedShardings on `mesh` for a tree of PartitionSpecs."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
 
 
 def data_axes(mesh) -> tuple[str, ...]:

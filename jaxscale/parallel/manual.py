@@ -83,8 +83,7 @@ def build(cfg: ModelConfig, tcfg: TrainConfig, mesh, *, stage: int = 0,
     sharded = jax.shard_map(body, mesh=mesh, in_specs=(state_specs, batch_spec),
                             out_specs=(state_specs, metric_specs), check_vma=True)  # fmt: skip
     name = ("dp" if stage == 0 else f"zero{stage}") + (f"+tp:{tp_mode}" if tp_mode else "")
-    built = common.ManualStep(name, mesh, state_specs, batch_spec, None, None, grad_specs)
-    shardings = built.shardings(state_specs)
+    shardings = common.named_shardings(mesh, state_specs)
 
     def init():
         params = model_state.init_params(cfg, tcfg.seed)

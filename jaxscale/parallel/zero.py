@@ -46,10 +46,7 @@ def reduce_grads(stage: int, local_grads, zero_specs, axes, n: int):
 
 def update(stage: int, tx, grads, opt_state, params, zero_specs, axes):
     """One AdamW step in the stage's layout; returns the params in their stored layout."""
-    if stage == 0:
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return jax.tree.map(jnp.add, params, updates), opt_state
-    if stage == 3:  # everything is already this device's shard
+    if stage in (0, 3):  # DP: everything whole; ZeRO-3: everything already this device's shard
         updates, opt_state = tx.update(grads, opt_state, params)
         return jax.tree.map(jnp.add, params, updates), opt_state
     # ZeRO-1/2: update only the slice this device owns, then rebuild the replicated params
