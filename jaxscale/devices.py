@@ -36,6 +36,15 @@ def peak_flops(device_kind: str) -> float | None:
     return None
 
 
+def mfu(model_flops_per_device: float, step_s: float, device_kind: str) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak; None when the
+    peak is unknown (CPU), so MFU is never reported for simulated devices."""
+    peak = peak_flops(device_kind)
+    if peak is None or not step_s > 0:
+        return None
+    return model_flops_per_device / step_s / peak
+
+
 def fake_cpu_devices_active() -> bool:
     """True when the CPU backend was asked for several simulated devices."""
     import jax

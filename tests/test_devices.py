@@ -32,3 +32,10 @@ def test_peak_flops_known_for_accelerators_and_never_guessed():
     assert devices.peak_flops("TPU v5 lite") == 197e12
     assert devices.peak_flops("NVIDIA H100 80GB HBM3") == 989.5e12
     assert devices.peak_flops("cpu") is None
+
+
+def test_mfu_is_model_flops_rate_over_peak_and_never_on_cpu():
+    # 989.5e12 peak; 494.75e12 model FLOPs in one second is half of it
+    assert devices.mfu(494.75e12, 1.0, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
+    assert devices.mfu(1e12, 1.0, "cpu") is None
+    assert devices.mfu(1e12, 0.0, "TPU v5 lite") is None

@@ -86,7 +86,10 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(rows, env, {"remat": remat})))
     else:
-        print(report.memory_table(rows, ref_ms))
+        from jaxscale.model import counts
+
+        flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len, causal=True)
+        print(report.memory_table(rows, ref_ms, report.mfu_lines(rows, flops, env["device_kind"])))
         print()
         print(report.comm_table(rows))
         print()

@@ -27,7 +27,7 @@ def _flops(r: BenchRow) -> str:
     return f"{r.report.flops / 1e9:.2f}/{r.flops_analytic_per_device / 1e9:.2f}"
 
 
-def memory_table(rows: list[BenchRow], ref_ms: float | None) -> str:
+def memory_table(rows: list[BenchRow], ref_ms: float | None, mfu_lines: list[str] = ()) -> str:
     head = (f"{'strategy':<17} {'mesh':<17} {'comp s':>6} {'params MB':>11} {'grads MB':>11} "
             f"{'adam MB':>11} {'args MB':>11} {'temp MB':>8} {'GFLOP/dev':>11} {'step ms*':>8} "
             f"{'|dloss|':>8} {'eq':>3} {'mem':>3}")  # fmt: skip
@@ -54,8 +54,24 @@ def memory_table(rows: list[BenchRow], ref_ms: float | None) -> str:
         f"mem ✓ when all four are within {predict.MEMORY_RTOL:.0%}. GFLOP/dev: cost_analysis / "
         "analytic (3 x forward matmuls).",
         f"|dloss|: largest loss difference from the 1-device reference; eq ✓ if <= {TRAJ_ATOL:g}.",
+        *mfu_lines,
     ]
     return "\n".join(lines)
+
+
+def mfu_lines(rows: list[BenchRow], model_flops_per_step: float, device_kind: str) -> list[str]:
+    """MFU per row where the device's peak FLOP/s is known (never on simulated CPU devices).
+    Model FLOPs: 3 x forward matmuls with causal attention halved (jaxscale/model/counts.py)."""
+    from jaxscale.devices import mfu
+
+    out = []
+    for r in rows:
+        if not r.step_ms or r.devices == 0:
+            continue
+        value = mfu(model_flops_per_step / r.devices, r.step_ms_median / 1e3, device_kind)
+        if value is not None:
+            out.append(f"  MFU {r.case.label} {r.case.mesh}: {value:.1%}")
+    return ["MFU (model FLOPs, causal attention halved, over peak bf16):", *out] if out else []
 
 
 def comm_table(rows: list[BenchRow]) -> str:
