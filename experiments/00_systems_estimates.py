@@ -17,8 +17,8 @@ import argparse
 import os
 
 from jaxscale.calc.advisor_rules import seed001_recommend
-from jaxscale.calc.training_format import format_table
 from jaxscale.cli import main as jaxscale_main
+from jaxscale.render import grid
 
 # (section title, command line, takes --seed-faithful, plot file name or None)
 SECTIONS = (
@@ -67,7 +67,7 @@ def parallelism_rule() -> None:
         a = seed001_recommend(n_params, gpus)
         layout = a.error or f"TP={a.tp}, PP={a.pp}, DP={a.dp}"
         rows.append([name, gpus, layout, f"ZeRO-{a.zero_stage}", a.reason or "; ".join(a.notes)])
-    print(format_table(["Model", "GPUs", "Layout", "ZeRO", "Rationale"], rows))
+    print(grid(["Model", "GPUs", "Layout", "ZeRO", "Rationale"], rows))
     print("(`jaxscale advise` compares this rule with jaxscale's memory and communication model)")
 
 

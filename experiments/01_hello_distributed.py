@@ -31,7 +31,7 @@ def main() -> int:
     maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     import jax
 
-    from jaxscale.parallel.demos import hello, line_mesh
+    from jaxscale.lessons.ranks import hello, line_mesh
 
     n, procs = jax.device_count(), jax.process_count()
     w = args.world_size or (4 if procs == 1 else n)

@@ -56,7 +56,7 @@ def main() -> int:
     import jax
     import numpy as np
 
-    from jaxscale.parallel import demos
+    from jaxscale.lessons import ranks as demos
 
     w = args.world_size
     try:

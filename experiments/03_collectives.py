@@ -17,11 +17,11 @@ from collections import Counter
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
 
-from jaxscale.parallel.demos_collectives import CHEATSHEET_OPS  # noqa: E402
+from jaxscale.lessons.collectives import CHEATSHEET_OPS  # noqa: E402
 
 
 def cheatsheet(mesh, ops, w) -> None:
-    from jaxscale.parallel import demos_collectives as DC
+    from jaxscale.lessons import collectives as DC
 
     for op in ops:
         before = DC.cheatsheet_before(op, w)
@@ -81,8 +81,8 @@ def main() -> int:
     import jax
     import numpy as np
 
-    from jaxscale.parallel import demos
-    from jaxscale.parallel import demos_collectives as DC
+    from jaxscale.lessons import collectives as DC
+    from jaxscale.lessons import ranks as demos
 
     w = args.world_size
     try:

@@ -31,8 +31,8 @@ def schedules(w: int) -> None:
     import jax.numpy as jnp
 
     from jaxscale.analysis import hlo
+    from jaxscale.lessons.ranks import line_mesh
     from jaxscale.parallel import collectives as C
-    from jaxscale.parallel.demos import line_mesh
 
     d = 4096 * w  # bytes per device, divisible by N
     print(f"ALL-REDUCE SCHEDULES on {w} devices, D = {d} B: model vs compiled HLO census")

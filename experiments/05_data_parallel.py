@@ -21,17 +21,18 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from jaxscale import strategies, verify  # noqa: E402
+from jaxscale import verify  # noqa: E402
 from jaxscale.analysis import hlo  # noqa: E402
 from jaxscale.analysis.compiled import compile_with_report  # noqa: E402
 from jaxscale.bench import predict  # noqa: E402
 from jaxscale.calc.memory import zero_stage_memories  # noqa: E402
 from jaxscale.config import ModelConfig, TrainConfig  # noqa: E402
 from jaxscale.mesh import build_mesh  # noqa: E402
-from jaxscale.parallel import dp  # noqa: E402
-from jaxscale.strategies import Case  # noqa: E402
+from jaxscale.model import pieces  # noqa: E402
+from jaxscale.parallel import common, dp  # noqa: E402
+from jaxscale.parallel.compose import Strategy, build, step_shape  # noqa: E402
 
-MB = 1 << 20
+MiB = 1 << 20
 SEED_COMM = {0: "0 / 2D / 0", 1: "0 / 2D / D", 2: "0 / D / D", 3: "2D / 2D / D"}  # L3318-3324
 WIRE = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
         "reduce-scatter": lambda n: (n - 1) / n}  # fmt: skip
@@ -47,9 +48,10 @@ def main() -> None:
 
     print("1. Manual DDP == auto DP == single device (first step, f32)")
     ref = verify.reference(cfg, tcfg)
-    for case in (Case("auto", "dp", "dp=8"), Case("manual", "dp", "dp=8")):
+    for case in (verify.Case(Strategy("dp=8")), verify.Case(Strategy.parse("manual:dp", "dp=8"))):
         r = verify.check(case, ref, cfg, tcfg)
-        print(f"   {case.label:<11} loss {ref.loss:.6f} |dloss| {r.loss_err:.1e}  grads within "
+        print(f"   {case.label:<11} loss {ref.losses[0]:.6f} |dloss| {r.loss_err:.1e}  grads "
+              f"within "
               f"{r.grad_ratio:.2f} of tolerance  10-step |dparam| {r.traj_param_err:.1e}  "
               f"{'✓' if r.passed else '✗'}")  # fmt: skip
 
@@ -59,7 +61,8 @@ def main() -> None:
     batch = jax.device_put(verify.batches(tcfg)[0], jax.NamedSharding(mesh, P("data")))
 
     def sync(p, b):
-        _, local = dp.local_grads(p, b, cfg, ("data",))
+        loss_fn = lambda p, b: pieces.loss(p, b, cfg)  # noqa: E731
+        _, local = common.accumulate(loss_fn, p, b, 1, ("data",), unreduced=True)
         mean = jax.tree.map(lambda g: jax.lax.psum(g, "data") / 8, local)  # the one all-reduce
         pick = lambda g: g["blocks"]["w_up_DF"][0, 0, 0][None]  # noqa: E731
         return pick(local), pick(mean)
@@ -80,27 +83,27 @@ def main() -> None:
     for stage, row in enumerate(zero_stage_memories(70e9, dp=8)):
         note = "  (the seed prints 210: its defect #14)" if stage == 2 else ""
         print(f"   ZeRO-{stage}: {row.total / 1e9:7.1f} GB{note}")
-    print("   this model, per device (MB measured/predicted; args from memory_analysis):")
+    print("   this model, per device (MiB layout/predicted; args from memory_analysis):")
     reports = {}
     for stage in range(4):
-        case = Case("manual", f"zero{stage}", "fsdp=8" if stage == 3 else "dp=8", stage)
-        built = strategies.build(case, cfg, tcfg)
+        name = f"manual:zero{stage}" if stage else "manual:dp"
+        built = build(Strategy.parse(name, "fsdp=8" if stage == 3 else "dp=8"), cfg, tcfg)
         with jax.set_mesh(built.mesh):
             _, reports[stage] = compile_with_report(
                 built.step, *built.abstract_args(args.batch, 32)
             )
-        m, p = predict.measured_state(built), predict.predicted_state(built, cfg)
-        args_mb = reports[stage].memory.argument / MB
-        print(f"   stage {stage}: params {m.params / MB:.3f}/{p.params / MB:.3f}  grads "
-              f"{m.grads / MB:.3f}/{p.grads / MB:.3f}  adam {m.optimizer / MB:.3f}/"
-              f"{p.optimizer / MB:.3f}  args {args_mb:.3f}")  # fmt: skip
+        m, p = predict.layout_state(built), predict.predicted_state(built, cfg)
+        args_mb = reports[stage].memory.argument / MiB
+        print(f"   stage {stage}: params {m.params / MiB:.3f}/{p.params / MiB:.3f}  grads "
+              f"{m.grads / MiB:.3f}/{p.grads / MiB:.3f}  adam {m.optimizer / MiB:.3f}/"
+              f"{p.optimizer / MiB:.3f}  args {args_mb:.3f}")  # fmt: skip
 
     print("\n4. Communication per step (census, then ring wire bytes in units of D = grad bytes)")
-    grad_bytes = predict.inventory(cfg).matrix_params * 4
+    grad_bytes = step_shape(cfg, 0).matrix_params * 4
     for stage, rep in reports.items():
         totals = rep.collective_totals()
         wire = sum(WIRE[op](8) * t.total_bytes for op, t in totals.items() if op in WIRE)
-        ops = " ".join(f"{op} {t.total_bytes / MB:.3f}MB" for op, t in totals.items())
+        ops = " ".join(f"{op} {t.total_bytes / MiB:.3f}MiB" for op, t in totals.items())
         print(
             f"   stage {stage}: {ops:<62} wire {wire / grad_bytes:.2f} D   seed: {SEED_COMM[stage]}"
         )

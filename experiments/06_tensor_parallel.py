@@ -7,7 +7,8 @@ Column/row-parallel checks (with seed 004's rank-0-only bias beside the fix), th
 the dense MLP with the same weights (the seed's check crashes: seed-spec §0.1 #2), the
 communication analysis (4,096 elements; 16.0 KB; ring 24.0 KB per GPU; 96.0 KB total) beside the
 compiled all-reduce, an indicative timing, 8H^2 scaling, and the collectives per layer of the
-compiled tp_block in each mode. tests/test_tp.py checks the whole model against one device.
+compiled tensor-parallel block in each mode. tests/test_tp.py checks the whole model against one
+device.
 No --seed-faithful: the chapter prints no wrong number (its wrong check crashes instead).
 """
 
@@ -17,7 +18,8 @@ import os
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
 
 from jaxscale.calc import training_comm as tc  # noqa: E402
-from jaxscale.calc.training_format import format_table, positive_int  # noqa: E402
+from jaxscale.cliutil import positive_int  # noqa: E402
+from jaxscale.render import grid  # noqa: E402
 
 KB = 1024  # the seed prints bytes / 1024 as "KB"
 
@@ -27,7 +29,7 @@ def banner(title: str) -> None:
 
 
 def linear_checks(mesh) -> None:
-    from jaxscale.parallel import tp_demos as D
+    from jaxscale.lessons import tensor as D
 
     for check in (D.column_parallel(mesh), D.row_parallel(mesh)):
         banner(f"{check.name.upper()}-PARALLEL LINEAR VERIFICATION")
@@ -50,7 +52,7 @@ def linear_checks(mesh) -> None:
 
 
 def mlp_and_comm(mesh, args) -> None:
-    from jaxscale.parallel import tp_demos as D
+    from jaxscale.lessons import tensor as D
 
     t, h, b, s = mesh.shape["tensor"], args.hidden_size, args.batch_size, args.seq_len
     check = D.tp_mlp(mesh, hidden=h, x_shape=(4, 8, h))  # the seed verifies on [4, 8, H]
@@ -81,7 +83,7 @@ def mlp_and_comm(mesh, args) -> None:
             ["4 per layer", f"{4 * seed_row:,.0f}", f"{4 * ring_row:,.0f}",
              f"{comm.layer_fwd_bwd_bytes_per_gpu / KB:.1f} KB"]]  # fmt: skip
     print("\nAll-reduces per transformer layer, values sent per GPU:")
-    print(format_table(["all-reduce", "seed 2bsh/T", "ring 2bsh(T-1)/T", "f32 bytes"], rows))
+    print(grid(["all-reduce", "seed 2bsh/T", "ring 2bsh(T-1)/T", "f32 bytes"], rows))
 
 
 def scaling(t: int) -> None:
@@ -91,7 +93,7 @@ def scaling(t: int) -> None:
     for tp in sorted({1, 8, t}):
         n = tc.mlp_params_per_gpu(4096, tp)
         rows.append([4096, tp, f"{n:,.0f}", f"{n * 4 / 1e6:.1f}", seed_text.get(tp, "")])
-    print(format_table(["H", "T", "params per GPU", "MB FP32", "seed prints"], rows))
+    print(grid(["H", "T", "params per GPU", "MB FP32", "seed prints"], rows))
     print("  (16,777,216 rounds to 16.8M; the seed's 16.7M truncates)")
 
 
@@ -103,8 +105,8 @@ SEED_SAYS = {
 
 
 def layer_census(mesh, args) -> None:
+    from jaxscale.lessons import tensor as D
     from jaxscale.parallel import tp
-    from jaxscale.parallel import tp_demos as D
 
     h, b, s, t = args.hidden_size, args.batch_size, args.seq_len, mesh.shape["tensor"]
     cfg, rows = D.census_model(h, s), []
@@ -112,9 +114,9 @@ def layer_census(mesh, args) -> None:
         counts = [D.layer_census(cfg, mesh, mode, g, batch=b, seq=s) for g in (False, True)]
         cells = [" + ".join(f"{n} {op}" for op, n in sorted(c.items())) for c in counts]
         rows.append([mode, *cells, SEED_SAYS[mode]])
-    banner("COLLECTIVES PER TRANSFORMER LAYER (compiled tp_block)")
+    banner("COLLECTIVES PER TRANSFORMER LAYER (compiled tensor-parallel block)")
     print(f"  [B={b}, T={s}, D={h}] activations, 8 heads, F={4 * h}, tensor-parallel size {t}")
-    print(format_table(["mode", "forward", "forward+backward", "seed"], rows))
+    print(grid(["mode", "forward", "forward+backward", "seed"], rows))
 
 
 def main() -> None:
@@ -128,7 +130,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.warmup < 0:
         ap.error(f"--warmup must be >= 0, got {args.warmup}")
-    from jaxscale.parallel import tp_demos
+    from jaxscale.lessons import tensor as tp_demos
 
     try:  # every size the sections split, checked before anything runs
         tp_demos.check_demo_sizes(args.tp_size, args.hidden_size, args.seq_len)

@@ -13,28 +13,27 @@ Plots: results/07_pipeline_gantt.png, results/07_bubble_vs_microbatches.png.
 import argparse
 import os
 
-from jaxscale.calc.training_format import format_table
+from jaxscale.render import Col, table
 from jaxscale.sim import pipeline as pp
 from jaxscale.sim import plots
 
-MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # shared/seeds/002 L5619
+
+def _peaks(peaks) -> str:
+    return " ".join(f"{x:g}" for x in peaks)
+
+
+SUMMARY_COLS = [Col("name", "schedule"), Col("makespan", "makespan", "g"),
+                Col("bubble_s2", "bubble (idle/total)", ".2%"),
+                Col("bubble_s4", "bubble (idle/ideal)", ".2%"),
+                Col("peak_activations", "peak act/stage", _peaks)]  # fmt: skip
 
 
 def summary(results) -> str:
-    return format_table(
-        ["schedule", "makespan", "bubble (idle/total)", "bubble (idle/ideal)", "peak act/stage"],
-        [
-            [
-                r.config.schedule
-                + (f" v={r.config.virtual_stages}" if r.config.virtual_stages > 1 else ""),
-                f"{r.makespan:g}",
-                f"{r.bubble_s2:.2%}",
-                f"{r.bubble_s4:.2%}",
-                " ".join(f"{x:g}" for x in r.peak_activations),
-            ]
-            for r in results
-        ],
-    )
+    return table(SUMMARY_COLS, [
+        {"name": r.config.schedule
+         + (f" v={r.config.virtual_stages}" if r.config.virtual_stages > 1 else ""),
+         "makespan": r.makespan, "bubble_s2": r.bubble_s2, "bubble_s4": r.bubble_s4,
+         "peak_activations": r.peak_activations} for r in results])  # fmt: skip
 
 
 def schedules(p: int, m: int, v: int, t_b: float) -> list:
@@ -42,23 +41,6 @@ def schedules(p: int, m: int, v: int, t_b: float) -> list:
     if m % p == 0:
         out.append(pp.simulate(pp.PipelineConfig(p, m, "interleaved", 1.0, t_b, v)))
     return out
-
-
-def bubble_rows(p: int, v: int) -> list[dict]:
-    rows = []
-    for m in MICROBATCHES:
-        inter = pp.PipelineConfig(p, m, "interleaved", virtual_stages=v)
-        rows.append(
-            {
-                "microbatches": m,
-                "bubble_s2": pp.bubble_fraction(p, m, "s2"),
-                "bubble_s4": pp.bubble_fraction(p, m, "s4"),
-                "efficiency_s4": pp.pipeline_efficiency(p, m, "s4"),
-                "simulated_1f1b": pp.simulate(pp.PipelineConfig(p, m, "1f1b")).bubble_s2,
-                "simulated_interleaved": pp.simulate(inter).bubble_s2 if m % p == 0 else None,
-            }
-        )
-    return rows
 
 
 def main() -> None:
@@ -82,48 +64,18 @@ def main() -> None:
     )
     print(summary(schedules(p, m, v, args.backward_ratio)))
 
-    rows = bubble_rows(p, v)
+    rows = pp.bubble_table(p, virtual_stages=v)
     print(f"\n== bubble vs microbatches, P={p} (seed 002 L5603-5627; seed 004 L722-744) ==")
-    print(
-        format_table(
-            [
-                "M",
-                "(P-1)/(M+P-1)",
-                "simulated 1F1B",
-                f"interleaved v={v}",
-                "(P-1)/M",
-                "seed 004 efficiency",
-            ],
-            [
-                [
-                    r["microbatches"],
-                    f"{r['bubble_s2']:.1%}",
-                    f"{r['simulated_1f1b']:.1%}",
-                    "-"
-                    if r["simulated_interleaved"] is None
-                    else f"{r['simulated_interleaved']:.1%}",
-                    f"{r['bubble_s4']:.1%}",
-                    f"{r['efficiency_s4']:.1%}",
-                ]
-                for r in rows
-            ],
-        )
-    )
+    print(table([Col("microbatches", "M"), Col("bubble_s2", "(P-1)/(M+P-1)", ".1%"),
+                 Col("simulated_1f1b_bubble", "simulated 1F1B", ".1%"),
+                 Col("simulated_interleaved_bubble", f"interleaved v={v}", ".1%"),
+                 Col("bubble_s4", "(P-1)/M", ".1%"),
+                 Col("efficiency_s4", "seed 004 efficiency", ".1%")], rows))  # fmt: skip
 
     print(f"\n== peak activations, stage 0 (microbatches held), P={p} ==")
-    print(
-        format_table(
-            ["M", "GPipe", "1F1B"],
-            [
-                [
-                    mb,
-                    f"{pp.simulate(pp.PipelineConfig(p, mb, 'gpipe')).peak_activations[0]:g}",
-                    f"{pp.simulate(pp.PipelineConfig(p, mb, '1f1b')).peak_activations[0]:g}",
-                ]
-                for mb in (4, 8, 16, 32)
-            ],
-        )
-    )
+    peaks = [{"M": mb} | {s: pp.simulate(pp.PipelineConfig(p, mb, s)).peak_activations[0]
+                          for s in ("gpipe", "1f1b")} for mb in (4, 8, 16, 32)]  # fmt: skip
+    print(table([Col("M", "M"), Col("gpipe", "GPipe", "g"), Col("1f1b", "1F1B", "g")], peaks))
 
     os.makedirs(args.out, exist_ok=True)
     gantt = plots.pipeline(equal, os.path.join(args.out, "07_pipeline_gantt.png"))

@@ -15,9 +15,10 @@ import argparse
 import os
 
 from jaxscale.calc import kv, prefix
-from jaxscale.calc.gpus import GPUS, get_gpu
-from jaxscale.calc.serving_plots import plot_kv_capacity
+from jaxscale.calc.cli_serving_common import GPUS
 from jaxscale.cli import main as jaxscale_main
+from jaxscale.hardware import get_device
+from jaxscale.render import figure, fmt_bytes
 
 PROSE_OVERHEAD_GB_PER_GPU = 2.5  # "CUDA kernels, etc. ~20 GB" on 8 GPUs (L6995)
 PLOT_CONTEXTS = [1024 * 2**i for i in range(8)]  # 1K .. 128K
@@ -43,8 +44,9 @@ def exercises(gpu_memory_gb: float) -> None:
     for model in kv.MODELS.values():
         c = kv.kv_capacity(model, gpu_memory_gb, 8192)
         if c.fits:
+            per_request = fmt_bytes(c.kv_per_request_gib * kv.GIB, binary=True, digits=2)
             print(
-                f"  {model.name:<13} {kv.format_binary(c.kv_per_request_gib * kv.GIB):>10} per "
+                f"  {model.name:<13} {per_request:>10} per "
                 f"request -> {c.max_requests:>3} (unpaged {c.requests_without_paging}, "
                 f"paged {c.requests_with_paging})"
             )
@@ -60,6 +62,7 @@ def exercises(gpu_memory_gb: float) -> None:
 
 
 def plot(gpu_memory_gb: float, out: str) -> str:
+    """Concurrent 70B requests against context length on one 8-GPU node (log-log)."""
     model = kv.get_model("llama-70b")
     caps = [kv.kv_capacity(model, gpu_memory_gb, c, kv.SEED_NODE_GPUS) for c in PLOT_CONTEXTS]
     series = {
@@ -68,8 +71,15 @@ def plot(gpu_memory_gb: float, out: str) -> str:
         "pre-allocated (50%)": [c.requests_without_paging for c in caps],
     }
     path = os.path.join(out, "09_kv_capacity.png")
-    title = f"LLaMA-70B on {kv.SEED_NODE_GPUS} x {gpu_memory_gb:g} GB: concurrent requests"
-    plot_kv_capacity(path, PLOT_CONTEXTS, series, title)
+    with figure(path, figsize=(8, 5)) as (_, ax):
+        for label, values in series.items():
+            ax.plot(PLOT_CONTEXTS, values, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        title = f"LLaMA-70B on {kv.SEED_NODE_GPUS} x {gpu_memory_gb:g} GB: concurrent requests"
+        ax.set(xlabel="Context length (tokens)", ylabel="Concurrent requests", title=title)
+        ax.legend()
+        ax.grid(True, alpha=0.3, which="both")
     return path
 
 
@@ -84,7 +94,7 @@ def main() -> None:
     section("KV cache calculator (jaxscale calc kv)")
     if jaxscale_main(["calc", "kv", "--gpu", args.gpu, *faithful]) != 0:
         raise SystemExit(2)
-    gpu_memory_gb = get_gpu(args.gpu).memory_gb
+    gpu_memory_gb = get_device(args.gpu).memory_gb
     prose_budget(gpu_memory_gb)
     section("Prefix sharing (jaxscale calc prefix)")
     jaxscale_main(["calc", "prefix"])

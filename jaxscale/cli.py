@@ -41,8 +41,9 @@ _OPTIONAL_COMMAND_MODULES = (
     "jaxscale.bench.cli",  # bench [meshes|collectives]
     "jaxscale.verify_cli",  # verify
     "jaxscale.sim.cli",  # simulate …
-    "jaxscale.calc.advise_cli",  # advise
+    "jaxscale.advise_cli",  # advise
     "jaxscale.launch",  # launch -n N -- …
+    "jaxscale.lessons.hello",  # hello
 )
 
 

@@ -85,6 +85,7 @@ class TrainConfig:
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     weight_decay: float = 0.1  # AdamW, not applied to norm scales
+    optimizer: str = "adamw"  # "adamw" (no decay on norm scales) or "sgd" (plain, no momentum)
     b1: float = 0.9
     b2: float = 0.95
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
@@ -104,6 +105,8 @@ class TrainConfig:
             )
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
         for name in ("warmup_steps", "eval_every", "ckpt_every", "grad_clip", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")

@@ -10,35 +10,12 @@ import json
 import os
 import platform
 
-# Dense bf16 peak FLOP/s per device, by jax `device_kind`, for MFU. None (unknown) on CPU.
-PEAK_BF16_FLOPS = {
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5": 459e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "NVIDIA A100-SXM4-40GB": 312e12,
-    "NVIDIA A100-SXM4-80GB": 312e12,
-    "NVIDIA H100 80GB HBM3": 989.5e12,
-    "NVIDIA H100": 989.5e12,
-    "NVIDIA H200": 989.5e12,
-}
-
-
-def peak_flops(device_kind: str) -> float | None:
-    """Peak bf16 FLOP/s for a device kind, or None when unknown (never guessed)."""
-    if device_kind in PEAK_BF16_FLOPS:
-        return PEAK_BF16_FLOPS[device_kind]
-    for kind, flops in PEAK_BF16_FLOPS.items():
-        if device_kind.startswith(kind):
-            return flops
-    return None
+from jaxscale.hardware import peak_flops
 
 
 def mfu(model_flops_per_device: float, step_s: float, device_kind: str) -> float | None:
-    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak; None when the
-    peak is unknown (CPU), so MFU is never reported for simulated devices."""
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak (jaxscale/hardware.py);
+    None when the peak is unknown (CPU), so MFU is never reported for simulated devices."""
     peak = peak_flops(device_kind)
     if peak is None or not step_s > 0:
         return None

@@ -4,9 +4,9 @@ device kind. MFU (jaxscale/devices.py), the serving and RL calculators and the a
 Pure Python (no jax), so the calculators stay instant. Figures are the vendors' datasheets for
 dense (not sparse) bf16 matmuls with f32 accumulation; `link_gb_s` is one direction of one
 device's fast interconnect (NVLink for the SXM GPUs, one ICI link for TPUs), None where the part
-has none (a PCIe card). Where a seed quotes a rounded figure (seed 001's H100 "990 TFLOPS", seed
-002's "989"), the table keeps the datasheet's and docs/seed-notes.md says so; a calculator that
-reproduces a seed's table takes the seed's figure as an explicit input, not from here.
+has none (a PCIe card). Where a seed quotes a rounded figure (seed 001's H100 "990 TFLOPS"), the
+table keeps the datasheet's and docs/seed-notes.md says so; a calculator that reproduces a
+seed's table takes the seed's figure as an explicit, named input, not from here.
 """
 
 from __future__ import annotations

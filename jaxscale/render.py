@@ -24,7 +24,7 @@ from typing import Any
 # --- units ------------------------------------------------------------------------------------
 
 _DECIMAL = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"))
-_BINARY = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+_BINARY = ((1 << 50, "PiB"), (1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 
 
 def fmt_bytes(n: float, *, binary: bool = False, digits: int = 1) -> str:

@@ -19,6 +19,11 @@ Which rules apply is decided by which axes the mesh has:
 
 A mesh axis is used at most once per array (the first logical dim that claims it wins), and an
 axis absent from the mesh is simply skipped, so one table serves every mesh.
+
+The manual (shard_map) strategies store their parameters by the same table with one rule
+changed: ZERO_RULES shards every leaf's `embed` dimension over all data-like axes at once (what
+ZeRO shards: optimizer state; + gradients; + parameters), REPLICATED_RULES keeps parameters whole
+on every data shard (DP). The pipeline and expert axes get their rules with their strategies.
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ RULES: dict[str, tuple[str, ...]] = {
     "act_mlp": ("tensor",),
     "act_vocab": ("tensor",),
 }
+
+
+DATA_AXES = ("data", "fsdp")  # every data-like axis splits the batch; ZeRO shards over them
+ZERO_RULES = tuple({**RULES, "embed": DATA_AXES}.items())
+REPLICATED_RULES = tuple({**RULES, "embed": ()}.items())
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import sys
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "verify", help="check every strategy (auto and manual) on every mesh against the "
-        "single-device reference: loss, gradients, 10-step trajectory",
+        "single-device reference: loss, gradients, 10-step trajectory (losses, gradient "
+        "norms, parameters)",
     )  # fmt: skip
     p.add_argument("--only", default="", help="run only cases whose label or mesh contains this")
     p.add_argument("--json", action="store_true")
@@ -21,12 +22,12 @@ def main(args) -> int:
     from jaxscale import verify
     from jaxscale.progress import Progress
 
-    cases = [c for c in verify.all_cases() if args.only in f"{c.label} {c.mesh}"]
+    cases = [c for c in verify.CASES if args.only in f"{c.label} {c.mesh}"]
     if not cases:
         print(f"jaxscale verify: error: no case matches {args.only!r}", file=sys.stderr)
         return 2
     bar = Progress(len(cases), desc="verify", enabled=not args.json)
-    results = verify.run(cases, progress=bar)
+    results = verify.run_cases(cases, progress=bar)
     bar.close()
     if args.json:
         print(json.dumps(verify.as_json(results)))

@@ -5,28 +5,27 @@ import json
 import jax
 import pytest
 
-from jaxscale import strategies
+from jaxscale import verify
 from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.bench import meshes, predict
 from jaxscale.cli import main as cli_main
 from jaxscale.config import ModelConfig, TrainConfig
-from jaxscale.strategies import Case
+from jaxscale.parallel.compose import Strategy, build, step_shape
+from jaxscale.tolerances import COMM_RTOL, MEMORY_RTOL
 
 CFG = ModelConfig(n_heads=8, n_kv_heads=8, unroll_layers=True)
 TCFG = TrainConfig(global_batch=16, seq_len=32)
-CASES = [
-    Case("auto", "dp", "dp=8"), Case("auto", "fsdp", "fsdp=8"),
-    Case("manual", "zero1", "dp=4,fsdp=2", 1), Case("manual", "zero2", "dp=8", 2),
-    Case("manual", "tp_sp", "tp=8", 0, "sequence"),
-    Case("manual", "zero3+tp", "fsdp=4,tp=2", 3, "megatron"),
-]  # fmt: skip
+PICK = ("auto:dp@dp=8", "auto:fsdp@fsdp=8", "manual:zero1@dp=4,fsdp=2", "manual:zero2@dp=8",
+        "manual:tp_sp@tp=8", "manual:zero3+tp@fsdp=4,tp=2")  # fmt: skip
+CASES = [c for c in verify.CASES if f"{c.label}@{c.mesh}" in PICK]  # verify's one list
+assert len(CASES) == len(PICK)
 
 
 @pytest.fixture(scope="module")
 def compiled():
     out = {}
     for case in CASES:
-        built = strategies.build(case, CFG, TCFG)
+        built = build(case.strategy, CFG, TCFG)
         with jax.set_mesh(built.mesh):
             out[case] = (built, compile_with_report(built.step, *built.abstract_args(16, 32))[1])
     return out
@@ -35,42 +34,42 @@ def compiled():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.label}@{c.mesh}")
 def test_state_and_argument_bytes_match_the_zero_calculator(case, compiled):
     built, report = compiled[case]
-    measured, predicted = predict.measured_state(built), predict.predicted_state(built, CFG)
-    for m, p in ((measured.params, predicted.params), (measured.grads, predicted.grads)):
-        assert m == pytest.approx(p, rel=predict.MEMORY_RTOL)
-    assert measured.optimizer == pytest.approx(predicted.optimizer, rel=predict.MEMORY_RTOL)
-    batch = 16 * 33 * 4 / built.group_sizes[0]
+    layout, predicted = predict.layout_state(built), predict.predicted_state(built, CFG)
+    for m, p in ((layout.params, predicted.params), (layout.grads, predicted.grads)):
+        assert m == pytest.approx(p, rel=MEMORY_RTOL)
+    assert layout.optimizer == pytest.approx(predicted.optimizer, rel=MEMORY_RTOL)
+    batch = 16 * 33 * 4 / built.data_ways
     assert report.memory.argument == pytest.approx(
-        predicted.params + predicted.optimizer + batch, rel=predict.MEMORY_RTOL
+        predicted.params + predicted.optimizer + batch, rel=MEMORY_RTOL
     )
 
 
 def test_zero3_on_8_devices_holds_one_eighth_of_replicated(compiled):
     (dp, dp_report), (z3, z3_report) = compiled[CASES[0]], compiled[CASES[1]]  # auto fsdp=8
-    full = predict.measured_state(dp).total
-    norms = predict.inventory(CFG).norm_params * 4 * 4  # params, grads, m, v of the norm scales
+    full = predict.layout_state(dp).total
+    norms = step_shape(CFG, 0).norm_params * 4 * 4  # params, grads, m, v of the norm scales
     opt_leaves = jax.tree.leaves(z3.abstract_state["opt_state"])
     counters = sum(x.dtype.itemsize for x in opt_leaves if x.ndim == 0)  # optax's step counts
     replicated = norms + counters
-    assert predict.measured_state(z3).total == pytest.approx((full - replicated) / 8 + replicated)
+    assert predict.layout_state(z3).total == pytest.approx((full - replicated) / 8 + replicated)
     assert z3_report.memory.argument < dp_report.memory.argument / 7
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.path == "manual" or c.strategy == "dp"],
+@pytest.mark.parametrize("case", [c for c in CASES if c.label != "auto:fsdp"],
                          ids=lambda c: f"{c.label}@{c.mesh}")  # fmt: skip
-def test_collective_bytes_per_op_match_step_comm(case, compiled):
+def test_collective_bytes_per_op_match_the_axes_predictions(case, compiled):
     built, report = compiled[case]
-    predicted, why = predict.predicted_collectives(built, CFG, 16, 32)
+    predicted, why = built.predict_comm(CFG, 16, 32)
     assert why is None and predicted
     measured = {op: t.total_bytes for op, t in report.collective_totals().items()}
     assert set(measured) == set(predicted)
     for op, bytes_ in predicted.items():
-        assert measured[op] == pytest.approx(bytes_, rel=predict.COMM_RTOL), op
+        assert measured[op] == pytest.approx(bytes_, rel=COMM_RTOL), op
 
 
 def test_gspmd_rows_say_why_they_are_not_predicted(compiled):
     built, _ = compiled[CASES[1]]
-    predicted, why = predict.predicted_collectives(built, CFG, 16, 32)
+    predicted, why = built.predict_comm(CFG, 16, 32)
     assert predicted is None and "GSPMD" in why
 
 
@@ -90,10 +89,27 @@ def test_bench_command_prints_both_tables_and_writes_json(tmp_path, capsys):
     assert rc == 0
     assert "manual:zero3" in out and "collectives per step" in out and "✗" not in out
     data = json.loads((tmp_path / "bench_meshes.json").read_text())
-    rows = {r["strategy"]: r for r in data["rows"]}
-    assert rows["zero3"]["equivalent"] and rows["zero3"]["memory_ok"] and rows["zero3"]["comm_ok"]
+    rows = {r["label"]: r for r in data["rows"]}
+    zero3 = rows["manual:zero3"]
+    assert zero3["equivalent"] and zero3["memory_ok"] and zero3["comm_ok"]
+    # the trajectory had real updates: the parameters moved, yet stayed within the tolerance
+    assert 0 < zero3["equivalence"]["traj_param_err"] <= 1e-4
     assert (tmp_path / "bench_meshes.png").stat().st_size > 10_000
     assert "remat" in data
+
+
+def test_bench_equivalence_catches_a_gradient_scale_bug():
+    """The bench's eq column is verify's harness without the first-step gradient: DP with the
+    extra pmean (gradients 8x the mean) trains almost alike under Adam and clipping, but its
+    pre-clip gradient norms give it away."""
+    cfg, tcfg = ModelConfig(n_layers=1, unroll_layers=True), TCFG.replace(warmup_steps=0)
+    ref, _ = meshes.reference(cfg, tcfg)
+    good = verify.Case(Strategy.parse("manual:dp", "dp=8"))
+    bad = verify.Case(Strategy("dp=8", "manual", dp_form="extra_pmean"))
+    assert meshes.bench_case(good, cfg, tcfg, 1, ref).equivalent
+    row = meshes.bench_case(bad, cfg, tcfg, 1, ref)
+    assert row.equivalent is False and not row.result.traj_ok
+    assert row.result.traj_norm_err == pytest.approx(7.0, rel=1e-3)  # 8x the norm: error 7
 
 
 def test_bench_bad_input_exits_2(capsys):

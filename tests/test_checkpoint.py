@@ -5,22 +5,21 @@ import numpy as np
 import pytest
 
 from jaxscale.config import ModelConfig, TrainConfig
-from jaxscale.mesh import build_mesh
-from jaxscale.sharding import Sharder
+from jaxscale.parallel.compose import Strategy, build
+from jaxscale.tolerances import ATOL, RTOL, TRAJ_ATOL
 from jaxscale.train import checkpoint, data
-from jaxscale.train import step as st
 from jaxscale.train.loop import RunSetup, train
 
-RTOL, ATOL = 1e-5, 1e-6
 CFG = ModelConfig(n_layers=1)
 N = 3
 TCFG = TrainConfig(steps=2 * N, global_batch=8, seq_len=16, warmup_steps=1, eval_every=0)
 
 
-def _run(mesh, stop_after, ckpt_dir=None, resume=False):
+def _run(mesh, stop_after, ckpt_dir=None, resume=False, strategy="auto"):
     """A 2N-step run (its LR schedule spans 2N steps) that stops after `stop_after` steps."""
-    setup = RunSetup(mesh=mesh, dataset="markov", ckpt_dir=ckpt_dir, resume=resume,
-                     progress=False, sample_tokens=0, stop_after=stop_after)  # fmt: skip
+    setup = RunSetup(mesh=mesh, strategy=strategy, dataset="markov", ckpt_dir=ckpt_dir,
+                     resume=resume, progress=False, sample_tokens=0,
+                     stop_after=stop_after)  # fmt: skip
     return train(CFG, TCFG, setup)
 
 
@@ -44,19 +43,18 @@ def test_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, uninterrupted
         np.testing.assert_array_equal(a, b)
 
 
-def _restore(ckpt_dir, mesh_spec, cfg=CFG):
-    sharder = Sharder(build_mesh(mesh_spec))
+def _restore(ckpt_dir, mesh_spec, cfg=CFG, strategy="auto"):
+    built = build(Strategy.parse(strategy, mesh_spec), cfg, TCFG)
     meta = checkpoint.meta_record(cfg, TCFG, mesh_spec)
-    abstract = jax.eval_shape(lambda: st.init_state(cfg, TCFG))
-    with jax.set_mesh(sharder.mesh):
-        shardings = st.state_shardings(cfg, TCFG, sharder)
-        return checkpoint.restore(ckpt_dir, shardings, abstract, meta)[0], sharder
+    with jax.set_mesh(built.mesh):
+        state = checkpoint.restore(ckpt_dir, built.state_shardings, built.abstract_state, meta)
+        return state[0], built
 
 
 @pytest.mark.smoke
 def test_checkpoint_from_one_mesh_restores_under_another(tmp_path):
     saved = _run("dp=8", N, ckpt_dir=tmp_path).state
-    state, sharder = _restore(tmp_path, "fsdp=2,tp=4")
+    state, built = _restore(tmp_path, "fsdp=2,tp=4")
     # the restored arrays carry the new mesh's layout ...
     wq = state["params"]["blocks"]["wq_DHK"]
     assert wq.sharding.spec == jax.P(None, "fsdp", "tensor", None)
@@ -64,11 +62,22 @@ def test_checkpoint_from_one_mesh_restores_under_another(tmp_path):
     for a, b in zip(jax.tree.leaves(_host(state)), jax.tree.leaves(_host(saved)), strict=True):
         np.testing.assert_array_equal(a, b)
     batch = data.MarkovData().rows(0, 99, range(8), 16)
-    loss_old = st.jit_eval_loss(CFG)(_host(saved["params"]), batch)
-    with jax.set_mesh(sharder.mesh):
-        sharded_batch = jax.device_put(batch, st.batch_sharding(sharder))
-        loss_new = st.jit_eval_loss(CFG, sharder)(state["params"], sharded_batch)
+    loss_old = build(Strategy("dp=8"), CFG, TCFG).loss(_host(saved["params"]), batch)
+    with jax.set_mesh(built.mesh):
+        loss_new = built.loss(state["params"], built.put(batch))
     np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=RTOL, atol=ATOL)
+
+
+def test_manual_strategy_checkpoint_resumes_under_the_auto_path(tmp_path, uninterrupted):
+    """Auto and manual states share one structure: ZeRO-3 + TP saves, auto DP x TP resumes, and
+    the run ends where the uninterrupted auto DP run ends (to the trajectory tolerance: the
+    strategies sum in different orders)."""
+    _run("fsdp=4,tp=2", N, ckpt_dir=tmp_path, strategy="manual:zero3+tp")
+    resumed = _run("dp=2,tp=4", 2 * N, ckpt_dir=tmp_path, resume=True)
+    assert resumed.resumed_from == N
+    for a, b in zip(jax.tree.leaves(_host(resumed.state)), jax.tree.leaves(uninterrupted),
+                    strict=True):  # fmt: skip
+        np.testing.assert_allclose(a, b, rtol=0, atol=TRAJ_ATOL)
 
 
 def _snapshot(directory):

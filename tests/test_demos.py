@@ -5,8 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxscale.parallel import demos as D
-from jaxscale.parallel import demos_collectives as DC
+from jaxscale.lessons import collectives as DC
+from jaxscale.lessons import ranks as D
 
 ATOL = 1e-5  # float32 reductions in a different order
 

@@ -31,7 +31,9 @@ def test_doctor_json_reports_the_simulated_devices(capsys):
 def test_peak_flops_known_for_accelerators_and_never_guessed():
     assert devices.peak_flops("TPU v5 lite") == 197e12
     assert devices.peak_flops("NVIDIA H100 80GB HBM3") == 989.5e12
-    assert devices.peak_flops("cpu") is None
+    assert devices.peak_flops("TPU v5p") == 459e12  # not taken for a v5 lite
+    assert devices.peak_flops("NVIDIA GeForce RTX 4090") == 165.2e12
+    assert devices.peak_flops("cpu") is None and devices.peak_flops("NVIDIA V100") is None
 
 
 def test_mfu_is_model_flops_rate_over_peak_and_never_on_cpu():

@@ -13,10 +13,9 @@ import pytest
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
 from jaxscale.sharding import Sharder
+from jaxscale.tolerances import ATOL, RTOL
 from jaxscale.train import data
 from jaxscale.train import step as st
-
-RTOL, ATOL = 1e-5, 1e-6  # loss and gradients, f32 (DESIGN §5)
 
 CFG = ModelConfig()
 TCFG = TrainConfig(steps=10, global_batch=16, seq_len=32, warmup_steps=2, lr=1e-3)

@@ -13,7 +13,7 @@ import pytest
 
 from jaxscale import launch
 from jaxscale.cli import main as cli_main
-from jaxscale.parallel import demos
+from jaxscale.lessons import ranks as demos
 
 LAUNCH_TIMEOUT_S = 120  # generous on a loaded 2-core machine; a hang fails the test, not CI
 

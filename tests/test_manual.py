@@ -10,13 +10,19 @@ from jaxscale.analysis import hlo
 from jaxscale.analysis.hlo_text import parse_hlo
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
-from jaxscale.parallel import common, dp, manual
+from jaxscale.model import pieces
+from jaxscale.parallel import common, dp
+from jaxscale.parallel.compose import Strategy, build
+from jaxscale.tolerances import ATOL, RTOL
 from jaxscale.train import data
 from jaxscale.train import step as st
 
-RTOL, ATOL = 1e-5, 1e-6
 CFG = ModelConfig(n_layers=1)
 N = 8
+
+
+def local_loss(params, batch_BT1):
+    return pieces.loss(params, batch_BT1, CFG)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +35,7 @@ def setup():
 
 
 def _dp(mesh, variant):
-    f = jax.shard_map(lambda p, b: dp.dp_loss_and_grads(p, b, CFG, ("data",), variant),
+    f = jax.shard_map(lambda p, b: dp.dp_loss_and_grads(local_loss, p, b, ("data",), variant),
                       mesh=mesh, in_specs=(P(), P("data")), out_specs=P())  # fmt: skip
     return jax.jit(f)
 
@@ -66,14 +72,14 @@ def test_gradient_accumulation_reduces_once_per_step_not_per_microbatch(setup):
     smallest_leaf = min(x.size for x in jax.tree.leaves(params)) * 4
 
     def ours(p, b):  # local accumulation, then one psum
-        loss, g = dp.local_grads(p, b, CFG, ("data",), grad_accum=2)
+        loss, g = common.accumulate(local_loss, p, b, 2, ("data",), unreduced=True)
         return jax.lax.pmean(loss, "data"), jax.tree.map(lambda x: jax.lax.psum(x, "data"), g)
 
     def naive(p, b):  # autodiff on replicated params reduces inside every microbatch
         micro = b.reshape(1, 2, -1).swapaxes(0, 1)
 
         def body(acc, mb):
-            loss, g = jax.value_and_grad(common.local_loss)(p, mb, CFG)
+            loss, g = jax.value_and_grad(local_loss)(p, mb)
             return jax.tree.map(jnp.add, acc, (loss, g)), None
 
         zero = (jax.lax.pcast(jnp.zeros(()), "data", to="varying"), jax.tree.map(jnp.zeros_like, p))
@@ -128,7 +134,6 @@ def test_zero_stages_hold_what_they_promise():
     from jaxscale.analysis.memory import bytes_per_device
 
     tcfg = TrainConfig(global_batch=16, seq_len=16)
-    mesh = build_mesh(f"dp={N}")
     abstract = jax.eval_shape(lambda: st.init_state(CFG, tcfg))
     P_bytes = sum(x.size for x in jax.tree.leaves(abstract["params"])) * 4
     norms = sum(v.size for k, v in abstract["params"]["blocks"].items() if k.endswith("norm_D"))
@@ -142,8 +147,9 @@ def test_zero_stages_hold_what_they_promise():
         (2, P_bytes, 2 * (sharded / N + norms)),
         (3, sharded / N + norms, 2 * (sharded / N + norms)),
     ):
-        built = manual.build(CFG, tcfg, mesh, stage=stage)
-        sh = built.shardings(built.state_specs)
+        name = f"manual:zero{stage}" if stage else "manual:dp"
+        built = build(Strategy.parse(name, f"dp={N}"), CFG, tcfg)
+        sh = built.state_shardings
         got_params = bytes_per_device(abstract["params"], sh["params"])
         got_opt = bytes_per_device(abstract["opt_state"], sh["opt_state"])
         assert got_params == pytest.approx(params_expected), stage

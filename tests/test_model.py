@@ -10,14 +10,11 @@ import numpy as np
 import pytest
 
 from jaxscale.config import MODEL_PRESETS, ModelConfig
-from jaxscale.model import counts
+from jaxscale.model import counts, pieces
 from jaxscale.model import state as ms
 from jaxscale.sharding import RULES
+from jaxscale.tolerances import ATOL, BF16_LOSS_RTOL, FLOPS_RTOL, RTOL
 from jaxscale.train import step as st
-
-RTOL, ATOL = 1e-5, 1e-6  # f32 equivalence tolerance (DESIGN §5)
-FLOPS_TOL = 0.05  # analytic vs compiled forward FLOPs
-BF16_BAND = 0.05  # |loss_bf16 - loss_f32| / loss_f32 for the tiny model
 
 
 @pytest.mark.parametrize(
@@ -73,10 +70,10 @@ def test_forward_flops_match_compiled_cost_analysis():
     B, T = 2, 128
     params = jax.eval_shape(lambda: ms.init_params(cfg, 0))
     tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    compiled = jax.jit(lambda p, t: ms.apply(cfg, p, t)).lower(params, tokens).compile()
+    compiled = jax.jit(lambda p, t: pieces.logits(p, t, cfg)).lower(params, tokens).compile()
     measured = compiled.cost_analysis()["flops"]
     predicted = counts.forward_flops(cfg, B, T)
-    assert abs(measured - predicted) / predicted < FLOPS_TOL, (measured, predicted)
+    assert abs(measured - predicted) / predicted < FLOPS_RTOL, (measured, predicted)
 
 
 def test_causal_prefix_is_unaffected_by_later_tokens():
@@ -84,7 +81,7 @@ def test_causal_prefix_is_unaffected_by_later_tokens():
     params = _params(cfg)
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab)
     changed = tokens.at[:, 10:].set((tokens[:, 10:] + 7) % cfg.vocab)
-    fwd = jax.jit(lambda p, t: ms.apply(cfg, p, t))
+    fwd = jax.jit(lambda p, t: pieces.logits(p, t, cfg))
     a, b = fwd(params, tokens), fwd(params, changed)
     np.testing.assert_array_equal(np.asarray(a[:, :10]), np.asarray(b[:, :10]))
     assert not np.allclose(np.asarray(a[:, 10:]), np.asarray(b[:, 10:]))
@@ -101,8 +98,8 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     for name in ("wk_DGK", "wv_DGK"):
         p_mha["blocks"][name] = jnp.repeat(p["blocks"][name], R, axis=2)
     tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, gqa.vocab)
-    gqa_out = jax.jit(lambda p, t: ms.apply(gqa, p, t))(p, tokens)
-    mha_out = jax.jit(lambda p, t: ms.apply(mha, p, t))(p_mha, tokens)
+    gqa_out = jax.jit(lambda p, t: pieces.logits(p, t, gqa))(p, tokens)
+    mha_out = jax.jit(lambda p, t: pieces.logits(p, t, mha))(p_mha, tokens)
     chex.assert_trees_all_close(gqa_out, mha_out, rtol=RTOL, atol=ATOL)
 
 
@@ -115,7 +112,10 @@ def test_module_call_equals_functional_apply():
     model = Transformer(cfg, rngs=nnx.Rngs(params=0))
     tokens = jnp.arange(24).reshape(2, 12) % cfg.vocab
     chex.assert_trees_all_close(
-        model(tokens), ms.apply(cfg, nnx.to_pure_dict(nnx.state(model)), tokens), rtol=0, atol=0
+        model(tokens),
+        pieces.logits(nnx.to_pure_dict(nnx.state(model)), tokens, cfg),
+        rtol=0,
+        atol=0,
     )
 
 
@@ -141,6 +141,6 @@ def test_bf16_compute_within_band_of_f32():
     batch = jax.random.randint(jax.random.key(4), (4, 17), 0, cfg.vocab)
     loss32, _ = _loss_grads(cfg, batch)
     loss16, grads16 = _loss_grads(cfg.replace(compute_dtype="bfloat16"), batch)
-    assert abs(float(loss16) - float(loss32)) / float(loss32) < BF16_BAND
+    assert abs(float(loss16) - float(loss32)) / float(loss32) < BF16_LOSS_RTOL
     # parameters (and so their gradients) stay in the f32 param dtype
     assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads16))

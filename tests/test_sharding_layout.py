@@ -14,11 +14,11 @@ from jaxscale.analysis.memory import bytes_per_device
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
 from jaxscale.sharding import Sharder
+from jaxscale.tolerances import MEMORY_RTOL
 from jaxscale.train import step as st
 
 CFG = ModelConfig()
 TCFG = TrainConfig(global_batch=16, seq_len=32)
-LAYOUT_RTOL = 0.02  # argument bytes vs the layout's prediction
 
 
 def _state_bytes(spec):
@@ -57,4 +57,4 @@ def test_compiled_argument_bytes_match_the_layout():
     with jax.set_mesh(sharder.mesh):
         _, report = compile_with_report(st.jit_train_step(CFG, TCFG, sharder), *args)
     batch_bytes = 16 * 33 * 4 // 8
-    assert report.memory.argument == pytest.approx(state_bytes + batch_bytes, rel=LAYOUT_RTOL)
+    assert report.memory.argument == pytest.approx(state_bytes + batch_bytes, rel=MEMORY_RTOL)

@@ -1,10 +1,11 @@
 """Manual tensor parallelism (jaxscale/parallel/tp.py) equals the single-device reference.
 
 For each mesh and each mode (megatron, sequence, gather_output) the loss and every gradient leaf
-of `tp_loss` under shard_map match `jaxscale.train.step.loss_and_grads` on one device (DESIGN §5).
-The vocab-parallel pieces are checked against jnp.take and the reference cross-entropy, the
-ZeRO-3 hooks are exercised with an fsdp axis, a block with a dropped all-reduce is shown to be
-caught, and bad layouts fail with errors that name the dimension.
+of the composed manual strategy (the model's pieces with tp.py's substitutes, under shard_map)
+match `jaxscale.train.step.loss_and_grads` on one device (DESIGN §5). The vocab-parallel pieces
+are checked against jnp.take and a float64 cross-entropy, ZeRO-3's gathers with an fsdp axis, a
+block with a wrong or dropped all-reduce is shown to be caught, and bad layouts fail with errors
+that name the dimension.
 """
 
 import chex
@@ -13,19 +14,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxscale.config import ModelConfig
+from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
-from jaxscale.model import state
-from jaxscale.model.transformer import rms_norm
+from jaxscale.model import pieces, state
 from jaxscale.parallel import tp
+from jaxscale.parallel.compose import Strategy, build
 from jaxscale.parallel.tp_vocab import vocab_parallel_cross_entropy, vocab_parallel_embed
+from jaxscale.tolerances import ATOL, BF16_SAME_ATOL, BF16_SAME_RTOL, RTOL
 from jaxscale.train import step as st
 
-RTOL, ATOL = 1e-5, 1e-6  # f32 loss and gradients (DESIGN §5), never loosened
-# bf16 compute: 8 mantissa bits (eps 2^-8 = 3.9e-3 relative), and TP sums the partial products in
-# a different order than one device does
-BF16_RTOL, BF16_ATOL = 1e-2, 1e-3
 B, T = 8, 16  # batch rows and sequence length; T divides every tensor size (sequence mode)
+TCFG = TrainConfig(global_batch=B, seq_len=T)
+NAMES = {"megatron": "tp", "sequence": "tp_sp", "gather_output": "tp_gather"}
 
 # (mesh, config): tensor=8 needs 8 kv heads; tied embeddings, GELU and remat each appear once.
 CASES = {
@@ -56,12 +56,18 @@ def _reference(cfg):
     return _REFERENCE[cfg]
 
 
+def _tp_grads(cfg, mesh: str, mode="megatron", data="dp"):
+    data_part = f"{data}+" if mesh.startswith(("dp", "fsdp")) else ""
+    strategy = Strategy.parse(f"manual:{data_part}{NAMES[mode]}", mesh)
+    return build(strategy, cfg, TCFG).loss_and_grads
+
+
 @pytest.mark.parametrize("mode", tp.MODES)
 @pytest.mark.parametrize("spec", list(CASES))
 def test_loss_and_every_gradient_match_reference(spec, mode):
     cfg = CASES[spec]
     params, batch, ref = _reference(cfg)
-    loss, grads = tp.make_tp_loss(cfg, build_mesh(spec), mode=mode)(params, batch)
+    loss, grads = _tp_grads(cfg, spec, mode)(params, batch)
     assert_equivalent((loss, grads), ref)
     # the tied model really has no separate unembedding: one table serves both ends
     assert ("unembed_DV" in grads) != cfg.tied_embeddings
@@ -71,66 +77,46 @@ def test_bf16_compute_stays_within_its_band_of_the_bf16_reference():
     f32_cfg = CASES["dp=2,tp=4"]  # its f32 reference is already computed
     cfg = f32_cfg.replace(compute_dtype="bfloat16")
     params, batch, ref = _reference(cfg)
-    got = tp.make_tp_loss(cfg, build_mesh("dp=2,tp=4"))(params, batch)
+    got = _tp_grads(cfg, "dp=2,tp=4")(params, batch)
     chex.assert_trees_all_close(
-        jax.device_get(got), jax.device_get(ref), rtol=BF16_RTOL, atol=BF16_ATOL
+        jax.device_get(got), jax.device_get(ref), rtol=BF16_SAME_RTOL, atol=BF16_SAME_ATOL
     )
     # and bf16 really is in use: the f32 model is further away than the f32 tolerance
     f32 = _reference(f32_cfg)[2]
     assert abs(float(got[0]) - float(f32[0])) > ATOL + RTOL * abs(float(f32[0]))
 
 
-def _gather_embed_over_fsdp(tree, logical):
-    """A ZeRO-3 hook: all-gather over fsdp the dimension each leaf stores split (its `embed`)."""
-    out = {}
-    for name, x in tree.items():
-        names = logical[name]
-        if "embed" in names:  # one all-gather over 'fsdp' per split leaf
-            x = jax.lax.all_gather(x, "fsdp", axis=names.index("embed"), tiled=True)
-        out[name] = x
-    return out
-
-
-def test_zero3_hooks_gather_fsdp_splits_inside_the_layer_scan():
+def test_zero3_gathers_fsdp_splits_inside_the_layer_scan():
     cfg = CASES["dp=2,tp=4"]
     params, batch, ref = _reference(cfg)
-    logical = state.logical_axes(cfg)
-    layer_logical = {k: names[1:] for k, names in logical["blocks"].items()}  # drop `layers`
-    calls = []
-
-    def layer_hook(layer):
-        calls.append("layer")
-        return _gather_embed_over_fsdp(layer, layer_logical)
-
-    def top_hook(top):
-        calls.append("top")
-        return _gather_embed_over_fsdp(top, logical)
-
-    mesh = build_mesh("fsdp=2,tp=4")
-    f = tp.make_tp_loss(cfg, mesh, layer_hook=layer_hook, top_hook=top_hook)
-    loss, grads = f(params, batch)
+    built = build(Strategy.parse("manual:zero3+tp", "fsdp=2,tp=4"), cfg, TCFG)
+    loss, grads = built.loss_and_grads(params, batch)
     assert_equivalent((loss, grads), ref)
-    assert calls.count("top") == 1 and calls.count("layer") >= 1  # the hooks really ran
     # the gradients come back in the ZeRO-3 layout: embed dims split over fsdp
-    zero3_wq = jax.NamedSharding(mesh, jax.P(None, "fsdp", "tensor", None))
+    zero3_wq = jax.NamedSharding(built.mesh, jax.P(None, "fsdp", "tensor", None))
     assert grads["blocks"]["wq_DHK"].sharding.is_equivalent_to(zero3_wq, 4)
-    # without the hooks the fsdp-split leaves have the wrong local shape: a clear error
-    with pytest.raises(ValueError, match="local shape"):
-        tp.make_tp_loss(cfg, mesh)(params, batch)
 
 
-def _block_with_mlp_reduction(reduce):
-    """A Megatron block whose MLP partial sums go through `reduce` instead of psum."""
+def _pieces_with_mlp_reduction(reduce):
+    """Megatron pieces whose MLP partial sums go through `reduce` instead of psum."""
+    real = tp.pieces
 
-    def block(x_BTD, layer, positions_T, cfg, *, axis="tensor", mode="megatron"):
-        h_BTD = jax.lax.pcast(rms_norm(x_BTD, layer["attn_norm_D"], cfg.norm_eps), axis,
-                              to="varying")  # fmt: skip
-        attn_BTD = tp._attention_partial(h_BTD, layer, positions_T, cfg, axis, False)
-        x_BTD = x_BTD + jax.lax.psum(attn_BTD, axis)
-        h_BTD = rms_norm(x_BTD, layer["mlp_norm_D"], cfg.norm_eps)
-        return x_BTD + reduce(tp._mlp_partial(h_BTD, layer, cfg, axis, False), axis)
+    def patched(pc, cfg, mode="megatron", axis="tensor"):
+        pc = real(pc, cfg, mode, axis)
 
-    return block
+        def mlp(h_BTD, p, cfg, pc_):
+            # the attention keeps its psum (pc.leave); the MLP's output goes through `reduce`
+            return reduce(pieces.mlp(h_BTD, p, cfg, pc_), axis)
+
+        def block(x_BTD, p, positions_T, cfg, pc_):
+            h_BTD = pc_.enter(pieces.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps))
+            x_BTD = x_BTD + pc_.leave(pieces.attention(h_BTD, p, positions_T, cfg, pc_))
+            h_BTD = pc_.enter(pieces.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps))
+            return x_BTD + mlp(h_BTD, p, cfg, pc_)
+
+        return pc.replace(block=block)
+
+    return patched
 
 
 def test_a_wrong_or_missing_mlp_all_reduce_is_caught(monkeypatch):
@@ -139,15 +125,14 @@ def test_a_wrong_or_missing_mlp_all_reduce_is_caught(monkeypatch):
     dropping the all-reduce leaves a device-varying residual, which check_vma rejects at trace."""
     cfg = CASES["dp=2,tp=4"]
     params, batch, ref = _reference(cfg)
-    mesh = build_mesh("dp=2,tp=4")
-    monkeypatch.setattr(tp, "tp_block", _block_with_mlp_reduction(jax.lax.pmean))
-    loss, grads = tp.make_tp_loss(cfg, mesh)(params, batch)
+    monkeypatch.setattr(tp, "pieces", _pieces_with_mlp_reduction(jax.lax.pmean))
+    loss, grads = _tp_grads(cfg, "dp=2,tp=4")(params, batch)
     assert np.isfinite(float(loss))
     with pytest.raises(AssertionError):
         assert_equivalent((loss, grads), ref)
-    monkeypatch.setattr(tp, "tp_block", _block_with_mlp_reduction(lambda y, axis: y))
+    monkeypatch.setattr(tp, "pieces", _pieces_with_mlp_reduction(lambda y, axis: y))
     with pytest.raises(TypeError, match="scan"):
-        tp.make_tp_loss(cfg, mesh)(params, batch)
+        _tp_grads(cfg, "dp=2,tp=4")(params, batch)
 
 
 def test_vocab_parallel_embedding_and_cross_entropy_match_the_full_vocab():
@@ -179,7 +164,7 @@ def test_vocab_parallel_embedding_and_cross_entropy_match_the_full_vocab():
         out_specs=jax.P(),
     )
     got = jax.jit(jax.value_and_grad(xent))(logits_BTV, tokens_BT)
-    want = jax.value_and_grad(st.cross_entropy)(logits_BTV, tokens_BT)
+    want = jax.value_and_grad(pieces.cross_entropy)(logits_BTV, tokens_BT)
     assert_equivalent(got, want)
     # and an independent float64 closed form: mean over rows of log sum exp(z) - z[target]
     z = np.asarray(logits_BTV, np.float64)
@@ -208,22 +193,6 @@ def test_bad_layouts_name_what_does_not_divide(cfg, tp_size, mode, seq_len, name
 def test_heads_not_dividing_the_mesh_fail_before_anything_runs():
     cfg = ModelConfig()  # 4 kv heads cannot split 8 ways
     with pytest.raises(ValueError, match="kv_heads"):
-        tp.make_tp_loss(cfg, build_mesh("tp=8"))
-    with pytest.raises(ValueError, match="no tensor axis"):
-        tp.make_tp_loss(cfg, build_mesh("dp=8"))
-
-
-def test_tp_loss_rejects_params_that_are_not_local_shards():
-    """Whole (replicated) params passed where shards are expected: the local-shape check."""
-    cfg = ModelConfig(n_kv_heads=8)
-    params, batch = state.init_params(cfg, 0), _batch(cfg)
-    f = jax.shard_map(
-        lambda p, b: tp.tp_loss(p, b, cfg),
-        mesh=build_mesh("tp=8"),
-        in_specs=(jax.P(), jax.P()),
-        out_specs=jax.P(),
-    )
-    with pytest.raises(
-        ValueError, match=r"embed_VD has local shape \(256, 64\), expected \(32, 64\)"
-    ):
-        jax.jit(f)(params, batch)
+        build(Strategy.parse("manual:tp", "tp=8"), cfg, TCFG)
+    with pytest.raises(ValueError, match="needs a tensor axis"):
+        build(Strategy.parse("manual:tp", "dp=8"), cfg, TCFG)

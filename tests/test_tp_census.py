@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxscale.analysis import hlo
-from jaxscale.config import ModelConfig
-from jaxscale.mesh import build_mesh
+from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.model import state
-from jaxscale.parallel import tp
+from jaxscale.parallel.compose import Strategy, build
 
 F32 = 4  # bytes per element
 DATA, TENSOR = 2, 4
@@ -48,9 +47,11 @@ def census(mode: str, grads: bool) -> Counter:
     """Counter of (op, bytes per device) over `tensor` for the compiled step; cached per case."""
     key = (mode, grads)
     if key not in _CENSUS:
-        mesh = build_mesh(f"dp={DATA},tp={TENSOR}")
+        name = {"megatron": "tp", "sequence": "tp_sp", "gather_output": "tp_gather"}[mode]
+        strategy = Strategy.parse(f"manual:dp+{name}", f"dp={DATA},tp={TENSOR}")
+        built = build(strategy, CFG, TrainConfig(global_batch=B, seq_len=T))
         batch = jax.ShapeDtypeStruct((B, T + 1), jnp.int32)
-        f = tp.make_tp_loss(CFG, mesh, mode=mode, grads=grads)
+        f = built.loss_and_grads if grads else built.loss
         found = hlo.normalize(
             hlo.collectives_of(f.lower(state.abstract_params(CFG), batch).compile())
         )

@@ -1,6 +1,6 @@
 """The equivalence matrix (jaxscale/verify.py): every strategy, auto and manual, on every
-meaningful mesh, against the single-device reference -- and the same check catching a broken
-strategy."""
+meaningful mesh, against the single-device reference -- and each of its three checks (first-step
+loss, first-step gradients, trajectory) failing for a strategy broken in just that respect."""
 
 import json
 
@@ -8,22 +8,25 @@ import pytest
 
 from jaxscale import verify
 from jaxscale.cli import main as cli_main
+from jaxscale.parallel import zero
+from jaxscale.parallel.compose import Strategy
 
-SMOKE = {("auto", "dp_fsdp_tp", "dp=2,fsdp=2,tp=2"), ("manual", "zero3", "fsdp=8")}
+SMOKE = {"auto:dp_fsdp_tp@dp=2,fsdp=2,tp=2", "manual:zero3@fsdp=8"}
+REFS: dict = {}  # one single-device reference per training variant, shared by the module
 
 
-@pytest.fixture(scope="module")
-def ref():
-    return verify.reference()
+def _id(case):
+    return f"{case.label}@{case.mesh}"
 
 
 def _param(case):
-    marks = [pytest.mark.smoke] if (case.path, case.strategy, case.mesh) in SMOKE else []
-    return pytest.param(case, id=f"{case.label}@{case.mesh}", marks=marks)
+    marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
+    return pytest.param(case, id=_id(case), marks=marks)
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in verify.all_cases()])
-def test_strategy_matches_single_device_reference(case, ref):
+@pytest.mark.parametrize("case", [_param(c) for c in verify.CASES])
+def test_strategy_matches_single_device_reference(case):
+    ref = verify.reference_for(case, REFS)
     result = verify.check(case, ref)
     assert result.error is None, result.error
     assert result.passed, verify.format_matrix([result])
@@ -31,21 +34,70 @@ def test_strategy_matches_single_device_reference(case, ref):
     assert ref.losses[-1] < ref.losses[0] - 0.5
 
 
+def _manual_dp(**kw) -> verify.Case:
+    return verify.Case(Strategy("dp=8", "manual", **kw))
+
+
 @pytest.mark.smoke
-def test_extra_pmean_bug_is_caught_and_is_n_times_too_large(ref):
+def test_gradient_check_catches_the_extra_pmean():
     """check_vma: grads of replicated params are already summed; pmean-ing them again (pmap
-    habit) leaves them 8x the mean. The same check that passes every strategy fails this one."""
-    broken = verify.Case("manual", "dp", "dp=8", dp_variant="extra_pmean")
-    result = verify.check(broken, ref)
-    assert not result.passed
+    habit) leaves them 8x the mean. The loss is right; the gradients are not."""
+    case = _manual_dp(dp_form="extra_pmean")
+    result = verify.check(case, verify.reference_for(case, REFS))
+    assert result.loss_ok and result.grads_ok is False and not result.passed
     assert result.grad_ratio > 1.0
     # the correct forms pass: "explicit" is the matrix's manual:dp case, and tests/test_manual.py
-    # checks both correct variants and the bug's exact factor N directly
+    # checks both correct forms and the bug's exact factor N directly
+
+
+def test_loss_check_catches_a_summed_instead_of_averaged_loss(monkeypatch):
+    """The logged loss psum'd over the 8 data shards instead of averaged: gradients and
+    training are right, the first-step loss (and the loss trajectory) is 8x."""
+    real = zero.loss_and_grads
+
+    def summed(*args, **kw):
+        loss, grads = real(*args, **kw)
+        return loss * kw["n"], grads  # = psum of the shards' mean losses
+
+    monkeypatch.setattr(zero, "loss_and_grads", summed)
+    case = verify.Case(Strategy.parse("manual:zero1", "dp=8"))
+    result = verify.check(case, verify.reference_for(case, REFS))
+    assert result.loss_ok is False and result.grads_ok and not result.passed
+
+
+def test_trajectory_check_catches_an_update_that_is_never_applied(monkeypatch):
+    """ZeRO-1 computing its update but returning the old parameters: the first step's loss and
+    gradients are right (they come before the update); only the trajectory can tell."""
+    real = zero.update
+
+    def lost(stage, tx, grads, opt_state, params, specs, axes):
+        _, opt_state = real(stage, tx, grads, opt_state, params, specs, axes)
+        return params, opt_state
+
+    monkeypatch.setattr(zero, "update", lost)
+    case = verify.Case(Strategy.parse("manual:zero1", "dp=8"))
+    result = verify.check(case, verify.reference_for(case, REFS))
+    assert result.loss_ok and result.grads_ok and result.traj_ok is False
+    assert not result.passed
+
+
+def test_bad_strategies_are_refused_with_a_message():
+    for strategy, fragment in (
+        (Strategy.parse("manual:zero3", "fsdp=4,tp=2"), "tp=2 is unused by manual:zero3"),
+        (Strategy.parse("manual:zero2+tp", "tp=8"), "shards over the data axes"),
+        (Strategy("pp=2,dp=4"), "pp=2 needs a pipeline schedule"),
+        (Strategy("ep=2,dp=4"), "ep=2 needs a mixture-of-experts"),
+    ):
+        result = verify.check(verify.Case(strategy), verify.reference_for(verify.CASES[0], REFS))
+        assert result.error and fragment in result.error, result.error
+    with pytest.raises(ValueError, match="unknown part 'zero9'"):
+        Strategy.parse("manual:zero9", "dp=8")
 
 
 def test_verify_cli_prints_the_matrix(capsys):
     assert cli_main(["verify", "--only", "auto:fsdp@"]) == 2  # nothing matches: clear error
     assert "no case matches" in capsys.readouterr().err
-    assert cli_main(["verify", "--only", "zero1 dp=8", "--json"]) == 0
+    assert cli_main(["verify", "--only", "manual:zero1 dp=8", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["strategy"], row["mesh"], row["stage"], row["passed"]) == ("zero1", "dp=8", 1, True)
+    assert row["loss_ok"] and row["grads_ok"] and row["traj_ok"]

@@ -52,7 +52,9 @@ def main(args) -> int:
 
     try:
         cfg = MODEL_PRESETS[args.model]
-        tcfg = TrainConfig(global_batch=args.global_batch, seq_len=args.seq_len, steps=100)
+        # no warmup: the trajectory compared with the reference has real updates from step 0
+        tcfg = TrainConfig(global_batch=args.global_batch, seq_len=args.seq_len, steps=100,
+                           warmup_steps=0, lr=1e-3)  # fmt: skip
         names = [s.strip() for s in args.strategies.split(",") if s.strip()]
         extra = [m.strip() for m in args.meshes.split(";") if m.strip()]
         if args.seq_len > cfg.max_seq:

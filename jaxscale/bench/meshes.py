@@ -1,10 +1,11 @@
 """`make bench`: every strategy x mesh compiled, measured, predicted and checked.
 
-Per row: compile seconds; per-device params / gradients / Adam state measured (the real layout)
+Per row: compile seconds; per-device params / gradients / Adam state from the strategy's layout
 vs predicted (the ZeRO calculator); argument bytes from memory_analysis vs the prediction; FLOPs
 per device from cost_analysis beside the analytic count; collective bytes per op from the census
-vs calc/step_comm; a short trajectory compared with the single-device reference; and a median
-step time -- indicative only on simulated CPU devices, which share the host's cores.
+vs the axis modules' predictions; a short trajectory with real updates compared with the
+single-device reference by verify's harness (losses, pre-clip gradient norms, final parameters);
+and a median step time -- indicative only on simulated CPU devices, which share the host's cores.
 
 With `target` set to a TPU topology the same programs are compiled for abstract TPU devices
 (libtpu) and nothing runs: no step time, no equivalence, but the TPU compiler's memory,
@@ -22,44 +23,32 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
-from jaxscale import strategies
+from jaxscale import verify
 from jaxscale.analysis.compiled import CompiledReport, compile_with_report
 from jaxscale.bench import predict
-from jaxscale.calc import step_comm
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import parse_mesh
 from jaxscale.model import counts
-from jaxscale.strategies import Case
-from jaxscale.train import data
+from jaxscale.parallel.compose import Strategy, build
+from jaxscale.tolerances import MEMORY_RTOL
 from jaxscale.train import step as train_step
 
-TRAJ_STEPS = 2  # steps compared with the reference before timing
-TRAJ_ATOL = 1e-4  # loss trajectory tolerance (DESIGN §5, f32)
-
-DEFAULT_CASES = (
-    Case("auto", "dp", "dp=8"), Case("auto", "fsdp", "fsdp=8"), Case("auto", "tp", "tp=8"),
-    Case("auto", "dp_tp", "dp=2,tp=4"), Case("auto", "fsdp_tp", "fsdp=4,tp=2"),
-    Case("auto", "dp_fsdp_tp", "dp=2,fsdp=2,tp=2"),
-    Case("manual", "dp", "dp=8"), Case("manual", "zero1", "dp=8", 1),
-    Case("manual", "zero2", "dp=8", 2), Case("manual", "zero3", "fsdp=8", 3),
-    Case("manual", "tp", "tp=8", 0, "megatron"), Case("manual", "tp_sp", "tp=8", 0, "sequence"),
-    Case("manual", "zero3+tp", "fsdp=4,tp=2", 3, "megatron"),
-)  # fmt: skip
+TRAJ_STEPS = 3  # steps compared with the reference before timing (warmup 0: real updates)
 
 
 @dataclass
 class BenchRow:
-    case: Case
+    case: verify.Case
     devices: int
     report: CompiledReport | None  # None when the strategy could not be built (see error)
+    label: str = ""
     flops_analytic_per_device: float = 0.0
-    state_measured: predict.StateBytes | None = None
+    state_layout: predict.StateBytes | None = None
     state_predicted: predict.StateBytes | None = None
     args_predicted: float = 0.0
     comm_predicted: dict | None = None
     comm_why_not: str | None = None
-    losses: list[float] = field(default_factory=list)
-    max_loss_diff: float | None = None  # None: nothing was run (AOT target)
+    result: verify.Result | None = None  # None: nothing was run (AOT target)
     step_ms: list[float] = field(default_factory=list)
     error: str | None = None
     args_padded: float | None = None  # TPU: argument bytes after padding to memory tiles
@@ -69,7 +58,7 @@ class BenchRow:
     def equivalent(self) -> bool | None:
         if self.error is not None:
             return False
-        return None if self.max_loss_diff is None else self.max_loss_diff <= TRAJ_ATOL
+        return None if self.result is None else self.result.passed
 
     @property
     def args_measured(self) -> float:
@@ -80,15 +69,15 @@ class BenchRow:
 
     @property
     def memory_ok(self) -> bool:
-        m, p = self.state_measured, self.state_predicted
+        m, p = self.state_layout, self.state_predicted
         pairs = [(m.params, p.params), (m.grads, p.grads), (m.optimizer, p.optimizer),
                  (self.args_measured, self.args_predicted)]  # fmt: skip
-        return all(abs(a - b) <= predict.MEMORY_RTOL * b for a, b in pairs)
+        return all(abs(a - b) <= MEMORY_RTOL * b for a, b in pairs)
 
     @property
     def comm(self) -> dict[str, tuple]:
         measured = {op: t.total_bytes for op, t in self.report.collective_totals().items()}
-        return step_comm.compare(measured, self.comm_predicted or {}, predict.COMM_RTOL)
+        return predict.compare_comm(measured, self.comm_predicted or {})
 
     @property
     def comm_ok(self) -> bool | None:
@@ -99,31 +88,39 @@ class BenchRow:
         return statistics.median(self.step_ms) if self.step_ms else float("nan")
 
 
-def resolve_cases(names: list[str], extra_meshes: list[str], n_devices: int) -> list[Case]:
+DEFAULT_CASES = tuple(c for c in verify.CASES if c.bench)
+
+
+def resolve_cases(names: list[str], extra_meshes: list[str], n_devices: int) -> list[verify.Case]:
     """Cases by label ('auto:dp', 'manual:zero3', or a bare strategy name = every path that has
-    it), plus auto-path cases on custom meshes."""
+    it): the bench's rows first, else every f32 case of verify's list; plus auto-path cases on
+    custom meshes."""
+    plain = [c for c in verify.CASES if c.label == c.strategy.label()]  # f32, no accum, AdamW
     out = []
     for name in names:
-        hits = [c for c in DEFAULT_CASES if name in (c.label, c.strategy)]
+
+        def hit(c, name=name):
+            return name in (c.label, c.label.split(":")[1])
+
+        hits = [c for c in DEFAULT_CASES if hit(c)] or [c for c in plain if hit(c)]
         if not hits:
-            known = ", ".join(sorted({c.label for c in DEFAULT_CASES}))
+            known = ", ".join(sorted({c.label for c in plain}))
             raise ValueError(f"unknown strategy {name!r}; known: {known}")
         out.extend(hits)
     for spec in extra_meshes:
         # resolved here so a bad spec is a named error before anything compiles
-        out.append(Case("auto", "custom", str(parse_mesh(spec).resolve(n_devices))))
+        out.append(verify.Case(Strategy(str(parse_mesh(spec).resolve(n_devices)))))
     return out
 
 
-def bench_case(case: Case, cfg: ModelConfig, tcfg: TrainConfig, timed_steps: int,
-               reference_losses, devices=None, target=None, execute=True) -> BenchRow:  # fmt: skip
+def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_steps: int,
+               reference, devices=None, target=None, execute=True) -> BenchRow:  # fmt: skip
     n_dev = len(devices) if devices is not None else jax.device_count()
     try:
-        built = strategies.build(case, cfg, tcfg, devices=devices)
-        predicted_comm, why = predict.predicted_collectives(built, cfg, tcfg.global_batch,
-                                                            tcfg.seq_len)  # fmt: skip
+        built = build(case.strategy, cfg, tcfg, devices=devices)
+        comm, why = built.predict_comm(cfg, tcfg.global_batch, tcfg.seq_len)
     except ValueError as e:  # e.g. heads that do not divide over this tensor degree
-        return BenchRow(case, n_dev, None, error=str(e).splitlines()[0])
+        return BenchRow(case, n_dev, None, case.label, error=str(e).splitlines()[0])
     args = built.abstract_args(tcfg.global_batch, tcfg.seq_len)
     if target is not None:
         from jaxscale.analysis import aot
@@ -134,15 +131,13 @@ def bench_case(case: Case, cfg: ModelConfig, tcfg: TrainConfig, timed_steps: int
         with jax.set_mesh(built.mesh):
             compiled, report = compile_with_report(built.step, *args)
     state_pred = predict.predicted_state(built, cfg)
-    batch_bytes = tcfg.global_batch * (tcfg.seq_len + 1) * 4 / built.group_sizes[0]
+    flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len) / n_dev
     row = BenchRow(
-        case, n_dev, report,
-        flops_analytic_per_device=counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len)
-        / n_dev,
-        state_measured=predict.measured_state(built),
-        state_predicted=state_pred,
-        args_predicted=state_pred.params + state_pred.optimizer + batch_bytes,
-        comm_predicted=predicted_comm, comm_why_not=why,
+        case, n_dev, report, built.label, flops_analytic_per_device=flops,
+        state_layout=predict.layout_state(built), state_predicted=state_pred,
+        args_predicted=state_pred.params + state_pred.optimizer
+        + predict.batch_bytes(built, tcfg.global_batch, tcfg.seq_len),
+        comm_predicted=comm, comm_why_not=why,
     )  # fmt: skip
     if target is not None:
         row.args_padded, row.args_logical = entry.padded, entry.logical
@@ -150,42 +145,40 @@ def bench_case(case: Case, cfg: ModelConfig, tcfg: TrainConfig, timed_steps: int
         row.comm_why_not = ("TPU compiler: weights gathered in bf16 (default matmul precision), "
                             "re-gathered for the backward; see the CPU vs TPU table")  # fmt: skip
     if target is None and execute:
-        _run(row, built, compiled, tcfg, timed_steps, reference_losses)
+        got = verify.run_built(built, tcfg, TRAJ_STEPS, step=compiled)
+        row.result = verify.compare(case, got, reference, built.label)
+        _time(row, built, compiled, tcfg, timed_steps)
     return row
 
 
-def _run(row: BenchRow, built, compiled, tcfg, timed_steps: int, reference_losses) -> None:
-    dataset = data.MarkovData()
+def _time(row: BenchRow, built, compiled, tcfg, timed_steps: int) -> None:
+    """Median of `timed_steps` steps after the trajectory (which warmed the program up)."""
+    batch = built.put(verify.batches(tcfg, 1)[0])
     with jax.set_mesh(built.mesh):
         state = built.init()
-        for s in range(TRAJ_STEPS + timed_steps):
-            batch = built.put(dataset.rows(tcfg.seed, s, range(tcfg.global_batch), tcfg.seq_len))
+        for _ in range(timed_steps + 1):
             t0 = time.perf_counter()
             state, metrics = compiled(state, batch)
-            loss = float(jax.block_until_ready(metrics["loss"]))
-            if s < TRAJ_STEPS:
-                row.losses.append(loss)
-            else:
-                row.step_ms.append(1e3 * (time.perf_counter() - t0))
-    row.max_loss_diff = float(np.max(np.abs(np.subtract(row.losses, reference_losses))))
+            jax.block_until_ready(metrics["loss"])
+            row.step_ms.append(1e3 * (time.perf_counter() - t0))
+    row.step_ms = row.step_ms[1:]  # the first call after init pays the transfers
 
 
-def reference_losses(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[list[float], float]:
+def reference(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[verify.Trajectory, float]:
     """The single-device reference trajectory, and its median step ms (run, not compiled for)."""
-    dataset = data.MarkovData()
-    state = train_step.init_state(cfg, tcfg)
+    traj = verify.reference(cfg, tcfg, TRAJ_STEPS, with_grads=False)
     step = train_step.jit_train_step(cfg, tcfg)
-    losses, times = [], []
-    for s in range(TRAJ_STEPS + 1):
-        batch = dataset.rows(tcfg.seed, s, range(tcfg.global_batch), tcfg.seq_len)
+    batch = verify.batches(tcfg, 1)[0]
+    state, times = train_step.init_state(cfg, tcfg), []
+    for _ in range(3):
         t0 = time.perf_counter()
         state, metrics = step(state, batch)
-        losses.append(float(jax.block_until_ready(metrics["loss"])))
+        jax.block_until_ready(metrics["loss"])
         times.append(1e3 * (time.perf_counter() - t0))
-    return losses[:TRAJ_STEPS], times[-1]
+    return traj, statistics.median(times[1:])
 
 
-def run_bench(cfg: ModelConfig, tcfg: TrainConfig, cases: list[Case], timed_steps: int = 3,
+def run_bench(cfg: ModelConfig, tcfg: TrainConfig, cases: list[verify.Case], timed_steps: int = 3,
               progress=None, target=None) -> tuple[list[BenchRow], float | None]:  # fmt: skip
     """Rows for `cases`, and the reference's step ms (None for an AOT target)."""
     cfg = cfg.replace(unroll_layers=True)
@@ -195,7 +188,7 @@ def run_bench(cfg: ModelConfig, tcfg: TrainConfig, cases: list[Case], timed_step
 
         devices = aot.target_devices(target)
     else:
-        ref, ref_ms = reference_losses(cfg, tcfg)
+        ref, ref_ms = reference(cfg, tcfg)
         if progress:
             progress.update(1, note="reference")
     rows = []

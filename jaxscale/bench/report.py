@@ -7,20 +7,17 @@ import datetime
 import json
 from pathlib import Path
 
-from jaxscale.bench import predict
-from jaxscale.bench.meshes import TRAJ_ATOL, BenchRow
+from jaxscale import tolerances as tol
+from jaxscale.bench.meshes import TRAJ_STEPS, BenchRow
+from jaxscale.render import fmt_mark
 
-MB = 1 << 20
+MiB = 1 << 20
 SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
          "collective-permute": "CP", "ragged-all-to-all": "RA2A"}  # fmt: skip
 
 
-def _mark(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("✓" if ok else "✗")
-
-
 def _mp(measured: float, predicted: float) -> str:
-    return f"{measured / MB:.2f}/{predicted / MB:.2f}"
+    return f"{measured / MiB:.2f}/{predicted / MiB:.2f}"
 
 
 def _flops(r: BenchRow) -> str:
@@ -28,8 +25,8 @@ def _flops(r: BenchRow) -> str:
 
 
 def memory_table(rows: list[BenchRow], ref_ms: float | None, mfu_lines: list[str] = ()) -> str:
-    head = (f"{'strategy':<17} {'mesh':<17} {'comp s':>6} {'params MB':>11} {'grads MB':>11} "
-            f"{'adam MB':>11} {'args MB':>11} {'temp MB':>8} {'GFLOP/dev':>11} {'step ms*':>8} "
+    head = (f"{'strategy':<17} {'mesh':<17} {'comp s':>6} {'params MiB':>11} {'grads MiB':>11} "
+            f"{'adam MiB':>11} {'args MiB':>11} {'temp MiB':>8} {'GFLOP/dev':>11} {'step ms*':>8} "
             f"{'|dloss|':>8} {'eq':>3} {'mem':>3}")  # fmt: skip
     lines = [head, "-" * len(head)]
     if ref_ms is not None:
@@ -37,23 +34,28 @@ def memory_table(rows: list[BenchRow], ref_ms: float | None, mfu_lines: list[str
                      f"{'':>11} {'':>8} {'':>11} {ref_ms:8.1f}")  # fmt: skip
     for r in rows:
         if r.report is None:
-            lines.append(f"{r.case.label:<17} {r.case.mesh:<17} skipped: {r.error}")
+            lines.append(f"{r.label:<17} {r.case.mesh:<17} skipped: {r.error}")
             continue
-        m, p, mem = r.state_measured, r.state_predicted, r.report.memory
-        dloss = "" if r.max_loss_diff is None else f"{r.max_loss_diff:8.1e}"
+        m, p, mem = r.state_layout, r.state_predicted, r.report.memory
+        dloss = "" if r.result is None else f"{r.result.traj_loss_err:8.1e}"
         lines.append(
-            f"{r.case.label:<17} {r.case.mesh:<17} {r.report.compile_s:6.1f} "
+            f"{r.label:<17} {r.case.mesh:<17} {r.report.compile_s:6.1f} "
             f"{_mp(m.params, p.params):>11} {_mp(m.grads, p.grads):>11} "
             f"{_mp(m.optimizer, p.optimizer):>11} {_mp(r.args_measured, r.args_predicted):>11} "
-            f"{mem.temp / MB:8.2f} {_flops(r):>11}"
-            f" {r.step_ms_median:8.1f} {dloss:>8} {_mark(r.equivalent):>3} {_mark(r.memory_ok):>3}"
+            f"{mem.temp / MiB:8.2f} {_flops(r):>11}"
+            f" {r.step_ms_median:8.1f} {dloss:>8} {fmt_mark(r.equivalent):>3}"
+            f" {fmt_mark(r.memory_ok):>3}"
         )
     lines += [
-        "MB columns: measured/predicted per device. params/grads/adam: the strategy's real layout",
-        "vs the ZeRO calculator (calc.memory); args: memory_analysis vs params+adam+batch shard.",
-        f"mem ✓ when all four are within {predict.MEMORY_RTOL:.0%}. GFLOP/dev: cost_analysis / "
-        "analytic (3 x forward matmuls).",
-        f"|dloss|: largest loss difference from the 1-device reference; eq ✓ if <= {TRAJ_ATOL:g}.",
+        "MiB columns, per device: params/grads/adam = the strategy's declared layout (shard shapes"
+        " of its",
+        "state) / the ZeRO calculator (calc.memory); args = compiled memory_analysis / params + "
+        f"adam + batch shard. mem ✓ when all four are within {tol.MEMORY_RTOL:.0%}.",
+        "GFLOP/dev: cost_analysis / analytic (3 x forward matmuls).",
+        f"|dloss|: largest loss difference from the 1-device reference over {TRAJ_STEPS} steps "
+        "with real updates; eq ✓ when",
+        f"the losses and final parameters are within {tol.TRAJ_ATOL:g} and every step's pre-clip"
+        f" gradient norm within {tol.TRAJ_NORM_RTOL:g} relative.",
         *mfu_lines,
     ]
     return "\n".join(lines)
@@ -70,28 +72,29 @@ def mfu_lines(rows: list[BenchRow], model_flops_per_step: float, device_kind: st
             continue
         value = mfu(model_flops_per_step / r.devices, r.step_ms_median / 1e3, device_kind)
         if value is not None:
-            out.append(f"  MFU {r.case.label} {r.case.mesh}: {value:.1%}")
+            out.append(f"  MFU {r.label} {r.case.mesh}: {value:.1%}")
     return ["MFU (model FLOPs, causal attention halved, over peak bf16):", *out] if out else []
 
 
 def comm_table(rows: list[BenchRow]) -> str:
     head = (f"{'strategy':<17} {'mesh':<17} {'ok':>3}  "
-            "collectives per step, MB/device measured/predicted")  # fmt: skip
+            "collectives per step, MiB/device measured/predicted")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.report is None:
             continue
         if r.comm_predicted is None:
-            measured = " ".join(f"{SHORT.get(op, op)} {t.count}x {t.total_bytes / MB:.2f}"
+            measured = " ".join(f"{SHORT.get(op, op)} {t.count}x {t.total_bytes / MiB:.2f}"
                                 for op, t in r.report.collective_totals().items())  # fmt: skip
-            lines.append(f"{r.case.label:<17} {r.case.mesh:<17} {'n/a':>3}  {measured or 'none'}"
+            lines.append(f"{r.label:<17} {r.case.mesh:<17} {'n/a':>3}  {measured or 'none'}"
                          f"  ({r.comm_why_not})")  # fmt: skip
             continue
-        cells = " ".join(f"{SHORT.get(op, op)} {m / MB:.3f}/{p / MB:.3f}{'' if ok else '✗'}"
+        cells = " ".join(f"{SHORT.get(op, op)} {m / MiB:.3f}/{p / MiB:.3f}{'' if ok else '✗'}"
                          for op, (m, p, ok) in r.comm.items())  # fmt: skip
-        lines.append(f"{r.case.label:<17} {r.case.mesh:<17} {_mark(r.comm_ok):>3}  {cells}")
+        lines.append(f"{r.label:<17} {r.case.mesh:<17} {fmt_mark(r.comm_ok):>3}  {cells}")
     lines += [
-        f"ok ✓ when every op's bytes are within {predict.COMM_RTOL:.0%} of calc.step_comm. Bytes",
+        f"ok ✓ when every op's bytes are within {tol.COMM_RTOL:.0%} of the axes' predictions "
+        "(parallel/zero.py, tp.py). Bytes",
         "follow the census: all-reduce = operand, all-gather = output, reduce-scatter = input;",
         "CPU's all-reduce+slice (result used only as 1/N) is counted as reduce-scatter.",
     ]
@@ -99,28 +102,28 @@ def comm_table(rows: list[BenchRow]) -> str:
 
 
 def remat_lines(remat: dict) -> str:
-    no, yes = remat["temp_no_remat"] / MB, remat["temp_remat"] / MB
+    no, yes = remat["temp_no_remat"] / MiB, remat["temp_remat"] / MiB
     return (
         f"activation checkpointing (single device, {remat['n_layers']} layers): temporaries "
-        f"{no:.1f} MB without remat, {yes:.1f} MB with per-block remat: ratio "
+        f"{no:.1f} MiB without remat, {yes:.1f} MiB with per-block remat: ratio "
         f"{remat['measured_ratio']:.2f} (seed 004's sqrt(L) estimate: "
         f"{remat['seed004_sqrtL_ratio']:.2f})"
     )
 
 
 def cross_backend_table(cpu: list[BenchRow], tpu: list[BenchRow], target: str) -> str:
-    lines = [f"collectives chosen per compiler (MB/device, dtype): CPU vs {target}"]
+    lines = [f"collectives chosen per compiler (MiB/device, dtype): CPU vs {target}"]
     for c, t in zip(cpu, tpu, strict=True):
         if c.report is None or t.report is None:
             continue
 
         def cell(row):
             return " ".join(
-                f"{SHORT.get(x.op, x.op)} {x.count}x{x.dtype} {x.total_bytes / MB:.2f}"
+                f"{SHORT.get(x.op, x.op)} {x.count}x{x.dtype} {x.total_bytes / MiB:.2f}"
                 for x in _by_op_dtype(row)
             )
 
-        lines.append(f"  {c.case.label:<17} {c.case.mesh:<17} CPU: {cell(c)}")
+        lines.append(f"  {c.label:<17} {c.case.mesh:<17} CPU: {cell(c)}")
         est = t.report.optimal_seconds
         est_s = f"  est {est * 1e3:.3f} ms" if est is not None and est > 0 else ""
         lines.append(f"  {'':<17} {'':<17} TPU: {cell(t)}{est_s}")
@@ -148,12 +151,21 @@ def _by_op_dtype(row: BenchRow) -> list[_OpDtype]:
 def to_json(rows: list[BenchRow], env: dict, extra: dict | None = None) -> dict:
     out = []
     for r in rows:
-        item = {**dataclasses.asdict(r.case), "devices": r.devices, "error": r.error}
+        s = r.case.strategy
+        item = {
+            "label": r.label or r.case.label,
+            "path": s.path,
+            "mesh": s.mesh,
+            "stage": s.zero,
+            "tp_mode": s.tensor,
+            "devices": r.devices,
+            "error": r.error,
+        }
         if r.report is not None:
             item |= {
                 "compile_s": r.report.compile_s,
                 "memory": r.report.memory.as_dict(),
-                "state_measured": dataclasses.asdict(r.state_measured),
+                "state_layout": dataclasses.asdict(r.state_layout),
                 "state_predicted": dataclasses.asdict(r.state_predicted),
                 "args_predicted": r.args_predicted,
                 "memory_ok": r.memory_ok,
@@ -166,8 +178,19 @@ def to_json(rows: list[BenchRow], env: dict, extra: dict | None = None) -> dict:
                 "comm_ok": r.comm_ok,
                 "comm_why_not": r.comm_why_not,
                 "optimal_seconds": r.report.optimal_seconds,
-                "losses": r.losses,
-                "max_loss_diff": r.max_loss_diff,
+                "equivalence": None
+                if r.result is None
+                else {
+                    k: getattr(r.result, k)
+                    for k in (
+                        "loss_err",
+                        "traj_loss_err",
+                        "traj_norm_err",
+                        "traj_param_err",
+                        "loss_ok",
+                        "traj_ok",
+                    )
+                },
                 "equivalent": r.equivalent,
                 "step_ms": r.step_ms,
             }
@@ -205,30 +228,30 @@ def _plot(rows: list[BenchRow], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     good = [r for r in rows if r.report is not None]
-    labels = [f"{r.case.label}\n{r.case.mesh}" for r in good]
+    labels = [f"{r.label}\n{r.case.mesh}" for r in good]
     xs = range(len(good))
     fig, (ax_mem, ax_comm) = plt.subplots(2, 1, figsize=(max(10, 0.9 * len(good)), 8))
     parts = {
-        "params": [r.state_measured.params / MB for r in good],
-        "gradients": [r.state_measured.grads / MB for r in good],
-        "Adam m, v": [r.state_measured.optimizer / MB for r in good],
+        "params": [r.state_layout.params / MiB for r in good],
+        "gradients": [r.state_layout.grads / MiB for r in good],
+        "Adam m, v": [r.state_layout.optimizer / MiB for r in good],
     }
     bottom = [0.0] * len(good)
     for name, values in parts.items():
         ax_mem.bar(xs, values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    predicted = [r.state_predicted.total / MB for r in good]
+    predicted = [r.state_predicted.total / MiB for r in good]
     ax_mem.scatter(xs, predicted, marker="_", s=400, color="black", label="predicted total")
-    ax_mem.set_ylabel("MB per device")
-    ax_mem.set_title("Training state per device, stacked by component (measured layout)")
+    ax_mem.set_ylabel("MiB per device")
+    ax_mem.set_title("Training state per device, stacked by component (declared layout)")
     ax_mem.legend(fontsize=8)
     ops = sorted({op for r in good for op in r.report.collective_totals()})
     width = 0.8 / max(len(ops), 1)
     for i, op in enumerate(ops):
         values = [r.report.collective_totals().get(op) for r in good]
         ax_comm.bar([x + i * width for x in xs],
-                    [v.total_bytes / MB if v else 0 for v in values], width, label=op)  # fmt: skip
-    ax_comm.set_ylabel("MB per device per step")
+                    [v.total_bytes / MiB if v else 0 for v in values], width, label=op)  # fmt: skip
+    ax_comm.set_ylabel("MiB per device per step")
     ax_comm.set_title("Collective bytes by op (compiled HLO)")
     if ops:
         ax_comm.legend(fontsize=8)

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import jax
 
-from jaxscale import strategies
 from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.bench import predict
-from jaxscale.calc import step_comm
 from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.parallel.compose import Strategy, build
+from jaxscale.render import fmt_mark
+from jaxscale.tolerances import MEMORY_RTOL
 
-MB = 1 << 20
+MiB = 1 << 20
 CFG = ModelConfig(n_heads=8, n_kv_heads=8, unroll_layers=True)
 TCFG = TrainConfig(global_batch=16, seq_len=32)
 
 
-def scaled_case(tp: int, pp: int, dp: int, zero_stage: int, n_devices: int) -> tuple:
-    """(Case, notes): the advisor's TPx PPx DPx ZeRO-s layout on `n_devices` devices."""
+def scaled_strategy(tp: int, pp: int, dp: int, zero_stage: int, n_devices: int) -> tuple:
+    """(Strategy, notes): the advisor's TPx PPx DPx ZeRO-s layout on `n_devices` devices."""
     tensor = 1
     while tensor * 2 <= min(tp, n_devices) and n_devices % (tensor * 2) == 0:
         tensor *= 2
@@ -33,40 +34,39 @@ def scaled_case(tp: int, pp: int, dp: int, zero_stage: int, n_devices: int) -> t
     if pp > 1:
         notes.append(f"PP{pp} folded into data parallelism: the lab has no pipeline strategy yet")
     mesh = ",".join(f"{a}={n}" for a, n in (("dp", data), ("tp", tensor)) if n > 1) or "dp=1"
-    tp_mode = "megatron" if tensor > 1 else None
-    name = (f"zero{zero_stage}" if zero_stage else "dp") + ("+tp" if tensor > 1 else "")
-    return strategies.Case("manual", name, mesh, zero_stage, tp_mode), notes
+    zero = zero_stage if data > 1 else 0  # a ZeRO group of one device shards nothing
+    return Strategy(mesh, "manual", zero, "megatron" if tensor > 1 else None), notes
 
 
 def validate(tp: int, pp: int, dp: int, zero_stage: int) -> tuple[list[str], bool]:
     """Lines of a report, and whether every figure is within its tolerance."""
-    case, notes = scaled_case(tp, pp, dp, zero_stage, jax.device_count())
-    built = strategies.build(case, CFG, TCFG)
+    strategy, notes = scaled_strategy(tp, pp, dp, zero_stage, jax.device_count())
+    built = build(strategy, CFG, TCFG)
+    B, T = TCFG.global_batch, TCFG.seq_len
     with jax.set_mesh(built.mesh):
-        _, report = compile_with_report(built.step, *built.abstract_args(16, 32))
-    measured, predicted = predict.measured_state(built), predict.predicted_state(built, CFG)
-    batch_bytes = 16 * 33 * 4 / built.group_sizes[0]
+        _, report = compile_with_report(built.step, *built.abstract_args(B, T))
+    layout, predicted = predict.layout_state(built), predict.predicted_state(built, CFG)
     rows = [
-        ("params", measured.params, predicted.params),
-        ("gradients", measured.grads, predicted.grads),
-        ("Adam m, v", measured.optimizer, predicted.optimizer),
+        ("params (layout)", layout.params, predicted.params),
+        ("gradients (layout)", layout.grads, predicted.grads),
+        ("Adam m, v (layout)", layout.optimizer, predicted.optimizer),
         ("arguments (memory_analysis)", report.memory.argument,
-         predicted.params + predicted.optimizer + batch_bytes),
+         predicted.params + predicted.optimizer + predict.batch_bytes(built, B, T)),
     ]  # fmt: skip
     ok = True
-    lines = [f"validation on {jax.device_count()} simulated devices: {case.label} {case.mesh} "
-             f"(tiny model, {CFG.n_layers} layers)", *("  " + n for n in notes),
-             f"  {'per device':<30} {'measured MB':>12} {'predicted MB':>13}"]  # fmt: skip
+    lines = [f"validation on {jax.device_count()} simulated devices: {built.label} "
+             f"{strategy.mesh} (tiny model, {CFG.n_layers} layers)", *("  " + n for n in notes),
+             f"  {'per device':<30} {'measured MiB':>12} {'predicted MiB':>13}"]  # fmt: skip
     for name, m, p in rows:
-        good = abs(m - p) <= predict.MEMORY_RTOL * p
+        good = abs(m - p) <= MEMORY_RTOL * p
         ok &= good
-        lines.append(f"  {name:<30} {m / MB:12.4f} {p / MB:13.4f}  {'✓' if good else '✗'}")
-    comm_pred, why = predict.predicted_collectives(built, CFG, 16, 32)
+        lines.append(f"  {name:<30} {m / MiB:12.4f} {p / MiB:13.4f}  {fmt_mark(good)}")
+    comm_pred, why = built.predict_comm(CFG, B, T)
     measured_comm = {op: t.total_bytes for op, t in report.collective_totals().items()}
-    for op, (m, p, good) in step_comm.compare(measured_comm, comm_pred or {}).items():
+    for op, (m, p, good) in predict.compare_comm(measured_comm, comm_pred or {}).items():
         ok &= good
-        lines.append(f"  {op + ' bytes/step':<30} {m / MB:12.4f} {p / MB:13.4f}  "
-                     f"{'✓' if good else '✗'}")  # fmt: skip
+        lines.append(f"  {op + ' bytes/step':<30} {m / MiB:12.4f} {p / MiB:13.4f}  "
+                     f"{fmt_mark(good)}")  # fmt: skip
     if why:
         lines.append(f"  collectives not predicted: {why}")
     return lines, ok

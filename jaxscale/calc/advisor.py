@@ -20,14 +20,15 @@ from jaxscale.calc.advisor_model import (
     model_shape,
 )
 from jaxscale.calc.advisor_rules import (
+    GB,
     RuleAdvice,
     seed000_decision_tree,
     seed001_recommend,
     seed004_config,
 )
 from jaxscale.calc.advisor_seed002 import Seed002Result, seed002_advice, seed002_calculator
+from jaxscale.calc.checks import positive, positive_ints
 
-GB = 1e9
 _ZERO_WHY = {
     0: "every replica keeps the full model state",
     1: "shards the optimizer state over the replicas",
@@ -57,36 +58,26 @@ class AdviceReport:
     reasoning: tuple[str, ...]
 
 
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def validate(workload: Workload, hw: Hardware) -> None:
     """Raise ValueError naming the first bad input."""
-    for name in ("seq", "batch", "micro_batch", "hidden", "layers", "num_experts", "top_k"):
-        value = getattr(workload, name)
-        if name in ("hidden", "layers") and value == 0:
-            continue  # 0 = derive
-        _positive_int(name, value)
-    if not workload.n_params > 0:
-        raise ValueError(f"params must be > 0, got {workload.n_params!r}")
-    if workload.top_k > workload.num_experts:
-        raise ValueError(f"top_k={workload.top_k} exceeds num_experts={workload.num_experts}")
-    if workload.micro_batch > workload.batch:
-        raise ValueError(f"micro_batch={workload.micro_batch} exceeds batch={workload.batch}")
-    _positive_int("gpus", hw.num_gpus)
-    _positive_int("gpus_per_node", hw.gpus_per_node)
+    w = workload
+    shape = {n: getattr(w, n) for n in ("hidden", "layers") if getattr(w, n) != 0}  # 0 = derive
+    positive_ints(seq=w.seq, batch=w.batch, micro_batch=w.micro_batch, **shape,
+                  num_experts=w.num_experts, top_k=w.top_k)  # fmt: skip
+    positive(params=w.n_params)
+    if w.top_k > w.num_experts:
+        raise ValueError(f"top_k={w.top_k} exceeds num_experts={w.num_experts}")
+    if w.micro_batch > w.batch:
+        raise ValueError(f"micro_batch={w.micro_batch} exceeds batch={w.batch}")
+    positive_ints(gpus=hw.num_gpus, gpus_per_node=hw.gpus_per_node)
     g, node = hw.num_gpus, hw.gpus_per_node
     if (g > node and g % node) or (g < node and node % g):
         raise ValueError(
             f"{g} GPUs do not factor into nodes of {node}: use a multiple of {node}"
             f" or a divisor of it"
         )
-    for name in ("gpu_memory_bytes", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
-                 "peak_flops"):  # fmt: skip
-        if not getattr(hw, name) > 0:
-            raise ValueError(f"{name} must be > 0, got {getattr(hw, name)!r}")
+    positive(**{n: getattr(hw, n) for n in ("gpu_memory_bytes", "intra_node_bytes_per_s",
+                                            "inter_node_bytes_per_s", "peak_flops")})  # fmt: skip
     for name in ("usable_fraction", "assumed_mfu"):
         if not 0 < getattr(hw, name) <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {getattr(hw, name)!r}")

@@ -31,11 +31,13 @@ import math
 from dataclasses import dataclass
 
 from jaxscale.calc.memory import TrainingMemory, training_memory_per_device
+from jaxscale.hardware import get_device
 
-# Defaults: an H100 SXM node, the hardware of seed 002's calculator (S2 L5781-5787).
-INTRA_NODE_BYTES_PER_S = 450e9  # NVLink 4: 900 GB/s both ways (the seed's "900") = 450 each way
+# Defaults: nodes of H100 SXM. The per-GPU figures (dense bf16 peak, memory, NVLink 450 GB/s each
+# way) are jaxscale/hardware.py's. Seed 002's calculator (S2 L5781-5787) has the same links, NVLink
+# "900" (both ways) and InfiniBand "50" -- a figure of the cluster, not of the GPU -- and no FLOP/s.
+GPU = get_device("h100")
 INTER_NODE_BYTES_PER_S = 50e9  # one 400 Gb/s InfiniBand NIC per GPU (the seed's "50")
-PEAK_FLOPS = 989e12  # dense bf16
 ASSUMED_MFU = 0.4  # fraction of peak the compute reaches; only converts FLOPs into bubble time
 USABLE_FRACTION = 0.9  # seed 002 keeps 10% headroom (S2 L5932)
 ASPECT_RATIO = 128  # hidden / layers of LLaMA-7B and GPT-3 (4096/32, 12288/96)
@@ -70,9 +72,9 @@ class Hardware:
     num_gpus: int
     gpu_memory_bytes: float
     gpus_per_node: int = 8
-    intra_node_bytes_per_s: float = INTRA_NODE_BYTES_PER_S
+    intra_node_bytes_per_s: float = GPU.link_bytes_per_s
     inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
-    peak_flops: float = PEAK_FLOPS
+    peak_flops: float = GPU.flops_per_s
     assumed_mfu: float = ASSUMED_MFU
     usable_fraction: float = USABLE_FRACTION
 
@@ -154,11 +156,6 @@ def _sum(a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
     )  # fmt: skip
 
 
-def _link(span: int, hw: Hardware) -> tuple[bool, float]:
-    inter = span > hw.gpus_per_node
-    return inter, hw.inter_node_bytes_per_s if inter else hw.intra_node_bytes_per_s
-
-
 def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
     """Memory and communication of one layout (which need not use every GPU)."""
     w, t, p, d, e = workload, layout.tp, layout.pp, layout.dp, layout.ep
@@ -211,9 +208,7 @@ def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
         comms.append(_comm("EP", volume, t * e, hw))
 
     active = w.n_params - n_expert * (1 - w.top_k / w.num_experts)
-    flops = (
-        (8 if layout.recompute else 6) * active * w.batch * w.seq
-    )  # fwd 2N + bwd 4N (+ fwd again)
+    flops = (8 if layout.recompute else 6) * active * w.batch * w.seq  # fwd 2N + bwd 4N (+ fwd)
     compute_s = flops / (layout.gpus * hw.peak_flops * hw.assumed_mfu)
     bubble = (p - 1) / (micro + p - 1)
     step_s = compute_s / (1 - bubble) + sum(c.seconds for c in comms)
@@ -223,5 +218,7 @@ def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
 
 
 def _comm(kind: str, volume: float, span: int, hw: Hardware) -> Comm:
-    inter, bandwidth = _link(span, hw)
+    """A group spanning `span` consecutive ranks leaves the node when the span does."""
+    inter = span > hw.gpus_per_node
+    bandwidth = hw.inter_node_bytes_per_s if inter else hw.intra_node_bytes_per_s
     return Comm(kind, volume, inter, volume / bandwidth)

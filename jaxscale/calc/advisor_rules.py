@@ -16,6 +16,7 @@ advise` shows them side by side; docs/seed-notes.md explains each.
 
 from dataclasses import dataclass
 
+from jaxscale.calc.checks import positive, positive_ints
 from jaxscale.calc.memory import training_memory_per_device
 
 GB = 1e9  # the seeds use decimal gigabytes throughout
@@ -46,10 +47,8 @@ class RuleAdvice:
 
 
 def _check(n_params: float, num_gpus: int) -> None:
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params!r}")
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
-        raise ValueError(f"num_gpus must be a positive integer, got {num_gpus!r}")
+    positive(n_params=n_params)
+    positive_ints(num_gpus=num_gpus)
 
 
 def _idle_note(advice_gpus: int, num_gpus: int) -> tuple[str, ...]:

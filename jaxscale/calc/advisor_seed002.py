@@ -19,9 +19,9 @@ really ZeRO-1) and its ranking (TP inside a node first, then total volume).
 import math
 from dataclasses import dataclass
 
-from jaxscale.calc.advisor_rules import RuleAdvice
+from jaxscale.calc.advisor_rules import GB, RuleAdvice
+from jaxscale.calc.checks import positive, positive_ints
 
-GB = 1e9
 SEED002_TP = (1, 2, 4, 8)  # L5897
 SEED002_PP = (1, 2, 4, 8, 16)  # L5901
 SEED002_FIT_FRACTION = 0.9  # "90% threshold" (L5932)
@@ -127,14 +127,9 @@ def seed002_calculator(
     seed_faithful: bool = False,
 ) -> Seed002Result:
     """The seed's `find_optimal_strategy` + `print_results` ranking; defaults are its CLI's."""
-    for name, value in (("params_b", params_b), ("memory_gb", memory_gb)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
-    for name, value in (("gpus", gpus), ("batch_size", batch_size), ("seq_len", seq_len),
-                        ("num_experts", num_experts), ("gpus_per_node", gpus_per_node),
-                        ("micro_batch", micro_batch)):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive(params_b=params_b, memory_gb=memory_gb)
+    positive_ints(gpus=gpus, batch_size=batch_size, seq_len=seq_len, num_experts=num_experts,
+                  gpus_per_node=gpus_per_node, micro_batch=micro_batch)  # fmt: skip
     shape = Seed002Shape(num_experts=num_experts if moe else 1)
     n = shape.param_count if seed_faithful else params_b * 1e9
     params_gb = n * shape.dtype_bytes / GB

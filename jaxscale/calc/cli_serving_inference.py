@@ -5,26 +5,28 @@ NVLink example), shared/seeds/002_*.txt L6264-6271 (serving memory). Nothing her
 """
 
 from jaxscale.calc import inference as inf
-from jaxscale.calc.cli_serving import (
+from jaxscale.calc.cli_serving_common import (
     add_gpu_flags,
     add_model_flags,
     gpu_from_args,
     header,
-    mode_name,
     model_from_args,
+    ms,
+    per,
     record,
 )
-from jaxscale.calc.training_format import (
-    add_output_flags,
-    emit,
-    format_table,
-    guarded,
-    mode_line,
-    positive_int,
-)
+from jaxscale.cliutil import add_output_flags, guarded, positive_int
+from jaxscale.render import Col, Report, grid
 
 FAITHFUL = "seed 001 section 9: compute-only prefill, weights-only decode, KV from d_model"
 LATENCY_PROPERTIES = ("decode_per_token_s", "total_s", "tokens_per_s", "kv_total_bytes")
+COLS = [Col("scenario", "Scenario"), Col("prompt_len", "Prompt"), Col("gen_len", "Gen"),
+        Col("batch_size", "Batch"), Col("prefill_s", "Prefill ms", ms),
+        Col("decode_per_token_s", "Decode ms/tok", ms), Col("decode_total_s", "Decode ms", ms),
+        Col("total_s", "Total ms", ms), Col("tokens_per_s", "Tokens/s", ".1f"),
+        Col("kv_per_seq_bytes", "KV/seq GB", per(1e9, ".3f")),
+        Col("kv_total_bytes", "KV total GB", per(1e9, ".3f")),
+        Col("prefill_bound", "Prefill"), Col("decode_bound", "Decode")]  # fmt: skip
 
 
 def add_parser(calc_sub) -> None:
@@ -40,18 +42,10 @@ def add_parser(calc_sub) -> None:
     p.add_argument("--gen-len", type=positive_int, help="generated tokens (default 50)")
     p.add_argument("--batch-size", type=positive_int, help="sequences per batch (default 1)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (ideal)")
-    p.add_argument(
-        "--context",
-        type=positive_int,
-        default=inf.SEED_SERVING_CONTEXT,
-        help="tokens per request in the serving-memory table (default 32768)",
-    )
-    p.add_argument(
-        "--requests",
-        type=positive_int,
-        default=inf.SEED_SERVING_REQUESTS,
-        help="concurrent requests in the serving-memory table (default 100)",
-    )
+    p.add_argument("--context", type=positive_int, default=inf.SEED_SERVING_CONTEXT,
+        help="tokens per request in the serving-memory table (default 32768)")  # fmt: skip
+    p.add_argument("--requests", type=positive_int, default=inf.SEED_SERVING_REQUESTS,
+        help="concurrent requests in the serving-memory table (default 100)")  # fmt: skip
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -62,87 +56,49 @@ def run(args) -> int:
     if args.prompt_len or args.gen_len or args.batch_size:
         scenarios = [("Custom", args.prompt_len or 100, args.gen_len or 50, args.batch_size or 1)]
     else:
-        scenarios = list(inf.SEED_SCENARIOS)
-    rows, out = [], []
+        scenarios = inf.SEED_SCENARIOS
+    roof = (gpu.flops_per_s, gpu.hbm_bytes_per_s)
+    rows = []
     for name, prompt, gen, batch in scenarios:
-        r = inf.inference_latency(
-            model.n_params,
-            prompt,
-            gen,
-            batch,
-            kv_bytes_per_token=kv_tok,
-            flops_per_s=gpu.flops_per_s,
-            hbm_bytes_per_s=gpu.hbm_bytes_per_s,
-            tp=args.tp,
-            seed_faithful=sf,
-        )
-        pre = inf.bound(r.prefill_intensity, gpu.flops_per_s, gpu.hbm_bytes_per_s)
-        dec = inf.bound(r.decode_intensity, gpu.flops_per_s, gpu.hbm_bytes_per_s)
-        ms = [r.prefill_s, r.decode_per_token_s, r.decode_total_s, r.total_s]
-        gb = [r.kv_per_seq_bytes / 1e9, r.kv_total_bytes / 1e9]
-        rows.append(
-            [name, prompt, gen, batch]
-            + [f"{t * 1e3:.1f}" for t in ms]
-            + [f"{r.tokens_per_s:.1f}"]
-            + [f"{g:.3f}" for g in gb]
-            + [pre, dec]
-        )
-        out.append(
-            record(r, *LATENCY_PROPERTIES, scenario=name, prefill_bound=pre, decode_bound=dec)
-        )
-    ridge = inf.ridge_point(gpu.flops_per_s, gpu.hbm_bytes_per_s)
+        lat = inf.inference_latency(model.n_params, prompt, gen, batch, kv_bytes_per_token=kv_tok,
+                                    flops_per_s=roof[0], hbm_bytes_per_s=roof[1], tp=args.tp,
+                                    seed_faithful=sf)  # fmt: skip
+        rows.append(record(lat, *LATENCY_PROPERTIES, scenario=name,
+                           prefill_bound=inf.bound(lat.prefill_intensity, *roof),
+                           decode_bound=inf.bound(lat.decode_intensity, *roof)))  # fmt: skip
+    ridge = inf.ridge_point(*roof)
     a100 = inf.ridge_point(inf.A100.flops_per_s, inf.A100.hbm_bytes_per_s)
     link = inf.transfer_cost()
     mem = inf.serving_memory(model.n_params, kv_tok, args.context, args.requests, seed_faithful=sf)
     weights_gb = model.n_params * inf.SEED_WEIGHT_BYTES / 1e9
-    heads = ["Scenario", "Prompt", "Gen", "Batch", "Prefill ms", "Decode ms/tok", "Decode ms"]
-    heads += ["Total ms", "Tokens/s", "KV/seq GB", "KV total GB", "Prefill", "Decode"]
-    memory_rows = [
-        ["Weights (FP16)", f"{mem.weights_bytes / 1e9:.1f}"],
-        ["KV per request", f"{mem.kv_per_request_bytes / 1e9:.2f}"],
-        [f"KV x {args.requests}", f"{mem.kv_total_bytes / 1e9:.1f}"],
-        ["Activations", f"{mem.activations_bytes / 1e9:.1f}"],
-        ["Total", f"{mem.total_bytes / 1e9:.1f}"],
-    ]
-    lines = [
-        f"Inference latency: {header(model, gpu)}, tp={args.tp}",
-        mode_line(sf, FAITHFUL),
-        f"KV per token: {kv_tok:,} B",
-        "",
-        format_table(heads, rows),
-        "Prefill/Decode: which roofline limit binds (compute or memory)",
-    ]
+
+    r = Report("inference").say(f"Inference latency: {header(model, gpu)}, tp={args.tp}")
+    r.mode(sf, FAITHFUL).say(f"KV per token: {kv_tok:,} B", "")
+    r.put(model=model.name, n_params=model.n_params, gpu=gpu.name, tp=args.tp,
+          kv_bytes_per_token=kv_tok)  # fmt: skip
+    r.table("scenarios", COLS, rows)
+    r.say("Prefill/Decode: which roofline limit binds (compute or memory)")
     if weights_gb > args.tp * gpu.memory_gb:
-        lines.append(
-            f"note: {weights_gb:.1f} GB of weights exceed {args.tp} x {gpu.memory_gb:g} GB; "
-            "these latencies need --tp large enough to hold them"
-        )
-    lines += [
-        "",
-        f"Roofline: ridge point {ridge:.1f} FLOP/B on {gpu.name}; seed 003's A100 (312 TFLOPS, "
-        f"2 TB/s): {a100:.0f} FLOP/B. Below the ridge a step is memory-bound.",
-        f"Moving 1 GB over 600 GB/s NVLink: {link.seconds * 1e3:.2f} ms = "
-        f"{link.flops_forgone / 1e9:.0f} GFLOP of A100 compute (seed 003 L80: ~1.7 ms, ~530 GFLOP)",
-        "",
-        f"Serving memory: {args.requests} requests x {args.context} tokens "
-        "(shared/seeds/002 L6264-6271)",
-        format_table(["Component", "GB"], memory_rows),
-    ]
+        r.say(f"note: {weights_gb:.1f} GB of weights exceed {args.tp} x {gpu.memory_gb:g} GB; "
+              "these latencies need --tp large enough to hold them")  # fmt: skip
+    r.say("",
+          f"Roofline: ridge point {ridge:.1f} FLOP/B on {gpu.name}; seed 003's A100 (312 TFLOPS, "
+          f"2 TB/s): {a100:.0f} FLOP/B. Below the ridge a step is memory-bound.",
+          f"Moving 1 GB over 600 GB/s NVLink: {link.seconds * 1e3:.2f} ms = "
+          f"{link.flops_forgone / 1e9:.0f} GFLOP of A100 compute (seed 003 L80: ~1.7 ms, "
+          "~530 GFLOP)",
+          "",
+          f"Serving memory: {args.requests} requests x {args.context} tokens "
+          "(shared/seeds/002 L6264-6271)",
+          grid(["Component", "GB"], [
+              ["Weights (FP16)", f"{mem.weights_bytes / 1e9:.1f}"],
+              ["KV per request", f"{mem.kv_per_request_bytes / 1e9:.2f}"],
+              [f"KV x {args.requests}", f"{mem.kv_total_bytes / 1e9:.1f}"],
+              ["Activations", f"{mem.activations_bytes / 1e9:.1f}"],
+              ["Total", f"{mem.total_bytes / 1e9:.1f}"]]))  # fmt: skip
     if sf:
-        lines.append("KV per request is ch8's '~2 GB for 32K' (L6266); ch9's formula: 10.74 GB")
-    report = {
-        "command": "inference",
-        "mode": mode_name(sf),
-        "model": model.name,
-        "n_params": model.n_params,
-        "gpu": gpu.name,
-        "tp": args.tp,
-        "kv_bytes_per_token": kv_tok,
-        "scenarios": out,
-        "ridge_flop_per_byte": ridge,
-        "a100_ridge_flop_per_byte": a100,
-        "nvlink_1gb": record(link),
-        "serving_memory": record(mem, "kv_total_bytes", "total_bytes", context=args.context),
-    }
-    emit(args, report, lines)
+        r.say("KV per request is ch8's '~2 GB for 32K' (L6266); ch9's formula: 10.74 GB")
+    r.put(ridge_flop_per_byte=ridge, a100_ridge_flop_per_byte=a100, nvlink_1gb=record(link))
+    r.put(serving_memory=record(mem, "kv_total_bytes", "total_bytes", context=args.context))
+    r.emit(args)
     return 0

@@ -7,30 +7,31 @@ Nothing here imports jax.
 
 from jaxscale.calc import cli_serving_rlhf, rl
 from jaxscale.calc import rlhf_memory as rm
-from jaxscale.calc.cli_serving import (
+from jaxscale.calc.cli_serving_common import (
     add_gpu_flags,
     add_model_flags,
     gpu_from_args,
     header,
-    mode_name,
     model_from_args,
+    ms,
     record,
 )
-from jaxscale.calc.training_format import (
+from jaxscale.cliutil import (
     add_output_flags,
-    emit,
-    format_table,
     fraction,
     guarded,
-    mode_line,
     non_negative_float,
     positive_float,
     positive_int,
 )
+from jaxscale.render import Col, Report, figure, grid
 
 THROUGHPUT_FAITHFUL = "seed 001 section 10: generation and scoring timed on one GPU"
-ITERATION_HEADERS = ["Mode", "Gen GPUs", "Train GPUs", "Generate ms", "Score ms", "Train ms"]
-ITERATION_HEADERS += ["Iteration ms", "Samples/s", "Tokens/s", "vs sync"]
+ITERATION_COLS = [Col("name", "Mode"), Col("gen_gpus", "Gen GPUs"), Col("train_gpus", "Train GPUs"),
+                  Col("t_generate_s", "Generate ms", ms), Col("t_score_s", "Score ms", ms),
+                  Col("t_train_s", "Train ms", ms), Col("time_per_iter_s", "Iteration ms", ms),
+                  Col("samples_per_s", "Samples/s", ".1f"), Col("tokens_per_s", "Tokens/s", ".1f"),
+                  Col("vs_sync", "vs sync", lambda v: f"{v:.2f}x")]  # fmt: skip
 
 
 def add_parser(calc_sub) -> None:
@@ -56,19 +57,15 @@ def add_parser(calc_sub) -> None:
     m = sub.add_parser("memory", help="RLHF four-model memory table (seed 002 ch13)")
     m.add_argument("--params-b", type=positive_float, default=7.0, help="billions (default 7)")
     m.add_argument("--activations-gb", type=non_negative_float, help="default 20 GB per 7B")
-    m.add_argument(
-        "--adam-for",
-        choices=rm.ADAM_FOR,
-        default="actor",
-        help="whose Adam states are counted (the seed: the actor's only)",
-    )
+    m.add_argument("--adam-for", choices=rm.ADAM_FOR, default="actor",
+                   help="whose Adam states are counted (the seed: the actor's only)")  # fmt: skip
     add_output_flags(m)
     m.set_defaults(func=guarded(_run_memory))
 
     cli_serving_rlhf.add_parsers(sub)  # timeline, transfer
 
 
-def _iteration_json(it: rl.RlIteration) -> dict:
+def _iteration(it: rl.RlIteration) -> dict:
     return record(it, "time_per_iter_s", "samples_per_s", "tokens_per_s")
 
 
@@ -76,103 +73,87 @@ def _run_throughput(args) -> int:
     model, gpu, sf = model_from_args(args), gpu_from_args(args), args.seed_faithful
     if sf and args.gen_gpus:
         raise ValueError("--seed-faithful generates on one GPU; drop --gen-gpus")
-
     shape = (args.prompt_len, args.gen_len, args.ppo_epochs, args.gpus)
     common = dict(kv_bytes_per_token=model.kv_bytes_per_token(sf), gpu=gpu, mfu=args.mfu)
 
-    def run(batch: int, mode: str, gen_gpus: int | None = None) -> rl.RlIteration:
-        it = rl.rl_iteration
-        return it(
-            model.n_params, batch, *shape, mode, gen_gpus=gen_gpus, seed_faithful=sf, **common
-        )
+    def run(batch: int, mode: str, gen_gpus: int | None = None) -> dict:
+        return _iteration(rl.rl_iteration(model.n_params, batch, *shape, mode, gen_gpus=gen_gpus,
+                                          seed_faithful=sf, **common))  # fmt: skip
 
-    def best(batch: int) -> rl.RlIteration:
-        return rl.best_async_split(model.n_params, batch, *shape, **common)
+    def best(batch: int) -> dict:
+        return _iteration(rl.best_async_split(model.n_params, batch, *shape, **common))
 
-    sync, asyn = run(args.batch_size, "sync"), run(args.batch_size, "async", args.gen_gpus)
-    shown = [("Synchronous", sync), ("Asynchronous", asyn)]
+    shown = {"Synchronous": run(args.batch_size, "sync"),
+             "Asynchronous": run(args.batch_size, "async", args.gen_gpus)}  # fmt: skip
     if not sf:
-        shown.append(("Async, best split", best(args.batch_size)))
-    rows = []
-    for name, it in shown:
-        times = (it.t_generate_s, it.t_score_s, it.t_train_s, it.time_per_iter_s)
-        rows.append([name, it.gen_gpus, it.train_gpus] + [f"{t * 1e3:.1f}" for t in times])
-        rows[-1] += [f"{it.samples_per_s:.1f}", f"{it.tokens_per_s:.1f}"]
-        rows[-1].append(f"{sync.time_per_iter_s / it.time_per_iter_s:.2f}x")
-    sweep, sweep_json = [], []
+        shown["Async, best split"] = best(args.batch_size)
+    sync_s = shown["Synchronous"]["time_per_iter_s"]
+    sweep, cells = [], []
     for batch in rl.SEED_BATCH_SIZES:
-        s, a = run(batch, "sync"), run(batch, "async")
-        speedup = a.samples_per_s / s.samples_per_s
-        row = [batch, f"{s.samples_per_s:.1f}", f"{a.samples_per_s:.1f}", f"{speedup:.2f}x"]
-        entry = {"batch_size": batch, "sync": _iteration_json(s), "async": _iteration_json(a)}
+        e = {"batch_size": batch, "sync": run(batch, "sync"), "async": run(batch, "async")}
+        sync, asyn = e["sync"]["samples_per_s"], e["async"]["samples_per_s"]
+        cells.append([batch, f"{sync:.1f}", f"{asyn:.1f}", f"{asyn / sync:.2f}x"])
         if not sf:
-            b = best(batch)
-            row += [b.gen_gpus, f"{b.samples_per_s:.1f}"]
-            row.append(f"{b.samples_per_s / s.samples_per_s:.2f}x")
-            entry["async_best_split"] = _iteration_json(b)
-        sweep.append(row)
-        sweep_json.append(entry)
-    mean = sum(a["async"]["samples_per_s"] / a["sync"]["samples_per_s"] for a in sweep_json)
-    mean /= len(sweep_json)
-    sweep_heads = ["Batch", "Sync samples/s", "Async samples/s", "Speedup"]
+            b = e["async_best_split"] = best(batch)
+            cells[-1] += [b["gen_gpus"], f"{b['samples_per_s']:.1f}",
+                          f"{b['samples_per_s'] / sync:.2f}x"]  # fmt: skip
+        sweep.append(e)
+    speedups = [e["async"]["samples_per_s"] / e["sync"]["samples_per_s"] for e in sweep]
+    mean = sum(speedups) / len(speedups)
+    heads = ["Batch", "Sync samples/s", "Async samples/s", "Speedup"]
     if not sf:
-        sweep_heads += ["Best gen GPUs", "Best async samples/s", "Best speedup"]
-    lines = [
-        f"RL iteration: {header(model, gpu)}; batch {args.batch_size}, prompt {args.prompt_len}, "
-        f"generate {args.gen_len}, {args.ppo_epochs} PPO epochs at {args.mfu:g} MFU, "
-        f"{args.gpus} GPUs",
-        mode_line(sf, THROUGHPUT_FAITHFUL),
-        "",
-        format_table(ITERATION_HEADERS, rows),
-        "sync = generate + score + train; async = max(generate + score, train)",
-        "",
-        format_table(sweep_heads, sweep),
-        f"Average async speedup (even split): {mean:.2f}x",
-    ]
-    report = {
-        "command": "rl throughput",
-        "mode": mode_name(sf),
-        "model": model.name,
-        "gpu": gpu.name,
-        "batch_size": args.batch_size,
-        "gpus": args.gpus,
-        "iterations": {name: _iteration_json(it) for name, it in shown},
-        "speedup": sync.time_per_iter_s / asyn.time_per_iter_s,
-        "batch_sweep": sweep_json,
-        "average_speedup": mean,
-    }
-    if args.plot:
-        from jaxscale.calc.serving_plots import plot_rl_throughput
+        heads += ["Best gen GPUs", "Best async samples/s", "Best speedup"]
 
-        plot_rl_throughput(
-            args.plot,
-            list(rl.SEED_BATCH_SIZES),
-            [e["sync"]["samples_per_s"] for e in sweep_json],
-            [e["async"]["samples_per_s"] for e in sweep_json],
-            " (seed-faithful)" if sf else "",
-        )
-        lines.append(f"plot written to {args.plot}")
-    emit(args, report, lines)
+    r = Report("rl throughput")
+    r.say(f"RL iteration: {header(model, gpu)}; batch {args.batch_size}, prompt {args.prompt_len}, "
+          f"generate {args.gen_len}, {args.ppo_epochs} PPO epochs at {args.mfu:g} MFU, "
+          f"{args.gpus} GPUs")  # fmt: skip
+    r.mode(sf, THROUGHPUT_FAITHFUL).say("")
+    rows = [{"name": name, **it, "vs_sync": sync_s / it["time_per_iter_s"]}
+            for name, it in shown.items()]  # fmt: skip
+    r.table(None, ITERATION_COLS, rows)
+    r.say("sync = generate + score + train; async = max(generate + score, train)", "",
+          grid(heads, cells), f"Average async speedup (even split): {mean:.2f}x")  # fmt: skip
+    r.put(model=model.name, gpu=gpu.name, batch_size=args.batch_size, gpus=args.gpus,
+          iterations=shown, speedup=sync_s / shown["Asynchronous"]["time_per_iter_s"],
+          batch_sweep=sweep, average_speedup=mean)  # fmt: skip
+    if args.plot:
+        _plot(args.plot, sweep, " (seed-faithful)" if sf else "")
+        r.say(f"plot written to {args.plot}").put(plot=args.plot)
+    r.emit(args)
     return 0
 
 
+def _plot(path: str, sweep: list[dict], title_suffix: str) -> None:
+    """The seed's two panels (shared/seeds/001_*.txt L1503-1532): samples/s per batch size for
+    sync and async, and the async/sync speedup."""
+    batches, x, width = rl.SEED_BATCH_SIZES, range(len(rl.SEED_BATCH_SIZES)), 0.35
+    rate = [{mode: e[mode]["samples_per_s"] for mode in ("sync", "async")} for e in sweep]
+    with figure(path, 1, 2, figsize=(14, 5)) as (_, (ax1, ax2)):
+        ax1.bar([i - width / 2 for i in x], [r["sync"] for r in rate], width, label="Synchronous")
+        ax1.bar([i + width / 2 for i in x], [r["async"] for r in rate], width, label="Asynchronous")
+        ax1.set_xticks(list(x))
+        ax1.set_xticklabels([str(b) for b in batches])
+        ax1.set(xlabel="Batch size", ylabel="Throughput (samples/s)",
+                title=f"RL training throughput: sync vs async{title_suffix}")  # fmt: skip
+        ax1.legend()
+        ax1.grid(True, alpha=0.3, axis="y")
+        ax2.plot(batches, [r["async"] / r["sync"] for r in rate], marker="o", color="green")
+        ax2.axhline(1.0, color="r", linestyle="--", alpha=0.5, label="Baseline (sync)")
+        ax2.set(xlabel="Batch size", ylabel="Speedup (async / sync)", title="Async vs sync speedup")
+        ax2.legend()
+        ax2.grid(True, alpha=0.3)
+
+
 def _run_memory(args) -> int:
-    r = rm.rlhf_model_memory(args.params_b, args.activations_gb, args.adam_for)
-    rows = [
-        [name, f"{r.weights_gb_each:.1f}"]
-        for name in ("Actor", "Critic", "Reward model", "Reference")
-    ]
-    rows += [
-        [f"Optimizer states (Adam m+v, {args.adam_for})", f"{r.optimizer_gb:.1f}"],
-        ["Activations", f"{r.activations_gb:.1f}"],
-        ["Total", f"{r.total_gb:.1f}"],
-    ]
-    lines = [
-        f"RLHF memory, {args.params_b:g}B in FP16 (shared/seeds/002 L11143-11154; the seed "
-        "counts the actor's Adam states only)",
-        "",
-        format_table(["Component", "GB"], rows),
-    ]
-    report = {"command": "rl memory", **record(r, "total_gb")}
-    emit(args, report, lines)
+    m = rm.rlhf_model_memory(args.params_b, args.activations_gb, args.adam_for)
+    rows = [[name, f"{m.weights_gb_each:.1f}"]
+            for name in ("Actor", "Critic", "Reward model", "Reference")]  # fmt: skip
+    rows += [[f"Optimizer states (Adam m+v, {args.adam_for})", f"{m.optimizer_gb:.1f}"],
+             ["Activations", f"{m.activations_gb:.1f}"],
+             ["Total", f"{m.total_gb:.1f}"]]  # fmt: skip
+    r = Report("rl memory", **record(m, "total_gb"))
+    r.say(f"RLHF memory, {args.params_b:g}B in FP16 (shared/seeds/002 L11143-11154; the seed "
+          "counts the actor's Adam states only)", "", grid(["Component", "GB"], rows))  # fmt: skip
+    r.emit(args)
     return 0

@@ -4,16 +4,8 @@ Sources: shared/seeds/001_*.txt §7 (L737-884), shared/seeds/002_*.txt L3316-332
 """
 
 from jaxscale.calc import training_comm as tc
-from jaxscale.calc.training_format import (
-    add_output_flags,
-    emit,
-    format_count,
-    format_table,
-    guarded,
-    mode_line,
-    parse_count,
-    positive_int,
-)
+from jaxscale.cliutil import add_output_flags, guarded, parse_count, positive_int
+from jaxscale.render import Col, Report, fmt_count
 
 FAITHFUL_WHAT = (
     "seed 001's link speeds (IB 400, Ethernet 100 'GB/s'), its 2x all-reduce factor and its "
@@ -51,87 +43,68 @@ def add_parser(calc_sub) -> None:
     p.set_defaults(func=guarded(run))
 
 
+ZERO_COLS = [Col("zero_stage", "Stage", STAGE_NAMES.__getitem__),
+             Col("collectives", "Collectives"),
+             Col("bytes_per_gpu", "GB/GPU", lambda b: f"{b / 1e9:.1f}"),
+             Col("step_ms", "Step ms", ".2f"),
+             Col("per_layer_ms", "Per layer ms", ".2f")]  # fmt: skip
+
+
 def run(args) -> int:
     faithful = args.seed_faithful
     links = tc.links(faithful)
-    lines = [mode_line(faithful, FAITHFUL_WHAT), ""]
-    report = {"command": "comm", "mode": "seed-faithful" if faithful else "corrected"}
+    r = Report("comm").mode(faithful, FAITHFUL_WHAT).say("")
 
     # Tensor parallelism, forward: all-reduce after attention and after the MLP.
-    tp_rows, tp_json = [], []
-    for key in ("nvlink", "infiniband"):
-        link = links[key]
-        r = tc.tp_layer_comm(
-            args.d_model, args.tp, args.batch, args.seq, link, seed_faithful=faithful
-        )
-        tp_rows.append(
-            [f"{link.name} ({link.bandwidth_gb_s:g} GB/s)", f"{r.allreduce_ms:.2f}"]
-            + [f"{r.allreduce_ms:.2f}", f"{r.per_layer_ms:.2f}", f"{r.per_layer_bytes / 1e9:.3f}"]
-        )
-        tp_json.append({"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s})
-        tp_json[-1].update(allreduce_ms=r.allreduce_ms, per_layer_ms=r.per_layer_ms)
-        tp_json[-1].update(per_layer_bytes=r.per_layer_bytes)
-    lines += [
-        f"Tensor parallel, per layer forward (d_model={args.d_model}, TP={args.tp}, "
-        f"batch={args.batch}, seq={args.seq}, bf16)",
-        format_table(
-            ["Link", "Attn all-reduce ms", "MLP all-reduce ms", "Per layer ms", "GB/layer"],
-            tp_rows,
-        ),
-        "The backward pass adds two more all-reduces per layer. Keep TP inside a node.",
-        "",
-    ]
-    report["tensor_parallel"] = tp_json
+    tp_rows = []
+    for link in (links["nvlink"], links["infiniband"]):
+        t = tc.tp_layer_comm(args.d_model, args.tp, args.batch, args.seq, link,
+                             seed_faithful=faithful)  # fmt: skip
+        tp_rows.append({"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s,
+                        "allreduce_ms": t.allreduce_ms, "per_layer_ms": t.per_layer_ms,
+                        "per_layer_bytes": t.per_layer_bytes})  # fmt: skip
+    bandwidth = {x["link"]: x["bandwidth_gb_s"] for x in tp_rows}
+    r.say(f"Tensor parallel, per layer forward (d_model={args.d_model}, TP={args.tp}, "
+          f"batch={args.batch}, seq={args.seq}, bf16)")  # fmt: skip
+    r.table("tensor_parallel", [
+        Col("link", "Link", lambda name: f"{name} ({bandwidth[name]:g} GB/s)"),
+        Col("allreduce_ms", "Attn all-reduce ms", ".2f"),
+        Col("allreduce_ms", "MLP all-reduce ms", ".2f"),
+        Col("per_layer_ms", "Per layer ms", ".2f"),
+        Col("per_layer_bytes", "GB/layer", lambda b: f"{b / 1e9:.3f}")], tp_rows)  # fmt: skip
+    r.say("The backward pass adds two more all-reduces per layer. Keep TP inside a node.", "")
 
     link = links[args.link]
-    z_rows, z_json = [], []
-    for stage in range(4):
-        z = tc.zero_step_comm(
-            args.params, args.layers, args.dp, stage, link, seed_faithful=faithful
-        )
-        z_rows.append(
-            [STAGE_NAMES[stage], z.collectives, f"{z.bytes_per_gpu / 1e9:.1f}"]
-            + [f"{z.step_ms:.2f}", f"{z.per_layer_ms:.2f}"]
-        )
-        z_json.append({"zero_stage": stage, "collectives": z.collectives})
-        z_json[-1].update(bytes_per_gpu=z.bytes_per_gpu, step_ms=z.step_ms)
-    lines += [
-        f"FSDP/ZeRO per step: {format_count(args.params)} params (bf16 grads), {args.layers} "
-        f"layers, DP={args.dp} over {link.name} ({link.bandwidth_gb_s:g} GB/s)",
-        format_table(["Stage", "Collectives", "GB/GPU", "Step ms", "Per layer ms"], z_rows),
-        "",
-    ]
-    report["zero"] = z_json
+    zero = [tc.zero_step_comm(args.params, args.layers, args.dp, stage, link,
+                              seed_faithful=faithful) for stage in range(4)]  # fmt: skip
+    r.say(f"FSDP/ZeRO per step: {fmt_count(args.params)} params (bf16 grads), {args.layers} "
+          f"layers, DP={args.dp} over {link.name} ({link.bandwidth_gb_s:g} GB/s)")  # fmt: skip
+    r.table("zero", ZERO_COLS, [
+        {"zero_stage": z.stage, "collectives": z.collectives, "bytes_per_gpu": z.bytes_per_gpu,
+         "step_ms": z.step_ms, "per_layer_ms": z.per_layer_ms} for z in zero])  # fmt: skip
+    r.say("")
 
     vol = tc.zero_volume_table()
-    model_gb = args.params * 2 / 1e9
-    v_rows = [
-        [STAGE_NAMES[r.stage], f"{r.forward_d:g}D", f"{r.backward_d:g}D", f"{r.optimizer_d:g}D"]
-        + [f"{r.total_d:g}D", f"{r.total_d * model_gb:,.0f}", f"{r.total_d / vol[0].total_d:.1f}x"]
-        + [f"{r.paper_total_d:g}D"]
-        for r in vol
-    ]
-    lines += [
-        f"DDP/ZeRO volume per GPU, D = model size (shared/seeds/002 L3318-3322; "
-        f"GB for {format_count(args.params)} params in bf16)",
-        format_table(
-            ["Strategy", "Forward", "Backward", "Optimizer", "Total", "GB", "vs DDP", "ZeRO paper"],
-            v_rows,
-        ),
-        f"ZeRO-3 moves {vol[3].total_d / vol[0].total_d:.1f}x DDP's volume by this table "
-        "(the seed's prose, L3326, says 3x; the ZeRO paper's accounting gives 1.5x).",
-        "",
-    ]
-    report["zero_volume_d"] = [
-        {"strategy": STAGE_NAMES[r.stage], "forward": r.forward_d, "backward": r.backward_d}
-        | {"optimizer": r.optimizer_d, "total": r.total_d, "paper_total": r.paper_total_d}
-        for r in vol
-    ]
+    model_gb, ddp = args.params * 2 / 1e9, vol[0].total_d
+    r.say(f"DDP/ZeRO volume per GPU, D = model size (shared/seeds/002 L3318-3322; "
+          f"GB for {fmt_count(args.params)} params in bf16)")  # fmt: skip
+    r.table("zero_volume_d", [
+        Col("strategy", "Strategy"), Col("forward", "Forward", _d), Col("backward", "Backward", _d),
+        Col("optimizer", "Optimizer", _d), Col("total", "Total", _d),
+        Col("total", "GB", lambda t: f"{t * model_gb:,.0f}"),
+        Col("total", "vs DDP", lambda t: f"{t / ddp:.1f}x"),
+        Col("paper_total", "ZeRO paper", _d)], [
+        {"strategy": STAGE_NAMES[v.stage], "forward": v.forward_d, "backward": v.backward_d,
+         "optimizer": v.optimizer_d, "total": v.total_d, "paper_total": v.paper_total_d}
+        for v in vol])  # fmt: skip
+    r.say(f"ZeRO-3 moves {vol[3].total_d / ddp:.1f}x DDP's volume by this table "
+          "(the seed's prose, L3326, says 3x; the ZeRO paper's accounting gives 1.5x).",
+          "")  # fmt: skip
 
     m = tc.tp_mlp_comm(args.hidden, args.mlp_batch, args.mlp_seq, args.mlp_tp)
     full = tc.mlp_params_per_gpu(args.scaling_hidden)
     split = tc.mlp_params_per_gpu(args.scaling_hidden, args.scaling_tp)
-    lines += [
+    r.say(
         f"tp_mlp.py analysis (H={args.hidden}, batch={args.mlp_batch}, seq={args.mlp_seq}, "
         f"TP={args.mlp_tp}, fp32; shared/seeds/002 L4980-5019)",
         "  All-reduce calls per forward: 1",
@@ -143,14 +116,16 @@ def run(args) -> int:
         f"MLP parameters, H={args.scaling_hidden}: 8H^2 = {full / 1e6:,.2f}M "
         f"({full * 4 / 1e6:,.1f} MB fp32) -> TP={args.scaling_tp}: {split / 1e6:,.2f}M "
         f"({split * 4 / 1e6:,.1f} MB per GPU)",
-    ]
-    report["tp_mlp"] = {
-        "elements_per_allreduce": m.elements_per_allreduce,
-        "bytes_per_allreduce": m.bytes_per_allreduce,
-        "ring_bytes_per_gpu": m.ring_bytes_per_gpu,
-        "ring_bytes_total": m.ring_bytes_total,
-        "mlp_params": full,
-        "mlp_params_per_gpu": split,
-    }
-    emit(args, report, lines)
+    )
+    r.put(tp_mlp={"elements_per_allreduce": m.elements_per_allreduce,
+                  "bytes_per_allreduce": m.bytes_per_allreduce,
+                  "ring_bytes_per_gpu": m.ring_bytes_per_gpu,
+                  "ring_bytes_total": m.ring_bytes_total, "mlp_params": full,
+                  "mlp_params_per_gpu": split})  # fmt: skip
+    r.emit(args)
     return 0
+
+
+def _d(x: float) -> str:
+    """A volume in units of the model size D."""
+    return f"{x:g}D"

@@ -3,19 +3,16 @@
 from jaxscale.calc import flops as fl
 from jaxscale.calc import scaling_laws as sl
 from jaxscale.calc.models import get_model
-from jaxscale.calc.training_format import (
+from jaxscale.cliutil import (
     add_output_flags,
     arg_type,
     comma_list,
-    emit,
-    format_count,
-    format_table,
     guarded,
-    mode_line,
     parse_count,
     positive_float,
     positive_int,
 )
+from jaxscale.render import Col, Report, figure, fmt_count, grid
 
 # shared/seeds/001_*.txt L456-461: the FLOPs example's "GPT-3 style" configuration.
 SEED_FLOPS_CONFIG = {"d_model": 12288, "layers": 96, "seq_len": 2048, "vocab": 50257}
@@ -26,7 +23,7 @@ def billions(x: float) -> str:
     return f"{x / 1e9:,.1f}B"
 
 
-def add_parsers(calc_sub) -> None:
+def add_parser(calc_sub) -> None:
     p = calc_sub.add_parser(
         "flops",
         help="per-token transformer FLOPs, forward/backward split, the 6N check",
@@ -70,88 +67,62 @@ def add_parsers(calc_sub) -> None:
     p.set_defaults(func=guarded(run_moe))
 
 
+# (JSON key, TransformerFlops attribute, row label) of the per-token count, in printed order.
+FLOPS_ROWS = (
+    ("attention_projections_per_layer", "attention_projections", "Attention projections / layer"),
+    ("attention_scores_per_layer", "attention_scores", "Attention scores / layer"),
+    ("mlp_per_layer", "mlp", "MLP / layer"),
+    ("fwd_per_layer", "fwd_per_layer", "FWD per layer"),
+    ("unembedding", "unembedding", "Unembedding (logits)"),
+    ("fwd_total", "fwd_total", "FWD total"),
+    ("bwd_total", "bwd_total", "BWD total"),
+    ("step_total", "step_total", "Full step"),
+)
+SIX_N_COLS = [Col("model", "Model"), Col("n_params", "Params", fmt_count),
+              Col("detailed", "Detailed", ",.0f"), Col("six_n", "6N", ",.0f"),
+              Col("ratio", "Ratio", ".2f")]  # fmt: skip
+
+
 def run_flops(args) -> int:
-    if args.model:
-        m = args.model
+    if m := args.model:
         shape = (m.name, m.d_model, m.n_layers, m.max_seq_len, m.vocab_size, args.d_ff or m.d_ff)
     else:
-        shape = (
-            "GPT-3 style model",
-            args.d_model,
-            args.layers,
-            args.seq_len,
-            args.vocab,
-            args.d_ff,
-        )
+        shape = ("GPT-3 style model", args.d_model, args.layers, args.seq_len, args.vocab,
+                 args.d_ff)  # fmt: skip
     name, d_model, layers, seq_len, vocab, d_ff = shape
-    f = fl.transformer_flops_per_token(
-        d_model,
-        layers,
-        seq_len,
-        vocab,
-        include_attention=args.attention,
-        causal=args.causal,
-        d_ff=d_ff,
-        seed_faithful=args.seed_faithful,
-    )
-    scores = f"{f.attention_scores:,.0f}" if args.attention else "not counted (--attention)"
-    rows = [
-        ["Attention projections / layer", f"{f.attention_projections:,.0f}"],
-        ["Attention scores / layer", scores],
-        ["MLP / layer", f"{f.mlp:,.0f}"],
-        ["FWD per layer", f"{f.fwd_per_layer:,.0f}"],
-        ["Unembedding (logits)", f"{f.unembedding:,.0f}"],
-        ["FWD total", f"{f.fwd_total:,.0f}"],
-        ["BWD total", f"{f.bwd_total:,.0f}"],
-        ["Full step", f"{f.step_total:,.0f}"],
-        ["BWD / FWD ratio", f"{f.bwd_total / f.fwd_total:.1f}x"],
-        ["Step / FWD ratio", f"{f.step_total / f.fwd_total:.1f}x"],
-    ]
+    f = fl.transformer_flops_per_token(d_model, layers, seq_len, vocab, d_ff=d_ff,
+                                       include_attention=args.attention, causal=args.causal,
+                                       seed_faithful=args.seed_faithful)  # fmt: skip
+    counts = {key: getattr(f, attr) for key, attr, _ in FLOPS_ROWS}
+    rows = [[head, f"{counts[key]:,.0f}"] for key, _, head in FLOPS_ROWS]
+    if not args.attention:
+        rows[1][1] = "not counted (--attention)"
+    rows += [["BWD / FWD ratio", f"{f.bwd_total / f.fwd_total:.1f}x"],
+             ["Step / FWD ratio", f"{f.step_total / f.fwd_total:.1f}x"]]  # fmt: skip
     checks = [fl.check_six_n(*spec) for spec in fl.SIX_N_MODELS]
-    check_rows = [
-        [c.name, format_count(c.n_params), f"{c.detailed_flops:,.0f}", f"{c.six_n_flops:,.0f}"]
-        + [f"{c.ratio:.2f}"]
-        for c in checks
-    ]
-    lines = [
-        f"FLOPs per token, {name}: d_model={d_model}, layers={layers}, seq_len={seq_len}, "
-        f"vocab={vocab}",
-        mode_line(args.seed_faithful, FAITHFUL_FLOPS),
-        "",
-        format_table(["Component", "FLOPs per token"], rows),
-        "",
-        "Verification of the 6N rule (seq_len 1, vocab 50000, as shared/seeds/001 L478-500)",
-        format_table(["Model", "Params", "Detailed", "6N", "Ratio"], check_rows),
-    ]
-    report = {
-        "command": "flops",
-        "mode": "seed-faithful" if args.seed_faithful else "corrected",
-        "model": name,
-        "d_model": d_model,
-        "layers": layers,
-        "seq_len": seq_len,
-        "vocab": vocab,
-        "attention_projections_per_layer": f.attention_projections,
-        "attention_scores_per_layer": f.attention_scores,
-        "mlp_per_layer": f.mlp,
-        "fwd_per_layer": f.fwd_per_layer,
-        "unembedding": f.unembedding,
-        "fwd_total": f.fwd_total,
-        "bwd_total": f.bwd_total,
-        "step_total": f.step_total,
-        "six_n_check": [
-            {"model": c.name, "n_params": c.n_params, "detailed": c.detailed_flops}
-            | {"six_n": c.six_n_flops, "ratio": c.ratio}
-            for c in checks
-        ],
-    }
-    emit(args, report, lines)
+    r = Report("flops")
+    r.say(f"FLOPs per token, {name}: d_model={d_model}, layers={layers}, seq_len={seq_len}, "
+          f"vocab={vocab}")  # fmt: skip
+    r.mode(args.seed_faithful, FAITHFUL_FLOPS)
+    r.put(model=name, d_model=d_model, layers=layers, seq_len=seq_len, vocab=vocab, **counts)
+    r.say("", grid(["Component", "FLOPs per token"], rows), "")
+    r.say("Verification of the 6N rule (seq_len 1, vocab 50000, as shared/seeds/001 L478-500)")
+    r.table("six_n_check", SIX_N_COLS, [
+        {"model": c.name, "n_params": c.n_params, "detailed": c.detailed_flops,
+         "six_n": c.six_n_flops, "ratio": c.ratio} for c in checks])  # fmt: skip
+    r.emit(args)
     return 0
+
+
+CHINCHILLA_COLS = [Col("model", "Model"), Col("n_params", "Params", billions),
+                   Col("optimal_tokens", "Optimal tokens", billions),
+                   Col("compute_flops", "Compute (ZettaFLOPs)",
+                       lambda c: f"{c / sl.ZETTA:,.2f}")]  # fmt: skip
 
 
 def run_chinchilla(args) -> int:
     if args.params:
-        models = [(format_count(n), n) for n in args.params]
+        models = [(fmt_count(n), n) for n in args.params]
         actual = [(name, n, args.tokens) for name, n in models] if args.tokens else []
     else:
         models = list(sl.CHINCHILLA_MODELS)
@@ -159,40 +130,33 @@ def run_chinchilla(args) -> int:
         if args.tokens:
             raise ValueError("--tokens needs --params")
     chin = [sl.chinchilla_row(name, n, args.tokens_per_param) for name, n in models]
-    rows = [
-        [r.name, billions(r.n_params), billions(r.optimal_tokens), f"{r.compute_zettaflops:,.2f}"]
-        for r in chin
-    ]
-    lines = [
-        f"Compute-optimal training tokens ({args.tokens_per_param:g} per parameter; "
-        "compute = 6 * N * D)",
-        "",
-        format_table(["Model", "Params", "Optimal tokens", "Compute (ZettaFLOPs)"], rows),
-        "",
-    ]
-    ratios = []
-    for name, n, tokens in actual:
-        ratio = sl.tokens_per_param(n, tokens)
+    r = Report("chinchilla", tokens_per_param=args.tokens_per_param)
+    r.say(f"Compute-optimal training tokens ({args.tokens_per_param:g} per parameter; "
+          "compute = 6 * N * D)", "")  # fmt: skip
+    records = r.table("models", CHINCHILLA_COLS, [
+        {"model": c.name, "n_params": c.n_params, "optimal_tokens": c.optimal_tokens,
+         "compute_flops": c.compute_flops} for c in chin])  # fmt: skip
+    r.say("")
+    ratios = [{"model": name, "n_params": n, "tokens": tokens,
+               "tokens_per_param": sl.tokens_per_param(n, tokens)}
+              for name, n, tokens in actual]  # fmt: skip
+    r.put(actual=ratios)
+    for x in ratios:
+        ratio = x["tokens_per_param"]
         verdict = "undertrained" if ratio < args.tokens_per_param else "overtrained for quality"
-        lines.append(
-            f"{name} trained on {billions(tokens)} tokens = {ratio:.1f}x ratio ({verdict})"
-        )
-        ratios.append({"model": name, "n_params": n, "tokens": tokens, "tokens_per_param": ratio})
-    report = {
-        "command": "chinchilla",
-        "tokens_per_param": args.tokens_per_param,
-        "models": [
-            {"model": r.name, "n_params": r.n_params, "optimal_tokens": r.optimal_tokens}
-            | {"compute_flops": r.compute_flops}
-            for r in chin
-        ],
-        "actual": ratios,
-    }
+        r.say(f"{x['model']} trained on {billions(x['tokens'])} tokens = {ratio:.1f}x ratio "
+              f"({verdict})")  # fmt: skip
     if args.plot:
-        _plot_chinchilla(args.plot, chin, args.tokens_per_param)
-        lines.append(f"plot written to {args.plot}")
-    emit(args, report, lines)
+        _plot_chinchilla(args.plot, records, args.tokens_per_param)
+        r.say(f"plot written to {args.plot}")
+    r.emit(args)
     return 0
+
+
+MOE_COLS = [Col("model", "Model"), Col("total_params", "Total", billions),
+            Col("active_params", "Active", billions),
+            Col("active_fraction", "Active/total", lambda x: f"{x * 100:.1f}%"),
+            Col("optimal_tokens", "Optimal tokens", billions)]  # fmt: skip
 
 
 def run_moe(args) -> int:
@@ -202,55 +166,38 @@ def run_moe(args) -> int:
             raise ValueError(
                 "a custom MoE needs all of --shared, --experts, --expert-size, --top-k"
             )
-        models = {"custom": sl.MoEConfig(args.shared, args.experts, args.expert_size, args.top_k)}
+        models = {"custom": sl.MoEConfig(*custom)}
     else:
         models = sl.MOE_MODELS
-    rows, report_rows = [], []
-    for name, m in models.items():
-        tokens = m.optimal_tokens(args.tokens_per_param)
-        rows.append(
-            [name, billions(m.total_params), billions(m.active_params)]
-            + [f"{m.active_fraction * 100:.1f}%", billions(tokens)]
-        )
-        report_rows.append(
-            {"model": name, "total_params": m.total_params, "active_params": m.active_params}
-            | {"active_fraction": m.active_fraction, "optimal_tokens": tokens}
-        )
-    lines = [
-        "Mixture of experts: total = shared + experts * expert size; active = shared + top_k *"
-        " expert size",
-        f"Optimal tokens = {args.tokens_per_param:g} x ACTIVE parameters",
-        "",
-        format_table(["Model", "Total", "Active", "Active/total", "Optimal tokens"], rows),
-        "",
-        "Compute follows the active parameters, memory the total.",
-    ]
-    emit(args, {"command": "moe", "models": report_rows}, lines)
+    r = Report("moe")
+    r.say("Mixture of experts: total = shared + experts * expert size; active = shared + top_k *"
+          " expert size",
+          f"Optimal tokens = {args.tokens_per_param:g} x ACTIVE parameters", "")  # fmt: skip
+    r.table("models", MOE_COLS, [
+        {"model": name, "total_params": m.total_params, "active_params": m.active_params,
+         "active_fraction": m.active_fraction,
+         "optimal_tokens": m.optimal_tokens(args.tokens_per_param)}
+        for name, m in models.items()])  # fmt: skip
+    r.say("", "Compute follows the active parameters, memory the total.")
+    r.emit(args)
     return 0
 
 
-def _plot_chinchilla(path, rows, tokens_per_param) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _plot_chinchilla(path, records: list[dict], tokens_per_param: float) -> None:
     import numpy as np
 
     params = np.logspace(9, 12, 50)  # 1B .. 1000B, as shared/seeds/001 L115
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
-    ax1.loglog(params / 1e9, tokens_per_param * params / 1e9, "b-", label="Chinchilla optimal")
-    ax1.loglog(params / 1e9, params / 1e9, "r--", alpha=0.5, label="1x ratio")
-    for r in rows:
-        ax1.scatter(r.n_params / 1e9, r.optimal_tokens / 1e9, s=60, zorder=5)
-        ax1.annotate(r.name, (r.n_params / 1e9, r.optimal_tokens / 1e9), fontsize=8)
-    ax1.set_xlabel("Model parameters (billions)")
-    ax1.set_ylabel("Training tokens (billions)")
-    ax1.set_title(f"Chinchilla optimal: {tokens_per_param:g} tokens per parameter")
-    ax1.legend()
-    ax2.loglog(params / 1e9, 6 * params * tokens_per_param * params / sl.ZETTA, "g-")
-    ax2.set_xlabel("Model parameters (billions)")
-    ax2.set_ylabel("Compute budget (ZettaFLOPs)")
-    ax2.set_title("Total compute for Chinchilla-optimal training")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(14, 5)) as (fig, (ax1, ax2)):
+        ax1.loglog(params / 1e9, tokens_per_param * params / 1e9, "b-", label="Chinchilla optimal")
+        ax1.loglog(params / 1e9, params / 1e9, "r--", alpha=0.5, label="1x ratio")
+        for x in records:
+            ax1.scatter(x["n_params"] / 1e9, x["optimal_tokens"] / 1e9, s=60, zorder=5)
+            ax1.annotate(x["model"], (x["n_params"] / 1e9, x["optimal_tokens"] / 1e9), fontsize=8)
+        ax1.set_xlabel("Model parameters (billions)")
+        ax1.set_ylabel("Training tokens (billions)")
+        ax1.set_title(f"Chinchilla optimal: {tokens_per_param:g} tokens per parameter")
+        ax1.legend()
+        ax2.loglog(params / 1e9, 6 * params * tokens_per_param * params / sl.ZETTA, "g-")
+        ax2.set_xlabel("Model parameters (billions)")
+        ax2.set_ylabel("Compute budget (ZettaFLOPs)")
+        ax2.set_title("Total compute for Chinchilla-optimal training")

@@ -6,23 +6,19 @@ seed001 (shared/seeds/001_*.txt L622-645, LLaMA-2-70B configurations) and s4
 """
 
 import math
+from dataclasses import asdict
 
 from jaxscale.calc import memory as mem
 from jaxscale.calc.models import get_model
-from jaxscale.calc.training_format import (
+from jaxscale.cliutil import (
     add_output_flags,
     comma_list,
-    emit,
-    format_bytes,
-    format_count,
-    format_table,
-    gb,
     guarded,
-    mode_line,
     parse_count,
     positive_float,
     positive_int,
 )
+from jaxscale.render import Col, Report, figure, fmt_bytes, fmt_count, grid
 
 SEED000_MODELS = ("gpt2-124m", "llama-7b", "llama-70b")
 STAGE_LABELS = ("No ZeRO (DP)", "Stage 1", "Stage 2", "Stage 3")
@@ -38,6 +34,9 @@ SEED001_CONFIGS = (
 SEED001_PARAMS = 70e9
 # shared/seeds/004_*.txt L1612-1621: GPT-3 175B, one sequence of 2048, Adam, mixed precision.
 S4_GPT3 = {"batch_size": 1, "seq_len": 2048, "hidden_size": 12288, "n_layers": 96}
+PARTS = ("weights", "gradients", "optimizer", "activations", "total")  # the seeds' tables
+SEED001_HEADS = ("Params", "Grads", "Optimizer", "Activations", "Total")
+S4_HEADS = ("Parameters", "Gradients", "Optimizer", "Activations", "Total")
 FAITHFUL_WHAT = "the ZeRO-2 row of shared/seeds/002 L3297, which leaves gradients out (210 GB)"
 
 
@@ -87,7 +86,7 @@ def run(args) -> int:
 def _models(args) -> list[tuple[str, float, int | None, int | None, int]]:
     """(name, params, hidden, layers, seq) for each model to tabulate."""
     if args.params:
-        return [(f"{format_count(args.params)} params", args.params, args.hidden, args.layers, 0)]
+        return [(f"{fmt_count(args.params)} params", args.params, args.hidden, args.layers, 0)]
     presets = args.model or [get_model(name) for name in SEED000_MODELS]
     return [(m.name, m.n_params, m.d_model, m.n_layers, m.max_seq_len) for m in presets]
 
@@ -108,32 +107,21 @@ def _activation_bytes(args, n_params, hidden, layers, seq, tp, pp) -> float:
     return 0.0
 
 
-def _cells(m: mem.TrainingMemory, args, capacity: float) -> list[str]:
-    cells = [format_bytes(m.weights), format_bytes(m.gradients), format_bytes(m.optimizer)]
-    if args.master:
-        cells.append(format_bytes(m.master))
-    if args.activations != "none":
-        cells.append(format_bytes(m.activations))
-    return cells + [format_bytes(m.total), "YES" if mem.fits(m, capacity) else "NO"]
+def _record(m: mem.TrainingMemory, capacity: float, **fields) -> dict:
+    return {**fields, **asdict(m), "total": m.total, "fits": mem.fits(m, capacity)}
 
 
-def _headers(first: str, args) -> list[str]:
-    heads = [first, "Weights", "Grads", "Optimizer"]
-    heads += ["Master"] if args.master else []
-    heads += ["Activations"] if args.activations != "none" else []
-    return heads + ["Total/GPU", f"Fits {args.gpu_memory_gb:g} GB?"]
+def _cols(first: Col, parts, fmt, args, fits=("YES", "NO")) -> list[Col]:
+    """The first column, one per (field, header) part, and whether the total fits."""
+    return [first, *(Col(key, head, fmt) for key, head in parts),
+            Col("fits", f"Fits {args.gpu_memory_gb:g} GB?", lambda ok: fits[not ok])]  # fmt: skip
 
 
-def _as_dict(m: mem.TrainingMemory, capacity: float) -> dict:
-    return {
-        "weights": m.weights,
-        "gradients": m.gradients,
-        "optimizer": m.optimizer,
-        "master": m.master,
-        "activations": m.activations,
-        "total": m.total,
-        "fits": mem.fits(m, capacity),
-    }
+def _zero_cols(first: Col, args) -> list[Col]:
+    parts = [("weights", "Weights"), ("gradients", "Grads"), ("optimizer", "Optimizer")]
+    parts += [("master", "Master")] if args.master else []
+    parts += [("activations", "Activations")] if args.activations != "none" else []
+    return _cols(first, [*parts, ("total", "Total/GPU")], fmt_bytes, args)
 
 
 def _zero_tables(args) -> int:
@@ -145,81 +133,58 @@ def _zero_tables(args) -> int:
     master = mem.FP32_BYTES if args.master else 0
     per_param = mem.MIXED_ADAM_BYTES_PER_PARAM + master
     stages = [args.zero] if args.zero is not None else list(mem.ZERO_STAGES)
-    lines = [
-        "Training memory, mixed-precision Adam: bf16 weights 2 + bf16 grads 2 + fp32 Adam m,v 8"
-        + (" + fp32 master 4" if master else "")
-        + f" = {per_param} B/param",
-        mode_line(args.seed_faithful, FAITHFUL_WHAT),
-        "",
-        "Single GPU",
-    ]
-    single_rows, single_json, sharded_json, last = [], [], [], None
-    for name, n, hidden, layers, seq in _models(args):
+    r = Report("memory")
+    r.say("Training memory, mixed-precision Adam: bf16 weights 2 + bf16 grads 2 + fp32 Adam m,v 8"
+          + (" + fp32 master 4" if master else "") + f" = {per_param} B/param")  # fmt: skip
+    r.mode(args.seed_faithful, FAITHFUL_WHAT)
+    r.put(bytes_per_param=per_param, device_memory_bytes=capacity, gpus=args.gpus, dp=dp, tp=tp,
+          pp=pp)  # fmt: skip
+    models = _models(args)
+    single = []
+    for name, n, hidden, layers, seq in models:
         act = _activation_bytes(args, n, hidden, layers, seq, 1, 1)
         one = mem.training_memory_per_device(n, master_bytes=master, activation_bytes=act)
-        single_rows.append([name] + _cells(one, args, capacity))
-        single_json.append({"model": name, "n_params": n, **_as_dict(one, capacity)})
-    lines += [format_table(_headers("Model", args), single_rows), ""]
-    lines.append(f"Per GPU on {args.gpus} GPUs (dp={dp}, tp={tp}, pp={pp})")
-    for name, n, hidden, layers, seq in _models(args):
+        single.append(_record(one, capacity, model=name, n_params=n))
+    r.say("", "Single GPU")
+    r.table("single_gpu", _zero_cols(Col("model", "Model"), args), single)
+    r.say("", f"Per GPU on {args.gpus} GPUs (dp={dp}, tp={tp}, pp={pp})")
+    per_gpu, stage_col = [], Col("zero_stage", "ZeRO stage", STAGE_LABELS.__getitem__)
+    for name, n, hidden, layers, seq in models:
         act = _activation_bytes(args, n, hidden, layers, seq, tp, pp)
-        rows = mem.zero_stage_memories(
-            n,
-            dp=dp,
-            tp=tp,
-            pp=pp,
-            master_bytes=master,
-            activation_bytes=act,
-            seed_faithful=args.seed_faithful,
-        )
-        table = [[STAGE_LABELS[s]] + _cells(rows[s], args, capacity) for s in stages]
-        lines += [f"--- {name} ({format_count(n)} params) ---"]
-        lines += [format_table(_headers("ZeRO stage", args), table), ""]
-        stage_json = [{"zero_stage": s, **_as_dict(rows[s], capacity)} for s in stages]
-        sharded_json.append({"model": name, "n_params": n, "stages": stage_json})
-        last = (name, [rows[s] for s in stages], [STAGE_LABELS[s] for s in stages])
+        rows = mem.zero_stage_memories(n, dp=dp, tp=tp, pp=pp, master_bytes=master,
+                                       activation_bytes=act,
+                                       seed_faithful=args.seed_faithful)  # fmt: skip
+        records = [_record(rows[s], capacity, zero_stage=s) for s in stages]
+        per_gpu.append({"model": name, "n_params": n, "stages": records})
+        r.say(f"--- {name} ({fmt_count(n)} params) ---")
+        r.table(None, _zero_cols(stage_col, args), records)
+        r.say("")
+    r.put(per_gpu=per_gpu)
     if args.seed_faithful:
-        lines.append("Stage 2 leaves the sharded gradients out, as shared/seeds/002 L3297 does.")
-    report = {
-        "command": "memory",
-        "mode": "seed-faithful" if args.seed_faithful else "corrected",
-        "bytes_per_param": per_param,
-        "device_memory_bytes": capacity,
-        "gpus": args.gpus,
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "single_gpu": single_json,
-        "per_gpu": sharded_json,
-    }
+        r.say("Stage 2 leaves the sharded gradients out, as shared/seeds/002 L3297 does.")
     if args.plot:
-        _plot(args.plot, *last, args.gpus, args.gpu_memory_gb)
-        lines.append(f"plot written to {args.plot}")
-    emit(args, report, lines)
+        _plot(args.plot, per_gpu[-1], args.gpus, args.gpu_memory_gb)
+        r.say(f"plot written to {args.plot}")
+    r.emit(args)
     return 0
 
 
 def _seed001(args) -> int:
     capacity = args.gpu_memory_gb * 1e9
-    rows, report_rows = [], []
+    records = []
     for name, tp, pp, dp, zero, ckpt in SEED001_CONFIGS:
         act = mem.activation_bytes_param_heuristic(SEED001_PARAMS, tp=tp, pp=pp, checkpointing=ckpt)
-        m = mem.training_memory_per_device(
-            SEED001_PARAMS, dp=dp, tp=tp, pp=pp, zero_stage=zero, activation_bytes=act
-        )
-        cells = [m.weights, m.gradients, m.optimizer, m.activations, m.total]
-        fit = "yes" if mem.fits(m, capacity) else "no"
-        rows.append([name] + [f"{gb(c):.1f} GB" for c in cells] + [fit])
-        report_rows.append({"config": name, "tp": tp, "pp": pp, "dp": dp, "zero_stage": zero})
-        report_rows[-1].update(checkpointing=ckpt, **_as_dict(m, capacity))
-    heads = ["Configuration", "Params", "Grads", "Optimizer", "Activations", "Total"]
-    lines = [
-        "Memory per GPU for a 70B model (shared/seeds/001 L622-645; activations = 10x params,",
-        "3x with gradient checkpointing, in bf16)",
-        "",
-        format_table(heads + [f"Fits {args.gpu_memory_gb:g} GB?"], rows),
-    ]
-    emit(args, {"command": "memory", "scenario": "seed001", "rows": report_rows}, lines)
+        m = mem.training_memory_per_device(SEED001_PARAMS, dp=dp, tp=tp, pp=pp, zero_stage=zero,
+                                           activation_bytes=act)  # fmt: skip
+        records.append(_record(m, capacity, config=name, tp=tp, pp=pp, dp=dp, zero_stage=zero,
+                               checkpointing=ckpt))  # fmt: skip
+    r = Report("memory", scenario="seed001")
+    r.say("Memory per GPU for a 70B model (shared/seeds/001 L622-645; activations = 10x params,",
+          "3x with gradient checkpointing, in bf16)", "")  # fmt: skip
+    parts = zip(PARTS, SEED001_HEADS, strict=True)
+    cols = _cols(Col("config", "Configuration"), parts, _gb(1), args, ("yes", "no"))
+    r.table("rows", cols, records)
+    r.emit(args)
     return 0
 
 
@@ -229,53 +194,43 @@ def _s4(args) -> int:
         mem.single_gpu_memory(175e9, mixed_precision=True, activation_checkpointing=c, **S4_GPT3)
         for c in (False, True)
     )
-    parts = ("Parameters", "Gradients", "Optimizer", "Activations", "Total")
-
-    def values(m):
-        return (m.weights, m.gradients, m.optimizer, m.activations, m.total)
-
-    rows = [
-        [p, f"{gb(a):.2f} GB", f"{gb(b):.2f} GB"]
-        for p, a, b in zip(parts, *map(values, (plain, ckpt)), strict=True)
-    ]
-    verdict = ["Fits" if mem.fits(m, capacity) else "Does not fit" for m in (plain, ckpt)]
-    rows.append([f"{args.gpu_memory_gb:g} GB GPU"] + verdict)
-    lines = [
-        "GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision "
-        "(shared/seeds/004 L1610-1636)",
-        "",
-        format_table(["Component", "No checkpointing", "Checkpointing (sqrt L)"], rows),
-    ]
-    report = {"command": "memory", "scenario": "s4"}
-    report.update(
-        no_checkpointing=_as_dict(plain, capacity), checkpointing=_as_dict(ckpt, capacity)
-    )
-    emit(args, report, lines)
+    rows = [[head] + [_gb(2)(getattr(m, key)) for m in (plain, ckpt)]
+            for key, head in zip(PARTS, S4_HEADS, strict=True)]  # fmt: skip
+    fits = ["Fits" if mem.fits(m, capacity) else "Does not fit" for m in (plain, ckpt)]
+    rows.append([f"{args.gpu_memory_gb:g} GB GPU", *fits])
+    r = Report("memory", scenario="s4")
+    r.say("GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision "
+          "(shared/seeds/004 L1610-1636)", "",
+          grid(["Component", "No checkpointing", "Checkpointing (sqrt L)"], rows))  # fmt: skip
+    r.put(no_checkpointing=_record(plain, capacity), checkpointing=_record(ckpt, capacity))
+    r.emit(args)
     return 0
 
 
-def _plot(path, model_name, rows, labels, gpus, capacity_gb) -> None:
-    import matplotlib
+def _gb(digits: int):
+    return lambda n: f"{n / 1e9:.{digits}f} GB"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5))
-    bottom = [0.0] * len(rows)
-    parts = (("weights", "Weights (bf16)"), ("gradients", "Gradients (bf16)"))
-    parts += (("optimizer", "Optimizer states (fp32)"), ("master", "Master copy (fp32)"))
-    parts += (("activations", "Activations"),)
-    for field, label in parts:
-        values = [gb(getattr(r, field)) for r in rows]
-        if any(values):
-            ax.bar(labels, values, 0.5, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.axhline(capacity_gb, color="red", linestyle="--", label=f"GPU capacity ({capacity_gb:g} GB)")
-    for i, total in enumerate(bottom):
-        ax.text(i, total, f"{total:.1f} GB", ha="center", va="bottom")
-    ax.set_ylabel("Per-GPU memory (GB)")
-    ax.set_title(f"{model_name} training memory per GPU on {gpus} GPUs")
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+PLOT_PARTS = (("weights", "Weights (bf16)"), ("gradients", "Gradients (bf16)"),
+              ("optimizer", "Optimizer states (fp32)"), ("master", "Master copy (fp32)"),
+              ("activations", "Activations"))  # fmt: skip
+
+
+def _plot(path, model: dict, gpus: int, capacity_gb: float) -> None:
+    """Stacked per-GPU memory of each ZeRO stage of one model's records."""
+    stages = model["stages"]
+    labels = [STAGE_LABELS[x["zero_stage"]] for x in stages]
+    with figure(path) as (fig, ax):
+        bottom = [0.0] * len(stages)
+        for field, label in PLOT_PARTS:
+            values = [x[field] / 1e9 for x in stages]
+            if any(values):
+                ax.bar(labels, values, 0.5, bottom=bottom, label=label)
+                bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.axhline(capacity_gb, color="red", linestyle="--",
+                   label=f"GPU capacity ({capacity_gb:g} GB)")  # fmt: skip
+        for i, total in enumerate(bottom):
+            ax.text(i, total, f"{total:.1f} GB", ha="center", va="bottom")
+        ax.set_ylabel("Per-GPU memory (GB)")
+        ax.set_title(f"{model['model']} training memory per GPU on {gpus} GPUs")
+        ax.legend(loc="upper right")

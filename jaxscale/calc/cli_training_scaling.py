@@ -1,17 +1,15 @@
 """`jaxscale calc scaling`: strong/weak efficiency, Amdahl, naive model parallelism (seed 004)."""
 
 from jaxscale.calc import scaling as sc
-from jaxscale.calc.training_format import (
+from jaxscale.cliutil import (
     add_output_flags,
     comma_list,
-    emit,
-    format_table,
     guarded,
-    mode_line,
     non_negative_float,
     positive_float,
     positive_int,
 )
+from jaxscale.render import Col, Report, figure
 
 FAITHFUL_WHAT = "the seed's n_layers // n_gpus split, which drops remainder layers (004 L537)"
 
@@ -41,73 +39,58 @@ def add_parser(calc_sub) -> None:
     p.set_defaults(func=guarded(run))
 
 
+GPUS = Col("num_gpus", "GPUs")
+TIME = Col("time_s", "Time (s)", "g")
+EFFICIENCY = Col("efficiency", "Efficiency", ".1%")
+
+
+def _points(series: list[sc.ScalingPoint]) -> list[dict]:
+    return [{"num_gpus": p.num_gpus, "time_s": p.time_s, "speedup": p.speedup,
+             "efficiency": p.efficiency} for p in series]  # fmt: skip
+
+
+def _amdahl_record(name: str, a: sc.AmdahlAnalysis) -> dict:
+    return {"scenario": name, "num_gpus": a.num_gpus, "comm_fraction": a.comm_fraction,
+            "max_speedup": a.max_speedup, "comm_bound": a.comm_bound, "compute_s": a.compute_s,
+            "comm_s": a.comm_s, "compute_fraction": a.compute_fraction}  # fmt: skip
+
+
 def run(args) -> int:
     if (args.compute_s is None) != (args.comm_s is None):
         raise ValueError("give both --compute-s and --comm-s, or neither")
-    strong = sc.strong_scaling(args.gpu_counts, args.strong_times)
-    weak = sc.weak_scaling(args.gpu_counts, args.weak_times)
-    resnet = sc.strong_scaling(*sc.SEED_RESNET, baseline_time_s=sc.SEED_RESNET_SINGLE_GPU_S)
+    strong = _points(sc.strong_scaling(args.gpu_counts, args.strong_times))
+    weak = _points(sc.weak_scaling(args.gpu_counts, args.weak_times))
+    resnet = _points(sc.strong_scaling(*sc.SEED_RESNET,
+                                       baseline_time_s=sc.SEED_RESNET_SINGLE_GPU_S))  # fmt: skip
     if args.compute_s is None:
         scenarios = sc.SEED_AMDAHL_SCENARIOS
     else:
         scenarios = (("Custom", args.compute_s, args.comm_s, args.num_gpus),)
-    amdahl = [(name, sc.amdahl(c, m, n)) for name, c, m, n in scenarios]
-    mp = sc.naive_model_parallel(
-        args.layers,
-        args.mp_gpus,
-        args.layer_ms,
-        args.transfer_ms,
-        seed_faithful=args.seed_faithful,
-    )
-    lines = [
-        mode_line(args.seed_faithful, FAITHFUL_WHAT),
-        "",
-        "Strong scaling: fixed total batch; efficiency = (t1 / N) / tN",
-        format_table(
-            ["GPUs", "Time (s)", "Speedup", "Efficiency"],
-            [
-                [p.num_gpus, f"{p.time_s:g}", f"{p.speedup:.2f}x", f"{p.efficiency:.1%}"]
-                for p in strong
-            ],
-        ),
-        "",
-        f"Weak scaling: {args.batch_per_gpu} per GPU; efficiency = t1 / tN",
-        format_table(
-            ["GPUs", "Total batch", "Time (s)", "Efficiency"],
-            [
-                [
-                    p.num_gpus,
-                    p.num_gpus * args.batch_per_gpu,
-                    f"{p.time_s:g}",
-                    f"{p.efficiency:.1%}",
-                ]
-                for p in weak
-            ],
-        ),
-        "",
-        f"ResNet-50 example (shared/seeds/004 L388-401), {sc.SEED_RESNET_SINGLE_GPU_S} s on 1 GPU",
-        format_table(
-            ["GPUs", "Time (s)", "Efficiency"],
-            [[p.num_gpus, f"{p.time_s:g}", f"{p.efficiency:.1%}"] for p in resnet],
-        ),
-        "",
-        "Amdahl: communication does not parallelise; max speedup = 1 / (comm + compute / N)",
-        format_table(
-            ["Scenario", "GPUs", "Compute", "Comm", "Max speedup", "Comm-bound?"],
-            [
-                [name, a.num_gpus, f"{a.compute_s:g} s ({a.compute_fraction:.1%})"]
-                + [f"{a.comm_s:g} s ({a.comm_fraction:.1%})", f"{a.max_speedup:.2f}x"]
-                + ["WARNING" if a.comm_bound else "no"]
-                for name, a in amdahl
-            ],
-        ),
-    ]
-    if any(a.comm_bound for _, a in amdahl):
-        lines.append(
-            f"  communication above {sc.COMM_WARNING_FRACTION:.0%} of the step; suggestions:"
-        )
-        lines += [f"    - {s}" for s in sc.COMM_BOUND_SUGGESTIONS]
-    lines += [
+    amdahl = [_amdahl_record(name, sc.amdahl(c, m, n)) for name, c, m, n in scenarios]
+    mp = sc.naive_model_parallel(args.layers, args.mp_gpus, args.layer_ms, args.transfer_ms,
+                                 seed_faithful=args.seed_faithful)  # fmt: skip
+    r = Report("scaling").mode(args.seed_faithful, FAITHFUL_WHAT)
+    r.say("", "Strong scaling: fixed total batch; efficiency = (t1 / N) / tN")
+    r.table("strong", [GPUS, TIME, Col("speedup", "Speedup", lambda x: f"{x:.2f}x"), EFFICIENCY],
+            strong)  # fmt: skip
+    r.say("", f"Weak scaling: {args.batch_per_gpu} per GPU; efficiency = t1 / tN")
+    batch = Col("num_gpus", "Total batch", lambda n: str(n * args.batch_per_gpu))
+    r.table("weak", [GPUS, batch, TIME, EFFICIENCY], weak)
+    r.say("", f"ResNet-50 example (shared/seeds/004 L388-401), {sc.SEED_RESNET_SINGLE_GPU_S} s "
+          "on 1 GPU")  # fmt: skip
+    r.table("resnet", [GPUS, TIME, EFFICIENCY], resnet)
+    r.say("", "Amdahl: communication does not parallelise; max speedup = 1 / (comm + compute / N)")
+    r.put(amdahl=amdahl)
+    cells = [{**a, "compute": f"{a['compute_s']:g} s ({a['compute_fraction']:.1%})",
+              "comm": f"{a['comm_s']:g} s ({a['comm_fraction']:.1%})"} for a in amdahl]  # fmt: skip
+    r.table(None, [Col("scenario", "Scenario"), GPUS, Col("compute", "Compute"),
+                   Col("comm", "Comm"), Col("max_speedup", "Max speedup", lambda x: f"{x:.2f}x"),
+                   Col("comm_bound", "Comm-bound?", lambda b: "WARNING" if b else "no")],
+            cells)  # fmt: skip
+    if any(a["comm_bound"] for a in amdahl):
+        r.say(f"  communication above {sc.COMM_WARNING_FRACTION:.0%} of the step; suggestions:")
+        r.say(*(f"    - {s}" for s in sc.COMM_BOUND_SUGGESTIONS))
+    r.say(
         "",
         f"Naive model parallelism: {args.layers} layers on {args.mp_gpus} GPUs, "
         f"{args.layer_ms:g} ms/layer, {args.transfer_ms:g} ms/transfer, backward = forward",
@@ -115,74 +98,40 @@ def run(args) -> int:
         f"  forward pass:    {mp.forward_ms:g} ms",
         f"  total time:      {mp.total_ms:g} ms",
         f"  GPU utilisation: {mp.utilization:.1%}  (only one GPU works at a time)",
-    ]
-    untimed = args.layers - sum(mp.layers_per_gpu)
-    if untimed:
-        lines.append(
-            f"  ({untimed} layer(s) never timed by the seed's split; utilisation overstated)"
-        )
+    )
+    if untimed := args.layers - sum(mp.layers_per_gpu):
+        r.say(f"  ({untimed} layer(s) never timed by the seed's split; utilisation overstated)")
     if (args.layers, args.mp_gpus, args.layer_ms, args.transfer_ms) == (12, 3, 10.0, 5.0):
-        lines.append(
-            "  (the seed's comment, L567-570, says 50 ms / 100 ms / 40%; its code prints the above)"
-        )
-
-    def points(series):
-        return [
-            {"num_gpus": p.num_gpus, "time_s": p.time_s, "speedup": p.speedup}
-            | {"efficiency": p.efficiency}
-            for p in series
-        ]
-
-    report = {
-        "command": "scaling",
-        "mode": "seed-faithful" if args.seed_faithful else "corrected",
-        "strong": points(strong),
-        "weak": points(weak),
-        "resnet": points(resnet),
-        "amdahl": [
-            {"scenario": name, "num_gpus": a.num_gpus, "comm_fraction": a.comm_fraction}
-            | {"max_speedup": a.max_speedup, "comm_bound": a.comm_bound}
-            for name, a in amdahl
-        ],
-        "naive_model_parallel": {
-            "layers_per_gpu": list(mp.layers_per_gpu),
-            "forward_ms": mp.forward_ms,
-            "total_ms": mp.total_ms,
-            "utilization": mp.utilization,
-        },
-    }
+        r.say("  (the seed's comment, L567-570, says 50 ms / 100 ms / 40%; its code prints the "
+              "above)")  # fmt: skip
+    r.put(naive_model_parallel={"layers_per_gpu": list(mp.layers_per_gpu),
+                                "forward_ms": mp.forward_ms, "total_ms": mp.total_ms,
+                                "utilization": mp.utilization})  # fmt: skip
     if args.plot:
         _plot(args.plot, strong, weak)
-        lines.append(f"plot written to {args.plot}")
-    emit(args, report, lines)
+        r.say(f"plot written to {args.plot}")
+    r.emit(args)
     return 0
 
 
-def _plot(path, strong, weak) -> None:
-    import matplotlib
+def _plot(path, strong: list[dict], weak: list[dict]) -> None:
+    def series(points, key, scale=1):
+        return [p["num_gpus"] for p in points], [p[key] * scale for p in points]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    gpus = [p.num_gpus for p in strong]
-    ax1.plot(gpus, [p.speedup for p in strong], marker="o", label="measured")
-    ax1.plot(gpus, gpus, "k--", alpha=0.5, label="ideal")
-    ax1.set_xscale("log", base=2)
-    ax1.set_yscale("log", base=2)
-    ax1.set_xlabel("GPUs")
-    ax1.set_ylabel("Speedup")
-    ax1.set_title("Strong scaling")
-    ax1.legend()
-    ax2.plot(gpus, [p.efficiency * 100 for p in strong], marker="o", label="strong")
-    ax2.plot(
-        [p.num_gpus for p in weak], [p.efficiency * 100 for p in weak], marker="s", label="weak"
-    )
-    ax2.set_xscale("log", base=2)
-    ax2.set_xlabel("GPUs")
-    ax2.set_ylabel("Efficiency (%)")
-    ax2.set_title("Scaling efficiency")
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(12, 4.5)) as (fig, (ax1, ax2)):
+        gpus, speedup = series(strong, "speedup")
+        ax1.plot(gpus, speedup, marker="o", label="measured")
+        ax1.plot(gpus, gpus, "k--", alpha=0.5, label="ideal")
+        ax1.set_xscale("log", base=2)
+        ax1.set_yscale("log", base=2)
+        ax1.set_xlabel("GPUs")
+        ax1.set_ylabel("Speedup")
+        ax1.set_title("Strong scaling")
+        ax1.legend()
+        ax2.plot(*series(strong, "efficiency", 100), marker="o", label="strong")
+        ax2.plot(*series(weak, "efficiency", 100), marker="s", label="weak")
+        ax2.set_xscale("log", base=2)
+        ax2.set_xlabel("GPUs")
+        ax2.set_ylabel("Efficiency (%)")
+        ax2.set_title("Scaling efficiency")
+        ax2.legend()

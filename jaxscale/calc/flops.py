@@ -12,6 +12,8 @@ backward = 2 x forward and a training step = 3 x forward = 6 FLOPs per parameter
 
 from dataclasses import dataclass
 
+from jaxscale.calc.checks import positive
+
 FORWARD_FLOPS_PER_PARAM = 2
 BACKWARD_TO_FORWARD = 2  # dL/dx and dL/dW: two matmuls per forward matmul
 TRAINING_FLOPS_PER_PARAM = FORWARD_FLOPS_PER_PARAM * (1 + BACKWARD_TO_FORWARD)  # 6
@@ -22,10 +24,7 @@ SEED_DEFAULT_VOCAB = 50000
 
 def training_flops(n_params: float, n_tokens: float) -> float:
     """Total training FLOPs C = 6 * N * D (shared/seeds/001_*.txt L81-84, L222-231)."""
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params!r}")
-    if not n_tokens > 0:
-        raise ValueError(f"n_tokens must be > 0, got {n_tokens!r}")
+    positive(n_params=n_params, n_tokens=n_tokens)
     return TRAINING_FLOPS_PER_PARAM * n_params * n_tokens
 
 
@@ -74,18 +73,9 @@ def transformer_flops_per_token(
     seed's 2*D*T^2 (L368, L422-425): the per-SEQUENCE cost of one of the two matmuls, added to
     per-token FLOPs; for GPT-3 at T=2048 it overstates attention ~1000x.
     """
-    for name, value in (
-        ("d_model", d_model),
-        ("n_layers", n_layers),
-        ("seq_len", seq_len),
-        ("vocab_size", vocab_size),
-    ):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
-    if d_ff is None:
-        d_ff = 4 * d_model
-    elif not d_ff > 0:
-        raise ValueError(f"d_ff must be > 0, got {d_ff!r}")
+    positive(d_model=d_model, n_layers=n_layers, seq_len=seq_len, vocab_size=vocab_size)
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    positive(d_ff=d_ff)
     scores = 0.0
     if include_attention:
         if seed_faithful:

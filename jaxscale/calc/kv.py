@@ -16,6 +16,8 @@ parallelism, overhead per GPU.
 
 from dataclasses import dataclass
 
+from jaxscale.calc.checks import non_negative, positive, positive_ints
+
 GIB = 1024**3
 SEED_OVERHEAD_GB_PER_GPU = 2.0  # "CUDA kernels, activations, etc." (S2 L7188)
 UTILISATION_WITHOUT_PAGING = 0.5  # contiguous pre-allocation (S2 L7206-7208)
@@ -54,16 +56,6 @@ FRAGMENTATION_SCENARIOS = (
 )
 
 
-def _positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _positive(name: str, value: float) -> None:
-    if not value > 0:  # also rejects NaN
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-
-
 def get_model(name: str) -> KvModel:
     """The seed model called `name` (case-insensitive); ValueError naming the valid choices."""
     key = name.strip().lower()
@@ -76,10 +68,9 @@ def custom_model(
     num_layers: int, num_kv_heads: int, head_dim: int, model_size_gb: float | None = None
 ) -> KvModel:
     """A --custom model; without a weight size it takes the seed's fallback of 14 GB (L7298)."""
-    for name, value in (("layers", num_layers), ("heads", num_kv_heads), ("dim", head_dim)):
-        _positive_int(name, value)
+    positive_ints(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim)
     size = SEED_CUSTOM_MODEL_SIZE_GB if model_size_gb is None else model_size_gb
-    _positive("model size (GB)", size)
+    positive(model_size_gb=size)
     return KvModel("Custom", num_layers, num_kv_heads, head_dim, size)
 
 
@@ -87,23 +78,13 @@ def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2
 ) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x dtype bytes (S2 L6843, L7135)."""
-    for name, value in (("layers", num_layers), ("kv heads", num_kv_heads), ("head dim", head_dim)):
-        _positive_int(name, value)
-    _positive_int("dtype bytes", dtype_bytes)
+    positive_ints(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                  dtype_bytes=dtype_bytes)  # fmt: skip
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 def model_kv_bytes_per_token(model: KvModel, dtype_bytes: int = 2) -> int:
     return kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim, dtype_bytes)
-
-
-def format_binary(num_bytes: float) -> str:
-    """1024-based size with an honest unit name ("512.00 KiB"); the seed prints "KB" (L7149)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num_bytes) < 1024:
-            return f"{num_bytes:.2f} {unit}"
-        num_bytes /= 1024
-    return f"{num_bytes:.2f} PiB"
 
 
 @dataclass(frozen=True)
@@ -136,11 +117,9 @@ def available_kv_gib(
     overhead_gb_per_gpu: float = SEED_OVERHEAD_GB_PER_GPU,
 ) -> float:
     """Memory left for KV when the weights are split over `num_gpus` (tensor parallelism)."""
-    _positive_int("num_gpus", num_gpus)
-    _positive("GPU memory (GB)", gpu_memory_gb)
-    _positive("model size (GB)", model_size_gb)
-    if not overhead_gb_per_gpu >= 0:
-        raise ValueError(f"overhead must be >= 0 GB per GPU, got {overhead_gb_per_gpu!r}")
+    positive_ints(num_gpus=num_gpus)
+    positive(gpu_memory_gb=gpu_memory_gb, model_size_gb=model_size_gb)
+    non_negative(overhead_gb_per_gpu=overhead_gb_per_gpu)
     return num_gpus * (gpu_memory_gb - overhead_gb_per_gpu) - model_size_gb
 
 
@@ -153,7 +132,7 @@ def kv_capacity(
     dtype_bytes: int = 2,
 ) -> KvCapacity:
     """Concurrent full-context requests (S2 L7181-7222), for one GPU or a TP group of them."""
-    _positive_int("context length", context_len)
+    positive_ints(context_len=context_len)
     available = available_kv_gib(model.model_size_gb, gpu_memory_gb, num_gpus, overhead_gb_per_gpu)
     per_token = model_kv_bytes_per_token(model, dtype_bytes)
     per_request_gib = per_token * context_len / GIB
@@ -218,10 +197,8 @@ class Fragmentation:
 def fragmentation(
     kv_per_token: int, requests: int, avg_context: int, max_context: int
 ) -> Fragmentation:
-    for name, value in (("requests", requests), ("avg context", avg_context)):
-        _positive_int(name, value)
-    _positive_int("max context", max_context)
-    _positive_int("KV bytes per token", kv_per_token)
+    positive_ints(requests=requests, avg_context=avg_context, max_context=max_context,
+                  kv_per_token=kv_per_token)  # fmt: skip
     if avg_context > max_context:
         raise ValueError(f"avg context {avg_context} exceeds max context {max_context}")
     return Fragmentation(

@@ -12,6 +12,8 @@ stage 2 also the gradients, stage 3 also the weights (shared/seeds/000_*.txt L10
 import math
 from dataclasses import dataclass
 
+from jaxscale.calc.checks import non_negative, positive, positive_ints
+
 # Mixed-precision Adam, bytes per parameter (shared/seeds/000_*.txt L100-106).
 BF16_BYTES = 2
 FP32_BYTES = 4
@@ -42,16 +44,6 @@ class TrainingMemory:
         return self.weights + self.gradients + self.optimizer + self.master
 
 
-def _check_degree(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _check_bytes(name: str, value: float) -> None:
-    if not value >= 0:  # also rejects NaN
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-
-
 def training_memory_per_device(
     n_params: float,
     *,
@@ -67,20 +59,12 @@ def training_memory_per_device(
 ) -> TrainingMemory:
     """Model state is divided by tp*pp; ZeRO-1 shards optimizer(+master) over dp, ZeRO-2 also grads,
     ZeRO-3 also weights. activation_bytes is per device and added as is."""
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params!r}")
-    for name, degree in (("dp", dp), ("tp", tp), ("pp", pp)):
-        _check_degree(name, degree)
+    positive(n_params=n_params)
+    positive_ints(dp=dp, tp=tp, pp=pp)
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of 0, 1, 2, 3, got {zero_stage!r}")
-    for name, value in (
-        ("weight_bytes", weight_bytes),
-        ("grad_bytes", grad_bytes),
-        ("optimizer_bytes", optimizer_bytes),
-        ("master_bytes", master_bytes),
-        ("activation_bytes", activation_bytes),
-    ):
-        _check_bytes(name, value)
+    non_negative(weight_bytes=weight_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes,
+                 master_bytes=master_bytes, activation_bytes=activation_bytes)  # fmt: skip
 
     params_per_device = n_params / (tp * pp)
     # Each ZeRO stage adds one more state kind sharded over the data-parallel group.
@@ -111,18 +95,9 @@ def zero_stage_memories(
     seed_faithful reproduces shared/seeds/002_*.txt L3297, whose ZeRO-2 row (210 GB for 70B on 8
     GPUs) leaves the sharded gradients out: 140 + 560/8 = 210. Counting them gives 227.5.
     """
-    rows = [
-        training_memory_per_device(
-            n_params,
-            dp=dp,
-            tp=tp,
-            pp=pp,
-            zero_stage=stage,
-            master_bytes=master_bytes,
-            activation_bytes=activation_bytes,
-        )
-        for stage in ZERO_STAGES
-    ]
+    rows = [training_memory_per_device(n_params, dp=dp, tp=tp, pp=pp, zero_stage=stage,
+                                       master_bytes=master_bytes, activation_bytes=activation_bytes)
+            for stage in ZERO_STAGES]  # fmt: skip
     if seed_faithful:
         z2 = rows[2]
         rows[2] = TrainingMemory(z2.weights, 0.0, z2.optimizer, z2.master, z2.activations)
@@ -138,14 +113,7 @@ def activation_bytes_simple(
     Checkpointing keeps only ~sqrt(L) layers' activations (checkpoint every sqrt(L) layers, then
     recompute one segment at a time), hence sqrt(n_layers) in place of n_layers.
     """
-    for name, value in (
-        ("batch_size", batch_size),
-        ("seq_len", seq_len),
-        ("hidden_size", hidden_size),
-        ("n_layers", n_layers),
-    ):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
+    positive(batch_size=batch_size, seq_len=seq_len, hidden_size=hidden_size, n_layers=n_layers)
     layers_kept = math.sqrt(n_layers) if checkpointing else n_layers
     return batch_size * seq_len * hidden_size * layers_kept * FP32_BYTES * 2
 
@@ -165,10 +133,8 @@ def activation_bytes_param_heuristic(
     dtype_bytes: float = 2,
 ) -> float:
     """Seed 001's rule of thumb: params/(tp*pp) * (3 if checkpointing else 10) * dtype_bytes."""
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params!r}")
-    _check_degree("tp", tp)
-    _check_degree("pp", pp)
+    positive(n_params=n_params)
+    positive_ints(tp=tp, pp=pp)
     multiplier = (
         PARAM_HEURISTIC_ACTIVATION_MULTIPLIER_CHECKPOINTED
         if checkpointing

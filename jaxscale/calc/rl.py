@@ -17,14 +17,14 @@ smaller reward model scores on the same GPUs. Sync generates on all GPUs, async 
 import math
 from dataclasses import dataclass
 
-from jaxscale.calc.gpus import GpuSpec
-from jaxscale.calc.inference import H100, SEED_WEIGHT_BYTES, inference_latency
+from jaxscale.calc.inference import SEED001_H100, SEED_WEIGHT_BYTES, inference_latency
+from jaxscale.calc.serving import OVERHEAD_BYTES_PER_GPU
+from jaxscale.hardware import Device
 
 SEED_MFU = 0.5  # training at 50% MFU (001 L1402)
 SEED_REWARD_FRACTION = 0.1  # "Assume reward model is 10x smaller" (001 L1377-1380)
 SEED_BATCH_SIZES = (128, 256, 512, 1024)  # the seed's plot (001 L1477)
 MODES = ("sync", "async")
-OVERHEAD_BYTES_PER_GPU = 2e9  # as in serving.py
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,9 @@ class RlIteration:
         return self.batch_size * self.gen_len / self.time_per_iter_s
 
 
-def replica_gpus(n_params: float, gpu: GpuSpec, weight_bytes: float = SEED_WEIGHT_BYTES) -> int:
+def replica_gpus(n_params: float, gpu: Device, weight_bytes: float = SEED_WEIGHT_BYTES) -> int:
     """Fewest GPUs (1, 2, 4, ...) whose memory, less overhead, holds the weights with room left."""
-    per_gpu = gpu.memory_gb * 1e9 - OVERHEAD_BYTES_PER_GPU
+    per_gpu = gpu.memory_bytes - OVERHEAD_BYTES_PER_GPU
     tp = 1
     while tp * per_gpu <= n_params * weight_bytes:
         tp *= 2
@@ -81,7 +81,7 @@ def rl_iteration(
     mode: str = "sync",
     *,
     kv_bytes_per_token: float,
-    gpu: GpuSpec = H100,
+    gpu: Device = SEED001_H100,
     gen_gpus: int | None = None,
     mfu: float = SEED_MFU,
     reward_fraction: float = SEED_REWARD_FRACTION,
@@ -95,7 +95,7 @@ def rl_iteration(
     if not 0 < mfu <= 1 or not 0 < reward_fraction:
         raise ValueError("MFU must be in (0, 1] and the reward-model fraction > 0")
     if gpu.flops_per_s is None or gpu.hbm_bytes_per_s is None:
-        raise ValueError(f"{gpu.name}: the seeds give no peak FLOP/s or bandwidth for it")
+        raise ValueError(f"{gpu.name}: no peak FLOP/s or bandwidth known for it")
     tokens = batch_size * (prompt_len + gen_len)
     timing = dict(
         kv_bytes_per_token=kv_bytes_per_token,
@@ -151,7 +151,7 @@ def best_async_split(
     total_gpus: int,
     *,
     kv_bytes_per_token: float,
-    gpu: GpuSpec = H100,
+    gpu: Device = SEED001_H100,
     mfu: float = SEED_MFU,
     reward_fraction: float = SEED_REWARD_FRACTION,
 ) -> RlIteration:

@@ -6,6 +6,8 @@ Weak scaling: per-GPU batch fixed, ideal t_N = t_1, efficiency = t_1 / t_N.
 
 from dataclasses import dataclass
 
+from jaxscale.calc.checks import positive_ints
+
 
 @dataclass(frozen=True)
 class ScalingPoint:
@@ -90,8 +92,7 @@ def amdahl(compute_s: float, comm_s: float, num_gpus: int) -> AmdahlAnalysis:
     """shared/seeds/004_*.txt L1428-1482 `analyze_scaling_bottlenecks`."""
     if not compute_s >= 0 or not comm_s >= 0 or not compute_s + comm_s > 0:
         raise ValueError("compute and communication times must be >= 0 and not both 0")
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
-        raise ValueError(f"num_gpus must be a positive integer, got {num_gpus!r}")
+    positive_ints(num_gpus=num_gpus)
     return AmdahlAnalysis(compute_s, comm_s, num_gpus)
 
 
@@ -130,9 +131,7 @@ def naive_model_parallel(
     2*L*t / (n_gpus * total). The seed gives every GPU L // n_gpus layers, so with 13 layers on
     3 GPUs one layer is never timed (seed_faithful); corrected spreads the remainder.
     """
-    for name, value in (("n_layers", n_layers), ("n_gpus", n_gpus)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive_ints(n_layers=n_layers, n_gpus=n_gpus)
     if n_gpus > n_layers:
         raise ValueError(f"n_gpus ({n_gpus}) must not exceed n_layers ({n_layers})")
     if not layer_time_ms > 0 or not transfer_time_ms >= 0:

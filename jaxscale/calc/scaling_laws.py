@@ -7,6 +7,7 @@ token budget) follows the ACTIVE parameters, while memory follows the TOTAL.
 
 from dataclasses import dataclass
 
+from jaxscale.calc.checks import positive
 from jaxscale.calc.flops import training_flops
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -17,10 +18,7 @@ def chinchilla_optimal_tokens(
     n_params: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM
 ) -> float:
     """Compute-optimal training tokens = 20 * N (shared/seeds/001_*.txt L40-44, L59-69)."""
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params!r}")
-    if not tokens_per_param > 0:
-        raise ValueError(f"tokens_per_param must be > 0, got {tokens_per_param!r}")
+    positive(n_params=n_params, tokens_per_param=tokens_per_param)
     return tokens_per_param * n_params
 
 
@@ -45,8 +43,7 @@ def chinchilla_row(
 
 def tokens_per_param(n_params: float, n_tokens: float) -> float:
     """Actual tokens per parameter: GPT-3 300B / 175B = 1.7 (shared/seeds/001_*.txt L104-106)."""
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params!r}")
+    positive(n_params=n_params)
     return n_tokens / n_params
 
 

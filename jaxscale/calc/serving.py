@@ -15,7 +15,7 @@ the plan takes the tp that needs the fewest GPUs in all. Queueing and TP communi
 import math
 from dataclasses import dataclass
 
-from jaxscale.calc.inference import H100, SEED_WEIGHT_BYTES, inference_latency
+from jaxscale.calc.inference import SEED001_H100, SEED_WEIGHT_BYTES, inference_latency
 
 # (name, users, requests per second per user) (001 L1247-1251), prompt 100, gen 50, 1 s target.
 SEED_LOAD_SCENARIOS = (
@@ -47,9 +47,9 @@ def seed_serving_estimate(
     target_latency_s: float,
     *,
     kv_bytes_per_token: float,
-    gpu_memory_bytes: float = H100.memory_gb * 1e9,
-    flops_per_s: float = H100.flops_per_s,
-    hbm_bytes_per_s: float = H100.hbm_bytes_per_s,
+    gpu_memory_bytes: float = SEED001_H100.memory_bytes,
+    flops_per_s: float = SEED001_H100.flops_per_s,
+    hbm_bytes_per_s: float = SEED001_H100.hbm_bytes_per_s,
 ) -> SeedServingEstimate:
     """The seed's arithmetic, slips included (001 L1178-1240)."""
     if not total_rps > 0 or not target_latency_s > 0:
@@ -103,9 +103,9 @@ def plan_serving(
     target_latency_s: float,
     *,
     kv_bytes_per_token: float,
-    gpu_memory_bytes: float = H100.memory_gb * 1e9,
-    flops_per_s: float = H100.flops_per_s,
-    hbm_bytes_per_s: float = H100.hbm_bytes_per_s,
+    gpu_memory_bytes: float = SEED001_H100.memory_bytes,
+    flops_per_s: float = SEED001_H100.flops_per_s,
+    hbm_bytes_per_s: float = SEED001_H100.hbm_bytes_per_s,
     weight_bytes: float = SEED_WEIGHT_BYTES,
     overhead_bytes_per_gpu: float = OVERHEAD_BYTES_PER_GPU,
     tp_degrees: tuple[int, ...] = TP_DEGREES,

@@ -8,6 +8,8 @@ Time = latency + bytes / bandwidth per collective (the alpha-beta model, 001 L68
 
 from dataclasses import dataclass
 
+from jaxscale.calc.checks import non_negative, positive, positive_ints
+
 GB = 1e9
 
 
@@ -38,25 +40,18 @@ def links(seed_faithful: bool = False) -> dict[str, Link]:
 
 def collective_time_ms(message_bytes: float, link: Link) -> float:
     """latency + bytes / bandwidth, in milliseconds (001 L707-735)."""
-    if not message_bytes >= 0:
-        raise ValueError(f"message_bytes must be >= 0, got {message_bytes!r}")
+    non_negative(message_bytes=message_bytes)
     return (link.latency_us * 1e-6 + message_bytes / (link.bandwidth_gb_s * GB)) * 1e3
 
 
 def ring_allreduce_factor(n: int) -> float:
-    _check_ranks("ranks", n)
-    return 2 * (n - 1) / n
+    return 2 * ring_gather_factor(n)
 
 
 def ring_gather_factor(n: int) -> float:
     """all-gather or reduce-scatter."""
-    _check_ranks("ranks", n)
+    positive_ints(ranks=n)
     return (n - 1) / n
-
-
-def _check_ranks(name: str, n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive integer, got {n!r}")
 
 
 @dataclass(frozen=True)
@@ -89,10 +84,8 @@ def tp_layer_comm(
 ) -> TPLayerComm:
     """shared/seeds/001_*.txt L737-765. The seed moves 2x the tensor per all-reduce whatever the TP
     degree ("2(N-1)/N ~ 2"); corrected uses 2(T-1)/T (1.75 at T=8)."""
-    _check_ranks("tp", tp)
-    for name, value in (("d_model", d_model), ("batch_size", batch_size), ("seq_len", seq_len)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
+    positive_ints(tp=tp)
+    positive(d_model=d_model, batch_size=batch_size, seq_len=seq_len)
     activation = batch_size * seq_len * d_model * bytes_per_value
     factor = 2.0 if seed_faithful else ring_allreduce_factor(tp)
     sent = factor * activation
@@ -134,10 +127,8 @@ def zero_step_comm(
     all-gather, so ZeRO-2 looks 2x cheaper than ZeRO-1), one all-gather + one reduce-scatter per
     layer for ZeRO-3.
     """
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params!r}")
-    _check_ranks("n_layers", n_layers)
-    _check_ranks("dp", dp)
+    positive(n_params=n_params)
+    positive_ints(n_layers=n_layers, dp=dp)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be one of 0, 1, 2, 3, got {zero_stage!r}")
     grads = n_params * bytes_per_param
@@ -205,12 +196,8 @@ class TPMLPComm:
 def tp_mlp_comm(
     hidden_size: int, batch_size: int, seq_len: int, tp: int, bytes_per_element: float = 4
 ) -> TPMLPComm:
-    _check_ranks("tp", tp)
-    for name, value in (("hidden_size", hidden_size), ("batch_size", batch_size)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
-    if not seq_len > 0:
-        raise ValueError(f"seq_len must be > 0, got {seq_len!r}")
+    positive_ints(tp=tp)
+    positive(hidden_size=hidden_size, batch_size=batch_size, seq_len=seq_len)
     elements = batch_size * seq_len * hidden_size
     size = elements * bytes_per_element
     ring = ring_allreduce_factor(tp) * size
@@ -219,7 +206,6 @@ def tp_mlp_comm(
 
 def mlp_params_per_gpu(hidden_size: int, tp: int = 1) -> float:
     """W1 [H, 4H/T] + W2 [4H/T, H] = 8H^2/T (shared/seeds/002_*.txt L5022-5047)."""
-    _check_ranks("tp", tp)
-    if not hidden_size > 0:
-        raise ValueError(f"hidden_size must be > 0, got {hidden_size!r}")
+    positive_ints(tp=tp)
+    positive(hidden_size=hidden_size)
     return 8 * hidden_size * hidden_size / tp

@@ -1,1 +1,2 @@
-"""Model: Flax NNX decoder-only transformer with logical axis names."""
+"""The model: NNX parameters with logical axis names (transformer.py) and the forward pass as
+pure pieces every strategy composes (pieces.py)."""

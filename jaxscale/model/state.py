@@ -1,8 +1,9 @@
-"""The model as data: graphdef + a pure dict of parameter arrays, and their logical axes.
+"""The model as data: a pure dict of parameter arrays, and their logical axes.
 
-Training code holds parameters as a plain nested dict (easy for optax, orbax and shard_map) and
-calls the NNX module through `nnx.merge` (the functional split/merge path; plain jax.jit over a
-mutating NNX object would silently drop updates).
+Training code holds parameters as a plain nested dict (easy for optax, orbax and shard_map),
+initialised by the NNX module (`Transformer`) and run by `jaxscale.model.pieces` on the dict, so
+no NNX object is ever mutated under jit (plain jax.jit over a mutating NNX object would silently
+drop updates).
 """
 
 from __future__ import annotations
@@ -22,20 +23,12 @@ def _build(cfg: ModelConfig, seed: int) -> Transformer:
 
 
 @cache
-def graphdef_and_logical(cfg: ModelConfig):
-    """(graphdef, logical-axes tree) from an abstract model; nothing is allocated."""
-    model = nnx.eval_shape(lambda: _build(cfg, 0))
-    graphdef, state = nnx.split(model)
+def logical_axes(cfg: ModelConfig):
+    """The parameters' logical-axes tree (tuples of names), from an abstract model."""
+    state = nnx.state(nnx.eval_shape(lambda: _build(cfg, 0)))
     variables = jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
     treedef = jax.tree.structure(nnx.to_pure_dict(state))
-    logical = jax.tree.unflatten(
-        treedef, [tuple(v.get_metadata()["logical_axes"]) for v in variables]
-    )
-    return graphdef, logical
-
-
-def logical_axes(cfg: ModelConfig):
-    return graphdef_and_logical(cfg)[1]
+    return jax.tree.unflatten(treedef, [tuple(v.get_metadata()["logical_axes"]) for v in variables])
 
 
 def abstract_params(cfg: ModelConfig):
@@ -54,15 +47,3 @@ def param_shardings(cfg: ModelConfig, sharder: Sharder):
     shapes = jax.tree.map(lambda x: tuple(x.shape), abstract_params(cfg))
     check_divisible(sharder, shapes, logical)
     return tree_shardings(sharder, logical)
-
-
-def init_sharded_params(cfg: ModelConfig, seed: int, sharder: Sharder):
-    """Initialise directly into the sharded layout: each device computes only its shards."""
-    shardings = param_shardings(cfg, sharder)
-    return jax.jit(lambda: init_params(cfg, seed), out_shardings=shardings)()
-
-
-def apply(cfg: ModelConfig, params, tokens_BT, sharder: Sharder | None = None):
-    """logits [B, T, V] float32 = model(tokens) for a pure-dict `params`."""
-    graphdef, _ = graphdef_and_logical(cfg)
-    return nnx.merge(graphdef, params)(tokens_BT, sharder)

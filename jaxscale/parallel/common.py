@@ -1,9 +1,6 @@
-"""Shared pieces of the manual strategies (jax.shard_map with explicit collectives).
-
-Every manual strategy keeps the same training state as the auto path ({"step", "params",
-"opt_state"}), laid out by the same logical-axis rules (jaxscale/sharding.py), and runs one
-shard_map over the whole mesh in which every collective is written by hand. The data-like mesh
-axes (`data`, `fsdp`) split the batch and form the ZeRO group; `tensor` splits heads, mlp and vocab.
+"""Shared pieces of the manual strategies (jax.shard_map with explicit collectives): specs of the
+layouts, one leaf's gather / reduce-scatter / slice along its sharded dimension, local gradient
+accumulation, the global gradient norm across shards, and the step's shapes the predictions use.
 
 Sharded shapes in docstrings follow the scaling-book notation: [B_data, T, D] is a batch split over
 the data axes.
@@ -11,41 +8,18 @@ the data axes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.config import ModelConfig
 from jaxscale.model import state as model_state
-from jaxscale.model.transformer import forward
-from jaxscale.sharding import RULES, Sharder
-from jaxscale.train import step as train_step
+from jaxscale.sharding import DATA_AXES, Sharder
 
-DATA_AXES = ("data", "fsdp")
-# ZeRO shards whatever it shards (optimizer state; +grads; +params) along each leaf's embed dim,
-# over all data-like axes at once: the same table as the auto path with one rule changed.
-ZERO_RULES = tuple({**RULES, "embed": DATA_AXES}.items())
-
-
-@dataclass(frozen=True)
-class ManualStep:
-    """A built manual strategy: its layout and its compiled functions."""
-
-    name: str
-    mesh: jax.sharding.Mesh
-    state_specs: dict  # PartitionSpec tree of the state
-    batch_spec: P
-    step: Callable  # jitted (state, batch [B, T+1]) -> (state, metrics)
-    init: Callable  # () -> state in this layout
-    grad_specs: dict | None = None  # layout of the gradients the optimizer update sees
-
-    def shardings(self, specs):
-        return named_shardings(self.mesh, specs)
+F32 = 4  # bytes
 
 
 def named_shardings(mesh, specs):
@@ -57,31 +31,9 @@ def data_axes(mesh) -> tuple[str, ...]:
     return tuple(a for a in DATA_AXES if a in mesh.shape)
 
 
-def data_size(mesh) -> int:
-    size = 1
-    for a in data_axes(mesh):
-        size *= mesh.shape[a]
-    return size
-
-
 def param_specs(cfg: ModelConfig, sharder: Sharder):
     """PartitionSpec tree of the parameters under `sharder`'s rules (checks divisibility)."""
     return jax.tree.map(lambda s: s.spec, model_state.param_shardings(cfg, sharder))
-
-
-def opt_specs(tx, cfg: ModelConfig, leaf_specs):
-    """Optimizer-state specs: every moment takes its parameter's spec; counters replicated."""
-    abstract = jax.eval_shape(tx.init, model_state.abstract_params(cfg))
-    return optax.tree_map_params(
-        tx, lambda _, s: s, abstract, leaf_specs, transform_non_params=lambda _: P(),
-        is_leaf=_is_spec,
-    )  # fmt: skip
-
-
-def manual_optimizer(tcfg: TrainConfig, cfg: ModelConfig):
-    """AdamW exactly as the auto path, minus clipping: the global norm needs collectives over
-    the shards, so clipping is done by `clip_by_global_norm` below."""
-    return train_step.make_optimizer(tcfg.replace(grad_clip=0.0), cfg)
 
 
 # --- one leaf's sharded dimension ------------------------------------------------------------
@@ -134,19 +86,31 @@ def linear_index(axes):
     return idx
 
 
-# --- loss, norm, update ---------------------------------------------------------------------
+# --- gradients ---------------------------------------------------------------------------------
 
 
-def local_loss(params, batch_BT1, cfg: ModelConfig, layer_hook=None, top_hook=None,
-               block_fn=None):  # fmt: skip
-    """Mean next-token loss over this device's rows [B_data, T+1]; no collective of its own."""
-    top = {k: v for k, v in params.items() if k != "blocks"}
-    if top_hook is not None:
-        top = top_hook(top)
-    unembed_DV = top["embed_VD"].T if cfg.tied_embeddings else top["unembed_DV"]
-    logits_BTV = forward(top["embed_VD"], params["blocks"], top["final_norm_D"], unembed_DV,
-                         batch_BT1[:, :-1], cfg, None, block_fn, layer_hook)  # fmt: skip
-    return train_step.cross_entropy(logits_BTV, batch_BT1[:, 1:])
+def accumulate(loss_fn, params, batch_BT1, grad_accum: int, axes, unreduced: bool):
+    """Mean loss and gradient over this shard's rows [B_data, T+1], summed over `grad_accum`
+    microbatches (rows m, m+M, ... form microbatch m) and divided once; no collective of its own.
+
+    `unreduced`: differentiate with respect to a *varying* copy of the (replicated) params, so
+    autodiff inserts no all-reduce and each shard keeps its own gradient until the caller's one
+    reduction per step (DP's explicit form, parallel/dp.py). Sharded params (ZeRO-3) are varying
+    already; their gradients come back reduce-scattered by the transpose of their all-gathers."""
+    if unreduced:
+        params = jax.tree.map(lambda p: jax.lax.pcast(p, axes, to="varying"), params)
+    if grad_accum == 1:
+        return jax.value_and_grad(loss_fn)(params, batch_BT1)
+    B = batch_BT1.shape[0]
+    micro_MBT1 = batch_BT1.reshape(B // grad_accum, grad_accum, -1).swapaxes(0, 1)
+
+    def body(carry, micro_BT1):
+        return jax.tree.map(jnp.add, carry, jax.value_and_grad(loss_fn)(params, micro_BT1)), None
+
+    # the carry must be typed varying like the per-shard values added to it (check_vma)
+    loss0 = jax.lax.pcast(jnp.zeros((), jnp.float32), axes, to="varying")
+    (loss, grads), _ = jax.lax.scan(body, (loss0, jax.tree.map(jnp.zeros_like, params)), micro_MBT1)
+    return loss / grad_accum, jax.tree.map(lambda g: g / grad_accum, grads)
 
 
 def global_sq_norm(grads, specs):
@@ -161,16 +125,6 @@ def global_sq_norm(grads, specs):
     return total
 
 
-def clip_by_global_norm(grads, g_norm, max_norm: float):
-    """optax.clip_by_global_norm's formula, with the norm supplied (computed across shards)."""
-    if max_norm <= 0:
-        return grads
-    trigger = g_norm < max_norm
-    return jax.tree.map(
-        lambda t: jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm), grads
-    )
-
-
 def spec_axes(spec: P) -> tuple[str, ...]:
     out = []
     for entry in spec:
@@ -181,3 +135,37 @@ def spec_axes(spec: P) -> tuple[str, ...]:
 
 def _is_spec(x) -> bool:
     return isinstance(x, P)
+
+
+# --- the step's shapes, for the predictions each axis module makes ----------------------------
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the collective predictions need (pure numbers). The byte convention is the census's
+    (jaxscale/analysis/hlo.py): all-reduce counts its operand, all-gather its output (the gathered
+    buffer), reduce-scatter its input. Counts are not predicted: XLA combines independent
+    collectives into tuple-shaped ones, which changes the count but not the bytes."""
+
+    matrix_params: int  # M: parameters in matrices (each has an embed and a heads/mlp/vocab axis)
+    norm_params: int  # Nn: norm scales (replicated by every strategy)
+    matrix_leaves: int
+    n_layers: int
+    tokens_local: int  # B_local * T: one data shard's rows x sequence
+    d_model: int
+    qkv_width: int  # (H + 2G) * K: the fused QKV output (gather_output mode)
+    d_ff: int
+
+
+def add_comm(*parts: dict) -> dict:
+    """Sum {op: bytes} predictions of several axes."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for op, b in part.items():
+            out[op] = out.get(op, 0.0) + b
+    return out
+
+
+def norm_comm(shape: StepShape, any_split: bool) -> dict:
+    """The gradient norm: one f32 all-reduce per leaf split over some axis."""
+    return {"all-reduce": F32 * shape.matrix_leaves} if any_split else {}

@@ -1,4 +1,5 @@
-"""ZeRO by hand: three distinct modes over the data-like axes (the ZeRO group of N devices).
+"""The data axes by hand: DP and ZeRO-1/2/3 over the data-like mesh axes (the ZeRO group of N
+devices), inside the manual step's shard_map.
 
 What each device stores and sends per step (P parameters, f32, Adam m and v):
 
@@ -12,15 +13,17 @@ What each device stores and sends per step (P parameters, f32, Adam m and v):
 
 "Sharded" means split along each leaf's `embed` dimension over all data-like axes (ZERO_RULES);
 norm scales have no embed dimension and stay replicated (their gradients are all-reduced).
-Functions here run inside the manual step's shard_map.
+Under tensor parallelism M below is the local share of the matrices, M/t.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
-from jaxscale.parallel import common
+from jaxscale.model.pieces import Pieces
+from jaxscale.parallel import common, dp
 
 STAGES = {
     0: "DP: everything replicated, gradients all-reduced",
@@ -28,24 +31,47 @@ STAGES = {
     2: "ZeRO-2: optimizer state and gradients sharded",
     3: "ZeRO-3 / FSDP: optimizer state, gradients and parameters sharded",
 }
+F32 = common.F32
 
 
-def reduce_grads(stage: int, local_grads, zero_specs, axes, n: int):
-    """Mean gradient from unreduced per-shard gradients, in the layout the stage updates in."""
+def pieces(pc: Pieces, stage: int, zero_specs, axes) -> Pieces:
+    """ZeRO-3 gathers each layer's shards inside the layer loop just before the layer runs (one
+    all-gather per split leaf; autodiff's transpose reduce-scatters the gradients), and the
+    embedding, final norm and unembedding before use. Other stages change nothing in the model."""
+    if stage != 3:
+        return pc
+    layer_specs = {k: P(*s[1:]) for k, s in zero_specs["blocks"].items()}  # minus `layers`
+    top_specs = {k: v for k, v in zero_specs.items() if k != "blocks"}
+
+    def gather(tree, specs):
+        return {k: common.gather_leaf(v, specs[k], axes) for k, v in tree.items()}
+
+    return pc.replace(layer_hook=lambda layer: gather(layer, layer_specs),
+                      top_hook=lambda top: gather(top, top_specs))  # fmt: skip
+
+
+def loss_and_grads(loss_fn, params, batch_BT1, *, stage, zero_specs, axes, n, grad_accum,
+                   dp_form="explicit"):  # fmt: skip
+    """Mean loss and mean gradient over the global batch, in the layout the stage updates in."""
+    if dp_form != "explicit":  # the teaching forms of plain DP (parallel/dp.py)
+        return dp.dp_loss_and_grads(loss_fn, params, batch_BT1, axes, dp_form)
+    unreduced = stage != 3
+    loss, grads = common.accumulate(loss_fn, params, batch_BT1, grad_accum, axes, unreduced)
+    loss = jax.lax.pmean(loss, axes)  # one all-reduce of the scalar loss
     if stage in (0, 1):
         # all-reduce over the data axes: every device gets the full mean gradient
-        return jax.tree.map(lambda g: jax.lax.psum(g, axes) / n, local_grads)
+        return loss, jax.tree.map(lambda g: jax.lax.psum(g, axes) / n, grads)
     if stage == 2:
         # reduce-scatter: each device receives only the summed slice it owns
-        # (specs are matched up to the grads' structure, so each PartitionSpec arrives whole)
-        return jax.tree.map(
-            lambda g, s: common.scatter_leaf(g, s, axes) / n, local_grads, zero_specs
-        )
-    raise ValueError(f"stage {stage}: ZeRO-3 gradients come reduce-scattered from autodiff")
+        return loss, jax.tree.map(lambda g, s: common.scatter_leaf(g, s, axes) / n, grads,
+                                  zero_specs)  # fmt: skip
+    # stage 3: params are shards, so autodiff of the per-layer all-gathers already
+    # reduce-scattered the gradients (a sum over the data axes): only the 1/N remains
+    return loss, jax.tree.map(lambda g: g / n, grads)
 
 
 def update(stage: int, tx, grads, opt_state, params, zero_specs, axes):
-    """One AdamW step in the stage's layout; returns the params in their stored layout."""
+    """One optimizer step in the stage's layout; returns the params in their stored layout."""
     if stage in (0, 3):  # DP: everything whole; ZeRO-3: everything already this device's shard
         updates, opt_state = tx.update(grads, opt_state, params)
         return jax.tree.map(jnp.add, params, updates), opt_state
@@ -61,27 +87,23 @@ def update(stage: int, tx, grads, opt_state, params, zero_specs, axes):
     return gathered, opt_state
 
 
-def layer_gather_hook(layer_specs, axes):
-    """ZeRO-3's forward hook: all-gather one layer's shards just before the layer runs."""
-
-    def hook(layer):
-        return {k: common.gather_leaf(v, layer_specs[k], axes) for k, v in layer.items()}
-
-    return hook
-
-
-def top_gather_hook(top_specs, axes):
-    """ZeRO-3: all-gather the embedding, final norm and unembedding before use."""
-
-    def hook(top):
-        return {k: common.gather_leaf(v, top_specs[k], axes) for k, v in top.items()}
-
-    return hook
-
-
-def layer_specs_of(param_specs) -> dict:
-    """Specs of one layer's slice: the stacked specs minus their leading layers entry."""
-    return {k: jax.sharding.PartitionSpec(*s[1:]) for k, s in param_specs["blocks"].items()}
+def predict_comm(shape: common.StepShape, *, n: int, t: int, stage: int) -> dict:
+    """{op: bytes per device} over the data axes (M = matrix params / t, Nn = norm params)."""
+    if n == 1:
+        return {}
+    M, Nn = shape.matrix_params / t, shape.norm_params
+    out = {"all-reduce": F32}  # the loss pmean
+    if stage in (0, 1):
+        out["all-reduce"] += F32 * (M + Nn)
+    elif stage == 2:
+        out["reduce-scatter"] = F32 * M
+        out["all-reduce"] += F32 * Nn
+    else:  # 3: forward all-gathers (each layer once), autodiff's reduce-scatter, norm grads
+        out["all-gather"], out["reduce-scatter"] = F32 * M, F32 * M
+        out["all-reduce"] += F32 * Nn
+    if stage in (1, 2):  # the updated params, gathered back
+        out["all-gather"] = F32 * M
+    return out
 
 
 def _map(fn, tree, specs, axes):

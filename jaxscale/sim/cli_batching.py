@@ -2,17 +2,16 @@
 
 import numpy as np
 
-from jaxscale.calc.training_format import (
+from jaxscale.cliutil import (
     add_output_flags,
     comma_list,
-    emit,
-    format_table,
-    mode_line,
+    guarded,
     non_negative_float,
+    overrides,
     positive_int,
 )
+from jaxscale.render import Col, Report
 from jaxscale.sim import batching as bt
-from jaxscale.sim.cli import guarded
 
 FAITHFUL_WHAT = "seed 003 L112's 22.5% static-batch waste for its 8-request example"
 
@@ -33,94 +32,61 @@ def add_command(sim_sub) -> None:
     p.add_argument("--std-length", type=non_negative_float, default=w.std_length)
     p.add_argument("--min-length", type=positive_int, default=w.min_length)
     p.add_argument("--max-length", type=positive_int, default=w.max_length)
-    p.add_argument(
-        "--lengths",
-        type=comma_list(positive_int),
-        help="explicit request lengths (overrides "
-        "the generated workload), e.g. 20,45,200,15,80,150,30,200",
-    )
+    p.add_argument("--lengths", type=comma_list(positive_int),
+                   help="explicit request lengths (overrides the generated workload), e.g. "
+                   "20,45,200,15,80,150,30,200")  # fmt: skip
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
 
 
-def _row(res: bt.BatchingResult) -> list[str]:
-    return [
-        res.strategy,
-        res.total_steps,
-        f"{res.avg_utilization:.1%}",
-        res.slot_steps,
-        res.wasted_slot_steps,
-        f"{res.waste_fraction:.1%}",
-        f"{res.avg_service_latency:.1f}",
-        f"{res.avg_completion:.1f}",
-        f"{res.tokens_per_step:.2f}",
-    ]
+def _summary(res: bt.BatchingResult) -> dict:
+    return {"strategy": res.strategy, "total_steps": res.total_steps,
+            "avg_utilization": res.avg_utilization, "slot_steps": res.slot_steps,
+            "wasted_slot_steps": res.wasted_slot_steps, "waste_fraction": res.waste_fraction,
+            "avg_latency_steps": res.avg_service_latency,
+            "avg_completion_step": res.avg_completion, "tokens_per_step": res.tokens_per_step,
+            "utilization_history": list(res.utilization)}  # fmt: skip
 
 
-def _summary(res: bt.BatchingResult, with_history: bool) -> dict:
-    out = {
-        "total_steps": res.total_steps,
-        "avg_utilization": res.avg_utilization,
-        "slot_steps": res.slot_steps,
-        "wasted_slot_steps": res.wasted_slot_steps,
-        "waste_fraction": res.waste_fraction,
-        "avg_latency_steps": res.avg_service_latency,
-        "avg_completion_step": res.avg_completion,
-        "tokens_per_step": res.tokens_per_step,
-    }
-    if with_history:
-        out["utilization_history"] = list(res.utilization)
-    return out
+COLS = [Col("strategy", "strategy"), Col("total_steps", "steps"),
+        Col("avg_utilization", "avg util", ".1%"), Col("slot_steps", "slot-steps"),
+        Col("wasted_slot_steps", "wasted"), Col("waste_fraction", "waste", ".1%"),
+        Col("avg_latency_steps", "latency", ".1f"),
+        Col("avg_completion_step", "completion", ".1f"),
+        Col("tokens_per_step", "tokens/step", ".2f")]  # fmt: skip
 
 
 def run(args) -> int:
-    workload = bt.Workload(
-        args.num_requests,
-        args.seed,
-        args.mean_length,
-        args.std_length,
-        args.min_length,
-        args.max_length,
-    )
+    workload = bt.Workload(**overrides(args, bt.Workload))
     lengths = np.asarray(args.lengths) if args.lengths else workload.lengths()
     static = bt.simulate_static(lengths, args.batch_size)
     cont = bt.simulate_continuous(lengths, args.batch_size)
     example = bt.simulate_static(bt.SEED_003_LENGTHS, len(bt.SEED_003_LENGTHS))
     example_waste = bt.seed_003_claimed_waste() if args.seed_faithful else example.waste_fraction
+    w = workload
+    source = "explicit --lengths" if args.lengths else (
+        f"lengths ~ N({w.mean_length:g}, {w.std_length:g}) cast to int, clipped to "
+        f"[{w.min_length}, {w.max_length}], np.random.seed({w.seed})")  # fmt: skip
 
-    if args.lengths:
-        source = "explicit --lengths"
-    else:
-        source = (
-            f"lengths ~ N({workload.mean_length:g}, {workload.std_length:g}) cast to int, clipped "
-            f"to [{workload.min_length}, {workload.max_length}], np.random.seed({workload.seed})"
-        )
-    lines = [
-        "jaxscale simulate batching — static vs continuous batching "
-        "(seed 000 exercise 3; one step = one token for every busy slot)",
-        mode_line(args.seed_faithful, FAITHFUL_WHAT),
+    r = Report("simulate batching")
+    r.say("jaxscale simulate batching — static vs continuous batching "
+          "(seed 000 exercise 3; one step = one token for every busy slot)")  # fmt: skip
+    r.mode(args.seed_faithful, FAITHFUL_WHAT)
+    r.say(
         "",
         f"workload: {len(lengths)} requests, {source}",
         f"  lengths {lengths.min()}..{lengths.max()}, mean {lengths.mean():.1f}, total "
         f"{int(lengths.sum())} tokens; batch size {args.batch_size}",
         f"  first 10 lengths: {lengths[:10].tolist()}",
         "",
-        format_table(
-            [
-                "strategy",
-                "steps",
-                "avg util",
-                "slot-steps",
-                "wasted",
-                "waste",
-                "latency",
-                "completion",
-                "tokens/step",
-            ],
-            [_row(static), _row(cont)],
-        ),
-        f"continuous batching serves the queue in {static.total_steps / cont.total_steps:.2f}x "
-        "fewer steps.",
+    )
+    r.put(batch_size=args.batch_size, lengths=lengths.tolist())
+    summaries = {res.strategy: _summary(res) for res in (static, cont)}  # JSON "static", ...
+    r.table(None, COLS, summaries.values())
+    ratio = static.total_steps / cont.total_steps
+    r.put(**summaries, step_ratio=ratio)
+    r.say(
+        f"continuous batching serves the queue in {ratio:.2f}x fewer steps.",
         "latency: steps from a request's start of service until its batch (static) or itself "
         "(continuous) finishes, as seed 000 measures it;",
         "completion: the step at which a request is returned, counting from t=0 when all are "
@@ -135,37 +101,21 @@ def run(args) -> int:
         "in one static batch",
         f"  {example.total_steps} steps x {example.batch_size} slots = {example.slot_steps} "
         f"slot-steps; useful {example.useful_tokens}; wasted {example.wasted_slot_steps}",
-    ]
-    if args.seed_faithful:
-        lines.append(
-            f"  waste (seed's figure): {example_waste:.2%} = 2 x (200 - 20) / 1600, counting only "
-            f"two finished requests; the full waste is {example.waste_fraction:.2%}"
-        )
-    else:
-        lines.append(
-            f"  waste: {example_waste:.2%} (seed 003 L112 says 22.5%, counting only the two "
-            "requests that finish near step 20)"
-        )
-    report = {
-        "command": "simulate batching",
-        "mode": "seed-faithful" if args.seed_faithful else "corrected",
-        "batch_size": args.batch_size,
-        "lengths": lengths.tolist(),
-        "static": _summary(static, True),
-        "continuous": _summary(cont, True),
-        "step_ratio": static.total_steps / cont.total_steps,
-        "seed_003_example": {
-            "lengths": list(bt.SEED_003_LENGTHS),
-            "slot_steps": example.slot_steps,
-            "useful_tokens": example.useful_tokens,
-            "wasted_slot_steps": example.wasted_slot_steps,
-            "waste_fraction": example_waste,
-        },
-    }
+        f"  waste (seed's figure): {example_waste:.2%} = 2 x (200 - 20) / 1600, counting only "
+        f"two finished requests; the full waste is {example.waste_fraction:.2%}"
+        if args.seed_faithful
+        else f"  waste: {example_waste:.2%} (seed 003 L112 says 22.5%, counting only the two "
+        "requests that finish near step 20)",
+    )
+    r.put(seed_003_example={"lengths": list(bt.SEED_003_LENGTHS),
+                            "slot_steps": example.slot_steps,
+                            "useful_tokens": example.useful_tokens,
+                            "wasted_slot_steps": example.wasted_slot_steps,
+                            "waste_fraction": example_waste})  # fmt: skip
     if args.plot:
         from jaxscale.sim import plots
 
-        lines.append(f"\nplot written to {plots.batching(static, cont, args.plot)}")
-        report["plot"] = args.plot
-    emit(args, report, lines)
+        r.say(f"\nplot written to {plots.batching(static, cont, args.plot)}")
+        r.put(plot=args.plot)
+    r.emit(args)
     return 0

@@ -2,20 +2,22 @@
 
 from dataclasses import asdict
 
-from jaxscale.calc.training_format import (
-    add_output_flags,
-    emit,
-    format_table,
-    positive_float,
-    positive_int,
-)
+from jaxscale.cliutil import add_output_flags, guarded, overrides, positive_float, positive_int
+from jaxscale.render import Col, Report
 from jaxscale.sim import overlap as ov
 from jaxscale.sim import timeline
-from jaxscale.sim.cli import guarded
 
 BAR_BATCHES = 4  # batches drawn in the timeline bars (seed 002 L8713-8714)
 BAR_CHARS_PER_MS = 2  # L8603
 LAUNCH_BAR_ITERATIONS = 2
+DESCRIBE = {
+    "sequential": "S -> C -> P, one after another",
+    "overlap": "S(n+1) during C(n); C(n+1) waits for P(n) (seed's model)",
+    "futuremap": "C(n+1) needs only S(n+1); P(n) overlaps too",
+    "eager": "a launch per kernel, host waits for each (seed's 'normal')",
+    "graph": "one launch per iteration (seed's CUDA graph replay)",
+    "async": "a launch per kernel, host never waits (async dispatch)",
+}
 
 
 def add_command(sim_sub) -> None:
@@ -36,14 +38,33 @@ def add_command(sim_sub) -> None:
     g.add_argument("--iterations", type=positive_int, default=launch.iterations)
     g.add_argument("--kernels", type=positive_int, default=launch.kernels)
     g.add_argument("--launch-ms", type=positive_float, default=launch.launch_ms)
-    g.add_argument(
-        "--kernel-compute-ms",
-        type=positive_float,
-        default=launch.compute_ms,
-        help="GPU compute per iteration, all kernels together",
-    )
+    g.add_argument("--kernel-compute-ms", type=positive_float, default=launch.compute_ms,
+                   help="GPU compute per iteration, all kernels together")  # fmt: skip
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+SCHED_COLS = [Col("mode", "mode"), Col("total_ms", "total ms", ".2f"),
+              Col("ms_per_batch", "ms/batch", ".2f"), Col("speedup", "speedup", _x),
+              Col("gpu_busy", "GPU busy", ".1%"),
+              Col("seed_ideal_ms", "seed's ideal ms", ".2f")]  # fmt: skip
+LAUNCH_COLS = [Col("mode", "mode"), Col("total_ms", "total ms", ".2f"),
+               Col("ms_per_iteration", "ms/iteration", ".3f"),
+               Col("launch_ms_per_iteration", "launch ms/iteration", "g"),
+               Col("speedup", "speedup vs eager", _x)]  # fmt: skip
+
+
+def _bars(r: Report, bars: dict) -> None:
+    for mode, bar in bars.items():
+        r.say(f"  {mode}:", f"    CPU: {bar['cpu']}", f"    GPU: {bar['gpu']}")
+
+
+def _by_mode(rows: list[dict], key: str) -> dict:
+    return {row["mode"]: row[key] for row in rows}
 
 
 def _gpu_busy(spans: dict) -> float:
@@ -51,111 +72,75 @@ def _gpu_busy(spans: dict) -> float:
 
 
 def run(args) -> int:
-    scfg = ov.SchedulingConfig(
-        args.batches, args.scheduling_ms, args.compute_ms, args.postprocess_ms
-    )
+    scfg = ov.SchedulingConfig(**overrides(args, ov.SchedulingConfig))
     lcfg = ov.LaunchConfig(args.iterations, args.kernels, args.launch_ms, args.kernel_compute_ms)
     sched = {m: ov.simulate_scheduling(scfg, m) for m in ov.SCHEDULING_MODES}
     launch = {m: ov.simulate_launch(lcfg, m) for m in ov.LAUNCH_MODES}
-    total = {m: timeline.makespan(s) for m, s in sched.items()}
-    ltotal = {m: timeline.makespan(s) for m, s in launch.items()}
     seed = ov.seed_ideal_ms(scfg)
     analysis = ov.scheduling_analysis(scfg)
     shown = min(BAR_BATCHES, args.batches)
     bar_end = {m: s[("P", shown - 1)].end for m, s in sched.items()}
     bars = {m: ov.bars(s, bar_end[m], BAR_CHARS_PER_MS) for m, s in sched.items()}
-    iter_ms = {m: ltotal[m] / args.iterations for m in ov.LAUNCH_MODES}
-    lbar_end = {m: iter_ms[m] * LAUNCH_BAR_ITERATIONS for m in ov.LAUNCH_MODES}
+    total = {m: timeline.makespan(s) for m, s in sched.items()}
+    srows = [{"mode": m, "total_ms": t, "ms_per_batch": t / args.batches,
+              "speedup": total["sequential"] / t, "gpu_busy": _gpu_busy(sched[m]) / t,
+              "seed_ideal_ms": seed.get(m)} for m, t in total.items()]  # fmt: skip
+    ltotal = {m: timeline.makespan(s) for m, s in launch.items()}
+    lrows = [{"mode": m, "total_ms": t, "ms_per_iteration": t / args.iterations,
+              "launch_ms_per_iteration": ov.launch_overhead_per_iteration_ms(lcfg, m),
+              "speedup": ltotal["eager"] / t} for m, t in ltotal.items()]  # fmt: skip
+    lbar_end = {row["mode"]: row["ms_per_iteration"] * LAUNCH_BAR_ITERATIONS for row in lrows}
     lbars = {m: ov.bars(s, lbar_end[m], 1 / args.launch_ms) for m, s in launch.items()}
-    describe = {
-        "sequential": "S -> C -> P, one after another",
-        "overlap": "S(n+1) during C(n); C(n+1) waits for P(n) (seed's model)",
-        "futuremap": "C(n+1) needs only S(n+1); P(n) overlaps too",
-        "eager": "a launch per kernel, host waits for each (seed's 'normal')",
-        "graph": "one launch per iteration (seed's CUDA graph replay)",
-        "async": "a launch per kernel, host never waits (async dispatch)",
-    }
-    lines = [
+    eager, graph = lrows[0], lrows[1]
+
+    r = Report("simulate overlap")
+    r.say(
         "jaxscale simulate overlap — virtual clock, one CPU and one GPU (seed 002 ch10)",
         "",
         f"scheduling overhead: {args.batches} batches, schedule S={args.scheduling_ms:g} ms (CPU), "
         f"compute C={args.compute_ms:g} ms (GPU), postprocess P={args.postprocess_ms:g} ms (CPU)",
-        format_table(
-            ["mode", "total ms", "ms/batch", "speedup", "GPU busy", "seed's ideal ms"],
-            [
-                [
-                    m,
-                    f"{total[m]:.2f}",
-                    f"{total[m] / args.batches:.2f}",
-                    f"{total['sequential'] / total[m]:.2f}x",
-                    f"{_gpu_busy(sched[m]) / total[m]:.1%}",
-                    f"{seed[m]:.2f}" if m in seed else "-",
-                ]
-                for m in ov.SCHEDULING_MODES
-            ],
-        ),
-        *[f"  {m}: {describe[m]}" for m in ov.SCHEDULING_MODES],
+    )
+    r.table(None, SCHED_COLS, srows)
+    r.say(
+        *[f"  {m}: {DESCRIBE[m]}" for m in ov.SCHEDULING_MODES],
         f"overhead without overlap: (S+P)/(S+C+P) = {analysis['overhead_fraction']:.1%}; "
         f"with overlap the effective overhead is P = {analysis['effective_overhead_ms']:g} ms, "
         f"a {analysis['overhead_reduction']:.0%} reduction (seed's ANALYSIS).",
         "",
         f"timeline, first {shown} batches ({BAR_CHARS_PER_MS} chars/ms; S schedule, C compute, "
         "P postprocess, . idle):",
-    ]
-    for m in ov.SCHEDULING_MODES:
-        lines += [f"  {m}:", f"    CPU: {bars[m]['cpu']}", f"    GPU: {bars[m]['gpu']}"]
-    lines += [
+    )
+    _bars(r, bars)
+    r.say(
         "",
         f"launch overhead: {args.iterations} iterations x {args.kernels} kernels, launch "
         f"{args.launch_ms:g} ms each, {args.kernel_compute_ms:g} ms GPU compute per iteration",
-        format_table(
-            ["mode", "total ms", "ms/iteration", "launch ms/iteration", "speedup vs eager"],
-            [
-                [
-                    m,
-                    f"{ltotal[m]:.2f}",
-                    f"{iter_ms[m]:.3f}",
-                    f"{ov.launch_overhead_per_iteration_ms(lcfg, m):g}",
-                    f"{ltotal['eager'] / ltotal[m]:.2f}x",
-                ]
-                for m in ov.LAUNCH_MODES
-            ],
-        ),
-        *[f"  {m}: {describe[m]}" for m in ov.LAUNCH_MODES],
-        f"seed prints {ltotal['eager']:.1f} vs {ltotal['graph']:.1f} ms = "
-        f"{ltotal['eager'] / ltotal['graph']:.2f}x; overhead "
-        f"{ov.launch_overhead_per_iteration_ms(lcfg, 'eager'):g} -> "
-        f"{ov.launch_overhead_per_iteration_ms(lcfg, 'graph'):g} ms per iteration. "
+    )
+    r.table(None, LAUNCH_COLS, lrows)
+    r.say(
+        *[f"  {m}: {DESCRIBE[m]}" for m in ov.LAUNCH_MODES],
+        f"seed prints {eager['total_ms']:.1f} vs {graph['total_ms']:.1f} ms = "
+        f"{graph['speedup']:.2f}x; overhead {eager['launch_ms_per_iteration']:g} -> "
+        f"{graph['launch_ms_per_iteration']:g} ms per iteration. "
         "'async' hides launches whenever a kernel outlasts a launch.",
         "",
         f"timeline, first {LAUNCH_BAR_ITERATIONS} iterations (1 char = {args.launch_ms:g} ms; "
         "L launch, K kernel):",
-    ]
-    for m in ov.LAUNCH_MODES:
-        lines += [f"  {m}:", f"    CPU: {lbars[m]['cpu']}", f"    GPU: {lbars[m]['gpu']}"]
-    report = {
-        "command": "simulate overlap",
-        "scheduling": {
-            "config": asdict(scfg),
-            "total_ms": total,
-            "seed_ideal_ms": seed,
-            "speedup": {m: total["sequential"] / total[m] for m in total},
-            "analysis": analysis,
-            "bars": bars,
-        },
-        "launch": {
-            "config": asdict(lcfg),
-            "total_ms": ltotal,
-            "speedup_vs_eager": {m: ltotal["eager"] / ltotal[m] for m in ltotal},
-            "bars": lbars,
-        },
-    }
+    )
+    _bars(r, lbars)
+    r.put(
+        scheduling={"config": asdict(scfg), "total_ms": total,
+                    "seed_ideal_ms": seed, "speedup": _by_mode(srows, "speedup"),
+                    "analysis": analysis, "bars": bars},
+        launch={"config": asdict(lcfg), "total_ms": ltotal,
+                "speedup_vs_eager": _by_mode(lrows, "speedup"), "bars": lbars},
+    )  # fmt: skip
     if args.plot:
         from jaxscale.sim import plots
 
         named = {f"scheduling: {m}": (sched[m], bar_end[m]) for m in ov.SCHEDULING_MODES}
         named |= {f"launch: {m}": (launch[m], lbar_end[m]) for m in ov.LAUNCH_MODES}
-        lines.append(f"\nplot written to {plots.timelines(named, args.plot)}")
-        report["plot"] = args.plot
-    emit(args, report, lines)
+        r.say(f"\nplot written to {plots.timelines(named, args.plot)}")
+        r.put(plot=args.plot)
+    r.emit(args)
     return 0

@@ -1,22 +1,14 @@
 """`jaxscale simulate pipeline`: GPipe, 1F1B and interleaved schedules (seed 002 ch7, 004 §6)."""
 
-from jaxscale.calc.training_format import (
-    add_output_flags,
-    emit,
-    format_table,
-    mode_line,
-    positive_float,
-    positive_int,
-)
+from jaxscale.cliutil import add_output_flags, guarded, positive_float, positive_int
+from jaxscale.render import Col, Report, grid
 from jaxscale.sim import pipeline as pp
 from jaxscale.sim import pipeline_seed
-from jaxscale.sim.cli import guarded
 
 FAITHFUL_WHAT = (
     "pipeline_schedule_viz.py's printout: naive bubble (P-1)M/(PM+P-1) (68.6% for P4 M8) and its "
     "formula-placed 1F1B grid (seed 002 L5437-5548)"
 )
-BUBBLE_TABLE_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # seed 002 L5619
 SEED_BUBBLE_TABLE_STAGES = 4  # the seed's table ignores --stages (L5614)
 
 
@@ -32,13 +24,8 @@ def add_command(sim_sub) -> None:
     p.add_argument("--stages", "-s", type=positive_int, default=d.stages, help="P")
     p.add_argument("--microbatches", "-m", type=positive_int, default=d.microbatches, help="M")
     p.add_argument("--schedule", choices=("all",) + pp.SCHEDULES, default="all")
-    p.add_argument(
-        "--virtual-stages",
-        "-v",
-        type=positive_int,
-        default=2,
-        help="model chunks per device for the interleaved schedule",
-    )
+    p.add_argument("--virtual-stages", "-v", type=positive_int, default=2,
+                   help="model chunks per device for the interleaved schedule")  # fmt: skip
     p.add_argument("--forward-time", type=positive_float, default=d.forward_time, help="t_F")
     p.add_argument("--backward-time", type=positive_float, default=d.backward_time, help="t_B")
     add_output_flags(p, plot=True, faithful=True)
@@ -50,9 +37,8 @@ def _configs(args) -> tuple[list[pp.PipelineConfig], list[str]]:
     configs, notes = [], []
     for name in names:
         v = args.virtual_stages if name == "interleaved" else 1
-        cfg = pp.PipelineConfig(
-            args.stages, args.microbatches, name, args.forward_time, args.backward_time, v
-        )
+        cfg = pp.PipelineConfig(args.stages, args.microbatches, name, args.forward_time,
+                                args.backward_time, v)  # fmt: skip
         try:
             cfg.validate()
         except ValueError as err:
@@ -62,10 +48,6 @@ def _configs(args) -> tuple[list[pp.PipelineConfig], list[str]]:
             continue
         configs.append(cfg)
     return configs, notes
-
-
-def _name(cfg: pp.PipelineConfig) -> str:
-    return cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.virtual_stages > 1 else "")
 
 
 def _summary(res: pp.PipelineResult) -> dict:
@@ -80,146 +62,86 @@ def _summary(res: pp.PipelineResult) -> dict:
         "formula_s2": pp.bubble_fraction(c.stages, c.microbatches, "s2", c.virtual_stages),
         "formula_s4": pp.bubble_fraction(c.stages, c.microbatches, "s4", c.virtual_stages),
         "peak_activations": list(res.peak_activations),
+        "grid": res.grid(),
+        "name": c.schedule + (f" (v={c.virtual_stages})" if c.virtual_stages > 1 else ""),
     }
 
 
-def _bubble_table(args, stages: int) -> list[dict]:
-    rows = []
-    for m in BUBBLE_TABLE_MICROBATCHES:
-        cfg = pp.PipelineConfig(stages, m, "1f1b", args.forward_time, args.backward_time)
-        rows.append(
-            {
-                "microbatches": m,
-                "bubble_s2": pp.bubble_fraction(stages, m, "s2"),
-                "efficiency_s2": pp.pipeline_efficiency(stages, m, "s2"),
-                "bubble_s4": pp.bubble_fraction(stages, m, "s4"),
-                "efficiency_s4": pp.pipeline_efficiency(stages, m, "s4"),
-                "simulated_1f1b_bubble": pp.simulate(cfg).bubble_s2,
-            }
-        )
-    return rows
-
-
-def _fmt_peaks(peaks) -> str:
+def _peaks(peaks) -> str:
     return " ".join(f"{x:g}" for x in peaks)
+
+
+SCHEDULE_COLS = [Col("name", "schedule"), Col("makespan", "makespan", "g"),
+                 Col("busy_per_device", "busy/device", "g"), Col("bubble_s2", "bubble s2", ".2%"),
+                 Col("formula_s2", "formula s2", ".2%"), Col("bubble_s4", "bubble s4", ".2%"),
+                 Col("formula_s4", "formula s4", ".2%"),
+                 Col("peak_activations", "peak activations per device", _peaks)]  # fmt: skip
+BUBBLE_COLS = [Col("microbatches", "M"), Col("bubble_s2", "bubble s2", ".1%"),
+               Col("efficiency_s2", "efficiency s2", ".1%"), Col("bubble_s4", "bubble s4", ".1%"),
+               Col("efficiency_s4", "efficiency s4 (seed 004)", ".1%"),
+               Col("simulated_1f1b_bubble", "simulated 1F1B bubble", ".1%")]  # fmt: skip
+
+
+def _seed_faithful(r: Report, args) -> None:
+    """What pipeline_schedule_viz.py prints, defects kept (pipeline_seed)."""
+    seed = pipeline_seed.seed_report(args.stages, args.microbatches)
+    naive, one_f_one_b = seed["naive_bubble"], seed["one_f_one_b_bubble"]
+    r.say(
+        "seed's NAIVE (fill-drain) schedule:",
+        seed["naive_grid"],
+        f"Bubble ratio: {naive:.1%}   (the grid's own idle share is "
+        f"{pp.bubble_fraction(args.stages, args.microbatches):.1%})",
+        f"Peak activation memory: {seed['naive_peak_memory']} microbatches worth",
+        "",
+        "seed's 1F1B schedule (placed by formula; cells overwrite each other):",
+        seed["one_f_one_b_grid"],
+        f"Bubble ratio: {one_f_one_b:.1%}",
+        f"Peak activation memory: {seed['one_f_one_b_peak_memory']} microbatches worth "
+        "(the seed's summary then crashes on an invalid format spec; shown fixed below)",
+        "",
+        grid(["Metric", "Naive", "1F1B"],
+             [["Bubble ratio", f"{naive:.1%}", f"{one_f_one_b:.1%}"],
+              ["Peak memory", args.microbatches, seed["one_f_one_b_peak_memory"]]]),
+        "",
+    )  # fmt: skip
+    r.put(seed=seed)
 
 
 def run(args) -> int:
     configs, notes = _configs(args)
     results = [pp.simulate(cfg) for cfg in configs]
     table_stages = SEED_BUBBLE_TABLE_STAGES if args.seed_faithful else args.stages
-    bubble_rows = _bubble_table(args, table_stages)
-    lines = [
-        f"jaxscale simulate pipeline — P={args.stages} stages, M={args.microbatches} "
-        f"microbatches, t_F={args.forward_time:g}, t_B={args.backward_time:g}",
-        mode_line(args.seed_faithful, FAITHFUL_WHAT),
-        "",
-    ]
-    report = {
-        "command": "simulate pipeline",
-        "mode": "seed-faithful" if args.seed_faithful else "corrected",
-        "stages": args.stages,
-        "microbatches": args.microbatches,
-    }
+
+    r = Report("simulate pipeline")
+    r.say(f"jaxscale simulate pipeline — P={args.stages} stages, M={args.microbatches} "
+          f"microbatches, t_F={args.forward_time:g}, t_B={args.backward_time:g}")  # fmt: skip
+    r.mode(args.seed_faithful, FAITHFUL_WHAT)
+    r.say("")
+    r.put(stages=args.stages, microbatches=args.microbatches)
     if args.seed_faithful:
-        seed = pipeline_seed.seed_report(args.stages, args.microbatches)
-        lines += [
-            "seed's NAIVE (fill-drain) schedule:",
-            seed["naive_grid"],
-            f"Bubble ratio: {seed['naive_bubble']:.1%}   (the grid's own idle share is "
-            f"{pp.bubble_fraction(args.stages, args.microbatches):.1%})",
-            f"Peak activation memory: {seed['naive_peak_memory']} microbatches worth",
-            "",
-            "seed's 1F1B schedule (placed by formula; cells overwrite each other):",
-            seed["one_f_one_b_grid"],
-            f"Bubble ratio: {seed['one_f_one_b_bubble']:.1%}",
-            f"Peak activation memory: {seed['one_f_one_b_peak_memory']} microbatches worth "
-            "(the seed's summary then crashes on an invalid format spec; shown fixed below)",
-            "",
-            format_table(
-                ["Metric", "Naive", "1F1B"],
-                [
-                    [
-                        "Bubble ratio",
-                        f"{seed['naive_bubble']:.1%}",
-                        f"{seed['one_f_one_b_bubble']:.1%}",
-                    ],
-                    ["Peak memory", args.microbatches, seed["one_f_one_b_peak_memory"]],
-                ],
-            ),
-            "",
-        ]
-        report["seed"] = seed
+        _seed_faithful(r, args)
     else:
-        lines += [
-            format_table(
-                [
-                    "schedule",
-                    "makespan",
-                    "busy/device",
-                    "bubble s2",
-                    "formula s2",
-                    "bubble s4",
-                    "formula s4",
-                    "peak activations per device",
-                ],
-                [
-                    [
-                        _name(r.config),
-                        f"{r.makespan:g}",
-                        f"{r.work_per_stage:g}",
-                        f"{r.bubble_s2:.2%}",
-                        f"{s['formula_s2']:.2%}",
-                        f"{r.bubble_s4:.2%}",
-                        f"{s['formula_s4']:.2%}",
-                        _fmt_peaks(r.peak_activations),
-                    ]
-                    for r, s in zip(results, map(_summary, results), strict=True)
-                ],
-            ),
+        schedules = r.table("schedules", SCHEDULE_COLS, [_summary(res) for res in results])
+        r.say(
             "s2 = idle / total time, (P-1)/(v*M+P-1) (seed 002 L5167); s4 = idle / ideal time, "
             "(P-1)/(v*M) (seed 004 L603).",
             "peak activations: microbatches of one stage's activations held at once (from F start "
             "to B end); interleaved chunks count 1/v.",
             *notes,
-        ]
-        for r in results:
-            lines += ["", f"{_name(r.config)} grid ('..' idle; one column per time quantum):"]
-            lines.append(r.grid())
-        lines.append("")
-        report["schedules"] = [_summary(r) | {"grid": r.grid()} for r in results]
-    lines += [
-        f"bubble vs microbatches, P={table_stages} (simulated 1F1B uses the given t_F, t_B):",
-        format_table(
-            [
-                "M",
-                "bubble s2",
-                "efficiency s2",
-                "bubble s4",
-                "efficiency s4 (seed 004)",
-                "simulated 1F1B bubble",
-            ],
-            [
-                [
-                    r["microbatches"],
-                    f"{r['bubble_s2']:.1%}",
-                    f"{r['efficiency_s2']:.1%}",
-                    f"{r['bubble_s4']:.1%}",
-                    f"{r['efficiency_s4']:.1%}",
-                    f"{r['simulated_1f1b_bubble']:.1%}",
-                ]
-                for r in bubble_rows
-            ],
-        ),
-        "s4's efficiency 1 - (P-1)/M is a first-order approximation of M/(M+P-1); it goes "
-        "negative for M < P-1.",
-    ]
-    report["bubble_vs_microbatches"] = bubble_rows
+        )
+        for s in schedules:
+            r.say("", f"{s['name']} grid ('..' idle; one column per time quantum):", s["grid"])
+        r.say("")
+    r.say(f"bubble vs microbatches, P={table_stages} (simulated 1F1B uses the given t_F, t_B):")
+    rows = pp.bubble_table(table_stages, args.forward_time, args.backward_time)
+    r.table("bubble_vs_microbatches", BUBBLE_COLS, rows)
+    r.say("s4's efficiency 1 - (P-1)/M is a first-order approximation of M/(M+P-1); it goes "
+          "negative for M < P-1.")  # fmt: skip
     if args.plot:
         from jaxscale.sim import plots
 
         target = results or [pp.simulate(pp.PipelineConfig(args.stages, args.microbatches, "1f1b"))]
-        lines.append(f"\nplot written to {plots.pipeline(target, args.plot)}")
-        report["plot"] = args.plot
-    emit(args, report, lines)
+        r.say(f"\nplot written to {plots.pipeline(target, args.plot)}")
+        r.put(plot=args.plot)
+    r.emit(args)
     return 0

@@ -37,11 +37,7 @@ class SchedulingConfig:
     postprocess_ms: float = 1.0  # P, CPU
 
     def validate(self) -> None:
-        if not isinstance(self.batches, int) or self.batches < 1:
-            raise ValueError(f"batches must be a positive integer, got {self.batches!r}")
-        for name in ("scheduling_ms", "compute_ms", "postprocess_ms"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        timeline.check_positive(self, "batches", "scheduling_ms", "compute_ms", "postprocess_ms")
 
 
 @dataclass(frozen=True)
@@ -52,13 +48,7 @@ class LaunchConfig:
     compute_ms: float = 0.5  # GPU time per iteration, split evenly over the kernels
 
     def validate(self) -> None:
-        for name in ("iterations", "kernels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("launch_ms", "compute_ms"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        timeline.check_positive(self, "iterations", "kernels", "launch_ms", "compute_ms")
 
 
 def scheduling_orders(cfg: SchedulingConfig, mode: str) -> dict[str, list[Op]]:

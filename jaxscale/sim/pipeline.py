@@ -11,13 +11,15 @@ Two bubble conventions are in use (seed-spec §0.2) and both are exposed:
 with v = 1 except for the interleaved schedule (v model chunks per device, Megatron-LM).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jaxscale.sim import timeline
 from jaxscale.sim.timeline import Op, Span
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 CONVENTIONS = ("s2", "s4")
+COUNTS = ("stages", "microbatches", "virtual_stages")
+BUBBLE_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # the seed's bubble table (shared/seeds/002 L5619)
 
 
 @dataclass(frozen=True)
@@ -30,13 +32,7 @@ class PipelineConfig:
     virtual_stages: int = 1  # v, model chunks per device (interleaved needs v >= 2)
 
     def validate(self) -> None:
-        for name in ("stages", "microbatches", "virtual_stages"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("forward_time", "backward_time"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        timeline.check_positive(self, *COUNTS, "forward_time", "backward_time")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
         if self.schedule == "interleaved":
@@ -71,9 +67,51 @@ class PipelineResult:
         """Idle / ideal time."""
         return (self.makespan - self.work_per_stage) / self.work_per_stage
 
+    @property
+    def tick(self) -> float:
+        """The schedule grid's time step: the largest that divides every op's duration."""
+        return float(timeline.time_quantum([s.op.duration for s in self.spans.values()]))
+
     def grid(self, max_cells: int = 400) -> str:
+        """`schedule_grid` as text: one row per device, an op's label ("F3"; "F3a" for chunk a
+        when interleaved) in its first tick, '--' in its later ticks, '..' idle."""
+        ticks = round(self.makespan / self.tick)
+        if ticks > max_cells:
+            return f"(grid omitted: {ticks} columns > {max_cells})"
+        cells = [[".." if s is None else "--" if not s.first else
+                  _label(s.kind, s.stage, s.microbatch, self.config) for s in row]
+                 for row in schedule_grid(self)]  # fmt: skip
+        width = max(len(c) for row in cells for c in row)
         names = [f"GPU{d}" for d in range(self.config.stages)]
-        return timeline.render_grid(self.spans, range(self.config.stages), names, max_cells)
+        name_width = max(map(len, names))
+        return "\n".join(f"{name:<{name_width}}: " + " ".join(c.rjust(width) for c in row)
+                         for name, row in zip(names, cells, strict=True))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What a device does during one tick of the schedule: the forward ("F") or backward ("B")
+    of `microbatch` on virtual stage `stage` (= chunk * P + device). `first` is False on the
+    later ticks of an op that lasts several."""
+
+    kind: str
+    microbatch: int
+    stage: int
+    first: bool = True
+
+
+def schedule_grid(result: PipelineResult) -> list[list[Slot | None]]:
+    """The simulated schedule as grid[device][tick]: the Slot running there, or None (idle);
+    one tick = `result.tick`. Pure: built from the simulated spans alone."""
+    tick = result.tick
+    ticks = round(result.makespan / tick)
+    grid: list[list[Slot | None]] = [[None] * ticks for _ in range(result.config.stages)]
+    for span in sorted(result.spans.values(), key=lambda s: s.start):
+        kind, stage, microbatch = span.op.key
+        first, last = round(span.start / tick), round(span.end / tick)
+        for t in range(first, min(last, ticks)):
+            grid[span.op.resource][t] = Slot(kind, microbatch, stage, t == first)
+    return grid
 
 
 def bubble_fraction(
@@ -101,13 +139,29 @@ def pipeline_efficiency(
 
 
 def _check_counts(stages, microbatches, virtual_stages):
-    for name, value in (
-        ("stages", stages),
-        ("microbatches", microbatches),
-        ("virtual_stages", virtual_stages),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    cfg = PipelineConfig(stages, microbatches, virtual_stages=virtual_stages)
+    timeline.check_positive(cfg, *COUNTS)
+
+
+def bubble_table(stages: int, forward_time: float = 1.0, backward_time: float = 1.0,
+                 virtual_stages: int | None = None) -> list[dict]:  # fmt: skip
+    """Bubble vs microbatches M (BUBBLE_MICROBATCHES) at P = `stages`: both conventions' bubble
+    and efficiency, the simulated 1F1B bubble and, given `virtual_stages`, the simulated
+    interleaved one (None where P does not divide M)."""
+    rows = []
+    for m in BUBBLE_MICROBATCHES:
+        one_f_one_b = PipelineConfig(stages, m, "1f1b", forward_time, backward_time)
+        row = {"microbatches": m,
+               "bubble_s2": bubble_fraction(stages, m, "s2"),
+               "efficiency_s2": pipeline_efficiency(stages, m, "s2"),
+               "bubble_s4": bubble_fraction(stages, m, "s4"),
+               "efficiency_s4": pipeline_efficiency(stages, m, "s4"),
+               "simulated_1f1b_bubble": simulate(one_f_one_b).bubble_s2}  # fmt: skip
+        if virtual_stages is not None:
+            inter = replace(one_f_one_b, schedule="interleaved", virtual_stages=virtual_stages)
+            row["simulated_interleaved_bubble"] = None if m % stages else simulate(inter).bubble_s2
+        rows.append(row)
+    return rows
 
 
 def _forward(j: int, m: int, cfg: PipelineConfig) -> Op:

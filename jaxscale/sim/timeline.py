@@ -10,7 +10,7 @@ are both instances; times are in whatever unit the caller uses (slots, ms).
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from math import gcd
+from math import gcd, lcm
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,18 @@ def run(orders: Mapping[Hashable, Sequence[Op]]) -> dict[Hashable, Span]:
     return done
 
 
+def check_positive(config, *names: str) -> None:
+    """ValueError naming the first field of `config` that is not > 0 (not a positive integer,
+    for a field whose default is an int)."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(getattr(type(config), name), int):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        elif not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
 def makespan(spans: Mapping[Hashable, Span]) -> float:
     return max((s.end for s in spans.values()), default=0.0)
 
@@ -88,49 +100,8 @@ def by_resource(spans: Mapping[Hashable, Span]) -> dict[Hashable, list[Span]]:
 def time_quantum(durations: Sequence[float]) -> Fraction:
     """Largest step that divides every duration (so each op covers whole grid cells)."""
     fracs = [Fraction(d).limit_denominator(1000) for d in durations]
-    num = 0
-    den = 1
-    for f in fracs:
-        den = den * f.denominator // gcd(den, f.denominator)
-    for f in fracs:
-        num = gcd(num, int(f * den))
-    return Fraction(num, den)
-
-
-def render_cells(
-    spans: Sequence[Span], end: float, quantum: float, idle: str = "..", fill: str = "--"
-) -> list[str]:
-    """One resource's time-aligned cells: an op's label in its first cell, `fill` in the rest."""
-    n_cells = round(end / quantum)
-    cells = [idle] * n_cells
-    for span in spans:
-        first = round(span.start / quantum)
-        last = round(span.end / quantum)
-        for i in range(first, min(last, n_cells)):
-            cells[i] = span.op.label if i == first else fill
-    return cells
-
-
-def render_grid(
-    spans: Mapping[Hashable, Span],
-    resources: Sequence[Hashable],
-    names: Sequence[str],
-    max_cells: int = 400,
-) -> str:
-    """ASCII grid, one row per resource, one column per time quantum ('..' = idle)."""
-    quantum = time_quantum([s.op.duration for s in spans.values()])
-    end = makespan(spans)
-    n_cells = round(end / quantum)
-    if n_cells > max_cells:
-        return f"(grid omitted: {n_cells} columns > {max_cells})"
-    rows = by_resource(spans)
-    cell_rows = [render_cells(rows.get(r, []), end, float(quantum)) for r in resources]
-    width = max(len(c) for row in cell_rows for c in row)
-    name_width = max(len(n) for n in names)
-    lines = []
-    for name, row in zip(names, cell_rows, strict=True):
-        lines.append(f"{name:<{name_width}}: " + " ".join(c.rjust(width) for c in row))
-    return "\n".join(lines)
+    den = lcm(*(f.denominator for f in fracs))
+    return Fraction(gcd(*(int(f * den) for f in fracs)), den)
 
 
 def render_bars(spans: Sequence[Span], end: float, chars_per_unit: float, idle: str = ".") -> str:

@@ -1,4 +1,5 @@
-"""`jaxscale train`: train the transformer on a mesh (auto path: jit + shardings from the rules)."""
+"""`jaxscale train`: train the transformer on a mesh, by any strategy the composer builds: the auto
+path (jit + shardings from the rules) or a manual one (shard_map, explicit collectives)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--mesh", default="dp=-1", help="mesh spec, e.g. dp=2,fsdp=2,tp=2")
+    p.add_argument("--strategy", default="auto",
+                   help="'auto' (jit + the rules table) or 'manual:' + dp/zero1/zero2/zero3 "
+                   "and/or tp/tp_sp/tp_gather joined by '+', e.g. manual:zero3+tp")  # fmt: skip
     p.add_argument("--model", default="tiny", choices=sorted(MODEL_PRESETS), help="model preset")
-    p.add_argument("--data", default="stdlib", help="'stdlib' (Python's own sources), "
-                   "'markov' (synthetic, known optimal loss) or a path to a text file")  # fmt: skip
+    p.add_argument("--data", default="stdlib",
+                   help="'stdlib' (Python's own sources), 'markov' (synthetic, known optimal "
+                   "loss), 'copy' (needs attention: each window's second half repeats its "
+                   "first) or a path to a text file")  # fmt: skip
     p.add_argument("--ckpt-dir", default=None, help="write checkpoints here")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--metrics", default=None, help="append JSON-lines metrics to this file")
@@ -46,7 +52,8 @@ def main(args) -> int:
         cfg = MODEL_PRESETS[args.model].replace(**overrides(args, ModelConfig))
         tcfg = TrainConfig(**overrides(args, TrainConfig))
         setup = RunSetup(
-            mesh=args.mesh, dataset=args.data, ckpt_dir=args.ckpt_dir, resume=args.resume,
+            mesh=args.mesh, strategy=args.strategy, dataset=args.data, ckpt_dir=args.ckpt_dir,
+            resume=args.resume,
             metrics_path=args.metrics, prompt=args.prompt, sample_tokens=args.sample_tokens,
             progress=not args.no_progress, stop_after=args.stop_after,
         )  # fmt: skip

@@ -134,12 +134,41 @@ class MarkovData:
         return out
 
 
+@dataclass(frozen=True)
+class CopyData:
+    """Random tokens, then the same tokens again: the second half of every window copies the
+    first, `period` = (seq_len + 1) // 2 positions back.
+
+    The Markov task needs only the previous token; this one cannot be learned without
+    attention. The first half's targets are uniform over `n_symbols` (log n_symbols nats each),
+    the copied half's are determined by a token `period` back, so the loss floor is
+    (period - 1) / seq_len * log(n_symbols); a model that cannot look back (no attention, or an
+    attention that sees only the current token) stays at log(n_symbols) on the copied half.
+    """
+
+    n_symbols: int = 16
+    name: str = "copy"
+
+    def optimal_loss(self, seq_len: int) -> float:
+        return ((seq_len + 1) // 2 - 1) / seq_len * math.log(self.n_symbols)
+
+    def rows(self, seed: int, step: int, rows: range, seq_len: int) -> np.ndarray:
+        period = (seq_len + 1) // 2
+        out = np.empty((len(rows), seq_len + 1), np.int32)
+        for i, row in enumerate(rows):
+            first = np.random.default_rng([seed, step, row]).integers(0, self.n_symbols, period)
+            out[i] = np.resize(first, seq_len + 1)  # repeats `first` to the window's length
+        return out
+
+
 def make_dataset(name_or_path: str | None):
-    """'stdlib' (default), 'markov', or a path to any text file."""
+    """'stdlib' (default), 'markov', 'copy', or a path to any text file."""
     if name_or_path in (None, "stdlib"):
         return TextData.from_bytes(load_stdlib_corpus(), name="stdlib")
     if name_or_path == "markov":
         return MarkovData()
+    if name_or_path == "copy":
+        return CopyData()
     return TextData.from_path(name_or_path)
 
 

@@ -15,9 +15,9 @@ import jax
 import numpy as np
 
 from jaxscale.config import ModelConfig, TrainConfig
-from jaxscale.mesh import MeshSpec, build_mesh, parse_mesh
+from jaxscale.mesh import parse_mesh
+from jaxscale.parallel.compose import Built, Strategy, build
 from jaxscale.progress import Progress
-from jaxscale.sharding import Sharder
 from jaxscale.train import checkpoint, data
 from jaxscale.train import step as train_step
 
@@ -40,6 +40,7 @@ class RunSetup:
     """What a run needs besides its configs: where it runs and where it writes."""
 
     mesh: str = "dp=-1"
+    strategy: str = "auto"  # "auto" or "manual:<data>+<tensor>" (jaxscale/parallel/compose.py)
     dataset: str | None = None  # 'stdlib' (default), 'markov', or a text file
     ckpt_dir: str | None = None
     resume: bool = False
@@ -50,36 +51,23 @@ class RunSetup:
     stop_after: int | None = None  # stop at this step (an interruption; the schedule is unchanged)
 
 
-def check_batch(tcfg: TrainConfig, spec: MeshSpec) -> None:
-    ways = spec.size("data") * spec.size("fsdp")
-    micro = tcfg.global_batch // tcfg.grad_accum
-    if micro % ways:
-        raise ValueError(
-            f"microbatch of {micro} sequences (global_batch {tcfg.global_batch} / grad_accum "
-            f"{tcfg.grad_accum}) does not divide over the {ways} data-parallel shards of {spec}"
-        )
-
-
 def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> TrainResult:
     spec = parse_mesh(setup.mesh).resolve(jax.device_count())
-    check_batch(tcfg, spec)
     if tcfg.seq_len > cfg.max_seq:
         raise ValueError(f"seq_len {tcfg.seq_len} exceeds the model's max_seq {cfg.max_seq}")
+    # any strategy the composer builds: refuses unused axes and batches that do not divide
+    built = build(Strategy.parse(setup.strategy, str(spec)), cfg, tcfg)
     dataset = data.make_dataset(setup.dataset)
-    mesh = build_mesh(spec)
-    sharder = Sharder(mesh)
     result = TrainResult()
     meta = checkpoint.meta_record(cfg, tcfg, str(spec))
-    with jax.set_mesh(mesh):
-        state = _initial_state(cfg, tcfg, sharder, setup, meta, result)
-        step_fn = train_step.jit_train_step(cfg, tcfg, sharder)
-        eval_fn = train_step.jit_eval_loss(cfg, sharder)
-        batch_sh = train_step.batch_sharding(sharder)
+    with jax.set_mesh(built.mesh):
+        state = _initial_state(built, setup, meta, result)
+        step_fn, eval_fn, batch_sh = built.step, built.loss, built.batch_sharding
         tokens = data.tokens_per_step(tcfg.global_batch, tcfg.seq_len)
         log = open(setup.metrics_path, "a") if setup.metrics_path else None  # noqa: SIM115
         start = int(jax.device_get(state["step"]))
         end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
-        bar = Progress(end - start, desc=f"train {spec}", enabled=setup.progress)
+        bar = Progress(end - start, desc=f"train {built.label} {spec}", enabled=setup.progress)
         pending = None  # (step, metrics, t_dispatch) read one step late
         t_prev = time.perf_counter()
         try:
@@ -115,14 +103,14 @@ def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> TrainResult:
     return result
 
 
-def _initial_state(cfg, tcfg, sharder, setup: RunSetup, meta, result: TrainResult):
+def _initial_state(built: Built, setup: RunSetup, meta, result: TrainResult):
+    """Fresh, or restored into this strategy's layout (whatever strategy and mesh saved it)."""
     if setup.resume and setup.ckpt_dir and checkpoint.latest_step(setup.ckpt_dir) is not None:
-        shardings = train_step.state_shardings(cfg, tcfg, sharder)
-        abstract = jax.eval_shape(lambda: train_step.init_state(cfg, tcfg))
-        state, _ = checkpoint.restore(setup.ckpt_dir, shardings, abstract, meta)
+        state, _ = checkpoint.restore(setup.ckpt_dir, built.state_shardings, built.abstract_state,
+                                      meta)  # fmt: skip
         result.resumed_from = int(jax.device_get(state["step"]))
         return state
-    return train_step.init_state(cfg, tcfg, sharder)
+    return built.init()
 
 
 def _record(pending, t_prev, tokens, result: TrainResult, log, bar: Progress) -> float:

@@ -12,22 +12,22 @@ from functools import cache
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec as P
 
 from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.model import pieces
 from jaxscale.model import state as model_state
 from jaxscale.sharding import Sharder
 
 
-def cross_entropy(logits_BTV, targets_BT):
-    """Mean next-token cross-entropy in nats (f32)."""
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
-    nll_BT = -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
-    return jnp.mean(nll_BT)
+def auto_pieces(sharder: Sharder | None) -> pieces.Pieces:
+    """The model's pieces on the auto path: the single-device pieces plus sharding constraints
+    at block boundaries (GSPMD places the collectives); `sharder=None` is the reference."""
+    return pieces.DENSE if sharder is None else pieces.DENSE.replace(constrain=sharder.constrain)
 
 
 def loss_fn(params, batch_BT1, cfg: ModelConfig, sharder: Sharder | None = None):
-    logits_BTV = model_state.apply(cfg, params, batch_BT1[:, :-1], sharder)
-    return cross_entropy(logits_BTV, batch_BT1[:, 1:])
+    return pieces.loss(params, batch_BT1, cfg, auto_pieces(sharder))
 
 
 def loss_and_grads(params, batch_BT1, cfg, sharder=None, grad_accum: int = 1):
@@ -65,17 +65,29 @@ def lr_schedule(tcfg: TrainConfig):
 
 
 def make_optimizer(tcfg: TrainConfig, cfg: ModelConfig):
-    """AdamW with global-norm clipping; no weight decay on norm scales."""
+    """AdamW without weight decay on norm scales, or plain SGD. Clipping is not in here: every
+    strategy clips with `clip_by_global_norm` after computing the norm its own way (the manual
+    ones across shards), so auto and manual states have the same structure and a checkpoint of
+    one restores into the other."""
+    if tcfg.optimizer == "sgd":
+        return optax.sgd(lr_schedule(tcfg))
     logical = model_state.logical_axes(cfg)
     decay_mask = jax.tree.map(
         lambda names: "norm" not in names, logical, is_leaf=lambda x: isinstance(x, tuple)
     )
-    adamw = optax.adamw(
+    return optax.adamw(
         lr_schedule(tcfg), b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask
     )
-    if tcfg.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw)
-    return adamw
+
+
+def clip_by_global_norm(grads, g_norm, max_norm: float):
+    """optax.clip_by_global_norm's formula, with the (pre-clip) global norm supplied."""
+    if max_norm <= 0:
+        return grads
+    trigger = g_norm < max_norm
+    return jax.tree.map(
+        lambda t: jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm), grads
+    )
 
 
 def init_state(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None):
@@ -95,24 +107,21 @@ def init_state(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = No
 def state_shardings(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder):
     """Shardings of the whole state: optimizer moments follow their parameters (ZeRO-3 under
     fsdp: params, Adam m and v all sharded alike); scalars are replicated."""
-    tx = make_optimizer(tcfg, cfg)
     param_sh = model_state.param_shardings(cfg, sharder)
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        model_state.abstract_params(cfg),
-        param_sh,
-    )
     replicated = sharder.named(())
-    # Each moment takes its parameter's sharding, set structurally: left to the compiler, an
-    # init that only calls zeros_like may come out replicated (8x the bytes under ZeRO-3).
-    opt_sh = optax.tree_map_params(
-        tx,
-        lambda _, sh: sh,
-        jax.eval_shape(tx.init, abstract),
-        param_sh,
-        transform_non_params=lambda _: replicated,
-    )
+    opt_sh = opt_layout(make_optimizer(tcfg, cfg), cfg, param_sh, replicated)
     return {"step": replicated, "params": param_sh, "opt_state": opt_sh}
+
+
+def opt_layout(tx, cfg: ModelConfig, param_layout, scalar_layout):
+    """The optimizer state's layout (shardings or PartitionSpecs): every moment takes its
+    parameter's, counters take `scalar_layout`. Set structurally: left to the compiler, an init
+    that only calls zeros_like may come out replicated (8x the bytes under ZeRO-3)."""
+    abstract = jax.eval_shape(tx.init, model_state.abstract_params(cfg))
+    return optax.tree_map_params(
+        tx, lambda _, layout: layout, abstract, param_layout,
+        transform_non_params=lambda _: scalar_layout, is_leaf=lambda x: isinstance(x, P),
+    )  # fmt: skip
 
 
 def batch_sharding(sharder: Sharder):
@@ -125,13 +134,11 @@ def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=No
     the step's (pre-clip) mean gradient, so one compiled program serves the equivalence check."""
     tx = make_optimizer(tcfg, cfg)
     loss, grads = loss_and_grads(state["params"], batch_BT1, cfg, sharder, tcfg.grad_accum)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    g_norm = optax.tree.norm(grads)
+    clipped = clip_by_global_norm(grads, g_norm, tcfg.grad_clip)
+    updates, opt_state = tx.update(clipped, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics = {
-        "loss": loss,
-        "grad_norm": optax.tree.norm(grads),
-        "lr": lr_schedule(tcfg)(state["step"]),
-    }
+    metrics = {"loss": loss, "grad_norm": g_norm, "lr": lr_schedule(tcfg)(state["step"])}
     if with_grads:
         metrics["grads"] = grads
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
@@ -160,14 +167,6 @@ def jit_train_step(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None 
     )
 
 
-@cache
-def jit_eval_loss(cfg: ModelConfig, sharder: Sharder | None = None):
-    def ev(params, batch):
-        return loss_fn(params, batch, cfg, sharder)
-
-    return jax.jit(ev)
-
-
 def greedy_sample(cfg: ModelConfig, params, prompt_ids, n_new: int):
     """Greedy continuation of `prompt_ids` (no KV cache: the tiny model recomputes the prefix).
 
@@ -181,7 +180,7 @@ def greedy_sample(cfg: ModelConfig, params, prompt_ids, n_new: int):
     @jax.jit
     def run(params, buf_1T):
         def body(i, buf_1T):
-            logits_1TV = model_state.apply(cfg, params, buf_1T)
+            logits_1TV = pieces.logits(params, buf_1T, cfg)
             return buf_1T.at[0, i].set(jnp.argmax(logits_1TV[0, i - 1]).astype(jnp.int32))
 
         return jax.lax.fori_loop(start, total, body, buf_1T)

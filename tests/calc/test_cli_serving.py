@@ -45,6 +45,15 @@ def test_inference_json(capsys):
     assert seed["kv_total_bytes"] == 200e9
 
 
+def test_gpu_figures_from_the_hardware_table(capsys):
+    # no --gpu: seed 001's H100 at its rounded 990 TFLOPS; --gpu h100: the datasheet's 989.5
+    assert "on H100 80GB (990 TFLOPS, 3.35 TB/s)" in run(capsys, "inference")[1]
+    assert "on H100 80GB (989.5 TFLOPS, 3.35 TB/s)" in run(capsys, "inference", "--gpu", "h100")[1]
+    for gpu in ("h200", "a100-40", "4090"):  # figures the seeds never gave
+        rc, out, _ = run(capsys, "serving", "--gpu", gpu)
+        assert rc == 0 and "TB/s" in out
+
+
 def test_serving_modes(capsys):
     seed = run_json(capsys, "serving", "--seed-faithful")
     assert [s["gpus_needed"] for s in seed["scenarios"]] == [22, 211, 1052]  # seed 001 output
@@ -155,7 +164,6 @@ def test_argparse_rejects_bad_input_with_exit_2(capsys, argv):
     "argv, message",
     [
         (["kv", "--seed-faithful", "--num-gpus", "8"], "drop --num-gpus"),
-        (["inference", "--gpu", "4090"], "--gpu-tflops"),
         (["rl", "throughput", "--gen-gpus", "256"], "training GPUs"),
         (["rl", "transfer", "--transfers", "-1"], "transfers"),
         (["rl", "transfer", "--seed-faithful", "--transfers", "1"], "drop --transfers"),
@@ -169,8 +177,8 @@ def test_library_errors_exit_2_with_one_line(capsys, argv, message):
 
 def test_modules_do_not_import_jax():
     modules = [
-        "gpus", "kv", "prefix", "inference", "serving", "rl", "rlhf_memory", "weight_transfer",
-        "serving_plots", "cli_serving", "cli_serving_inference", "cli_serving_kv",
+        "kv", "prefix", "inference", "serving", "rl", "rlhf_memory", "weight_transfer",
+        "cli_serving", "cli_serving_common", "cli_serving_inference", "cli_serving_kv",
         "cli_serving_rl", "cli_serving_rlhf",
     ]  # fmt: skip
     imports = "; ".join(f"import jaxscale.calc.{m}" for m in modules)

@@ -11,7 +11,11 @@ from jaxscale.cli import main
 REL = 1e-9
 PNG_MAGIC = b"\x89PNG"
 MY_MODULES = (
-    "cli_training",
+    "cli_training_memory",
+    "cli_training_compute",
+    "cli_training_time",
+    "cli_training_comm",
+    "cli_training_scaling",
     "memory",
     "models",
     "flops",
@@ -163,12 +167,25 @@ def test_time(capsys):
     assert "121.7" in out and "83,333 hours (3,472 days)" in out
     assert "$26,280" in out and "$27,648" in out and "20,833" in out
     report = run_json(["time", "--gpu", "h100", "--gpus", "1024"], capsys)
-    seconds = 6 * 70e9 * 2e12 / (1024 * 990e12 * 0.5)
+    seconds = 6 * 70e9 * 2e12 / (1024 * 989.5e12 * 0.5)  # a named GPU: jaxscale/hardware.py
     assert report["runs"][0]["days"] == pytest.approx(seconds / 86400, rel=REL)
     assert report["throughput_hours"] == pytest.approx(300e9 / 1000 / 3600, rel=REL)
     assert run(["calc", "time", "--mfu", "1.5"]) == 2
     assert run(["calc", "time", "--gpu", "v100"]) == 2
     assert "unknown GPU 'v100'" in capsys.readouterr().err
+
+
+def test_time_default_is_seed001_table_at_its_990(capsys):
+    # shared/seeds/001 L245-253: the seed's table uses H100 990 TFLOPS (hardware.py: 989.5)
+    report = run_json(["time"], capsys)
+    h100 = [r for r in report["runs"] if r["gpu"] == "h100"]
+    assert {r["peak_tflops"] for r in h100} == {990}
+    assert (report["sweep_gpu"], report["sweep_peak_tflops"]) == ("h100", 990)
+    seconds = 6 * 70e9 * 2e12 / (1024 * 990e12 * 0.5)
+    assert report["mfu_sweep"][2]["days"] == pytest.approx(seconds / 86400, rel=REL)
+    report = run_json(["time", "--gpu", "h100,tpu-v5e", "--sweep-gpu", "h100"], capsys)
+    assert [r["peak_tflops"] for r in report["runs"][::3]] == [989.5, 197]
+    assert report["sweep_peak_tflops"] == 989.5
 
 
 def test_comm(capsys):

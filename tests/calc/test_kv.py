@@ -4,10 +4,15 @@ the seed's code, seed-spec Part VIII) and independent closed forms."""
 import pytest
 
 from jaxscale.calc import kv
+from jaxscale.render import fmt_bytes
 
 GIB = 1024**3
 PCT_TOL = 0.05  # percentage points: the seed prints one decimal
 REL_TOL = 1e-12
+
+
+def binary(num_bytes: float) -> str:
+    return fmt_bytes(num_bytes, binary=True, digits=2)  # as `calc kv` prints sizes
 
 
 def test_llama70b_kv_per_token_is_327680_bytes():
@@ -29,9 +34,9 @@ def test_llama70b_kv_per_token_is_327680_bytes():
 )
 def test_six_model_table(name, per_token_kib, at_8k, at_32k):
     per_token = kv.model_kv_bytes_per_token(kv.get_model(name))
-    assert kv.format_binary(per_token) == per_token_kib
-    assert kv.format_binary(per_token * 8192) == at_8k
-    assert kv.format_binary(per_token * 32768) == at_32k
+    assert binary(per_token) == per_token_kib
+    assert binary(per_token * 8192) == at_8k
+    assert binary(per_token * 32768) == at_32k
 
 
 def test_70b_request_sizes_binary_vs_prose():
@@ -119,8 +124,8 @@ def test_paging_improvement_is_none_where_the_seed_divides_by_zero():
 )
 def test_fragmentation_scenarios(requests, avg, most, without, with_, waste_pct):
     f = kv.fragmentation(327_680, requests, avg, most)
-    assert kv.format_binary(f.bytes_without_paging) == without
-    assert kv.format_binary(f.bytes_with_paging) == with_
+    assert binary(f.bytes_without_paging) == without
+    assert binary(f.bytes_with_paging) == with_
     assert f.waste_fraction * 100 == pytest.approx(waste_pct, abs=PCT_TOL)
     assert f.waste_fraction == pytest.approx(1 - avg / most, rel=REL_TOL)
 

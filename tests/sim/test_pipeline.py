@@ -40,6 +40,30 @@ def test_1f1b_per_stage_order_matches_the_seed_lists():
         assert " ".join(s.op.label for s in rows[stage]) == expected
 
 
+@pytest.mark.parametrize("schedule, t_b, v", [("1f1b", 2.0, 1), ("interleaved", 1.0, 2)])
+def test_schedule_grid_places_every_op_on_its_ticks(schedule, t_b, v):
+    p = 4
+    res = sim(p, 8, schedule, 1.0, t_b, v)  # ticks of 1 and 0.5
+    grid = pp.schedule_grid(res)
+    assert len(grid) == p and {len(row) for row in grid} == {round(res.makespan / res.tick)}
+    for span in res.spans.values():
+        kind, stage, mb = span.op.key
+        first, last = round(span.start / res.tick), round(span.end / res.tick)
+        cells = grid[span.op.resource][first:last]
+        assert cells == [pp.Slot(kind, mb, stage, t == 0) for t in range(last - first)]
+    busy = sum(cell is not None for row in grid for cell in row)
+    assert busy * res.tick == pytest.approx(p * res.work_per_stage, abs=TOL)
+
+
+def test_bubble_table_simulates_both_schedules():
+    rows = pp.bubble_table(4, virtual_stages=2)
+    assert [r["microbatches"] for r in rows] == list(pp.BUBBLE_MICROBATCHES)
+    for r in rows:
+        assert r["simulated_1f1b_bubble"] == pytest.approx(r["bubble_s2"], abs=TOL)
+        inter = r["simulated_interleaved_bubble"]
+        assert inter is None if r["microbatches"] % 4 else inter < r["bubble_s2"]
+
+
 @pytest.mark.parametrize(
     "schedule, m, makespan, peaks",
     [

@@ -1,4 +1,5 @@
-"""Seed 002 ch6 demonstrations (tp_linear.py, tp_mlp.py) and a per-layer census of tp_block.
+"""Seed 002 ch6 demonstrations (tp_linear.py, tp_mlp.py) and a per-layer census of one
+tensor-parallel block (the model's block with parallel/tp.py's pieces).
 
 shared/seeds/002_*.txt L4367-4724 (tp_linear.py) and L4792-5119 (tp_mlp.py), in SPMD form on a
 1-D mesh whose one axis is `tensor`. Unlike the seed, every check compares with a dense product
@@ -20,8 +21,10 @@ import numpy as np
 from jaxscale.analysis import hlo
 from jaxscale.config import ModelConfig
 from jaxscale.mesh import build_mesh
+from jaxscale.model import pieces
 from jaxscale.model.transformer import layer_param_layout
-from jaxscale.parallel.tp import check_tp_layout, tp_block
+from jaxscale.parallel import tp as tensor_parallel
+from jaxscale.parallel.tp import check_tp_layout
 from jaxscale.sharding import Sharder
 
 AXIS = "tensor"
@@ -185,8 +188,8 @@ def tp_mlp(mesh, hidden=64, x_shape=(4, 8, 64), seed=100, input_seed=42, warmup=
 
 
 def layer_census(cfg: ModelConfig, mesh, mode: str, grads: bool, batch=4, seq=16) -> Counter:
-    """Collectives of ONE compiled tp_block over `tensor` that move at least one [B, T, D]
-    activation (norm-gradient and loss reductions are smaller and left out), by op."""
+    """Collectives of ONE compiled tensor-parallel block over `tensor` that move at least one
+    [B, T, D] activation (norm-gradient and loss reductions are smaller and left out), by op."""
     tp = mesh.shape[AXIS]
     check_tp_layout(cfg, tp, mode=mode, seq_len=seq)
     sharder = Sharder(mesh)
@@ -195,9 +198,10 @@ def layer_census(cfg: ModelConfig, mesh, mode: str, grads: bool, batch=4, seq=16
     layer_specs = {k: sharder.spec(logical) for k, (_, logical) in layout.items()}
     x_spec = jax.P(None, AXIS, None) if mode == "sequence" else jax.P()
     positions_T = jnp.arange(seq)
+    pc = tensor_parallel.pieces(pieces.DENSE, cfg, mode, AXIS)
 
     def block(x, p):
-        return tp_block(x, p, positions_T, cfg, axis=AXIS, mode=mode)
+        return pieces.block(x, p, positions_T, cfg, pc)
 
     def loss(x, p):
         # squared, so the compiler cannot sum before the last collective (a plain sum would let

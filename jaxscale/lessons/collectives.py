@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from jaxscale.lessons.ranks import AXIS
 from jaxscale.parallel import collectives as C
-from jaxscale.parallel.demos import AXIS
 
 CHEATSHEET_OPS = (
     "broadcast",

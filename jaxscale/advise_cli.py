@@ -1,0 +1,262 @@
+"""`jaxscale advise`: recommend data / ZeRO / tensor / pipeline / expert degrees, beside the four
+seed rule sets (seed 000 exercise 4, seed 001, seed 002 ch7 calculator, seed 004). Imports no jax.
+
+    jaxscale advise --params 70e9 --gpus 64 --gpu-mem 80 [--gpus-per-node 8 --seq 4096 --batch 512]
+"""
+
+# The advice is pure Python (jaxscale.calc.advisor*); only --validate imports jax, lazily.
+
+import argparse
+from dataclasses import fields, is_dataclass
+
+from jaxscale.calc.advisor import RECOMPUTE_CHOICES, AdviceReport, advise
+from jaxscale.calc.advisor_model import (
+    ASSUMED_MFU,
+    GPU,
+    INTER_NODE_BYTES_PER_S,
+    USABLE_FRACTION,
+    Hardware,
+    LayoutCost,
+    Workload,
+)
+from jaxscale.render import Col, Report, fmt_cell, grid
+
+GB = 1e9
+MIN_PARAMS = 1e6  # below this, --params was almost surely given in billions (the seed's unit)
+_PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # weights and gradients (S3 L334 "precision")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "advise",
+        help="recommend a TP x PP x DP (x EP) layout and ZeRO stage; seed rule sets side by side",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    a = p.add_argument
+    a("--params", type=float, default=70e9, help="parameter count, all experts included (70e9)")
+    a("--gpus", type=int, default=64, help="number of GPUs (64)")
+    a("--gpu-mem", type=float, default=GPU.memory_gb, help="memory per GPU in GB (%(default)g)")
+    a("--gpus-per-node", type=int, default=8, help="GPUs per node sharing NVLink (8)")
+    a("--seq", type=int, default=4096, help="tokens per sequence (4096)")
+    a("--batch", type=int, default=512, help="global batch in sequences per step (512)")
+    a("--micro-batch", type=int, default=1, help="sequences per forward pass per GPU (1)")
+    a("--hidden", type=int, default=0, help="model width; 0 derives it from --params")
+    a("--layers", type=int, default=0, help="number of layers; 0 derives it from --params")
+    a("--moe", action="store_true", help="mixture of experts: also choose an expert degree")
+    a("--num-experts", type=int, default=64, help="experts per MoE layer (64)")
+    a("--top-k", type=int, default=2, help="experts per token (2)")
+    a("--precision", choices=sorted(_PRECISION_BYTES), default="bf16", help="weights/grads (bf16)")
+    a("--master-weights", action="store_true", help="keep an fp32 master copy (+4 B/param)")
+    a("--recompute", choices=list(RECOMPUTE_CHOICES), default="auto",
+      help="full activation recomputation: auto lets the ranking decide (auto)")  # fmt: skip
+    a("--headroom", type=float, default=1 - USABLE_FRACTION, help="memory kept free (%(default)g)")
+    a("--intra-node-gbs", type=float, default=GPU.link_gb_s,
+      help="NVLink GB/s per GPU, one direction (%(default)g)")  # fmt: skip
+    a("--inter-node-gbs", type=float, default=INTER_NODE_BYTES_PER_S / GB,
+      help="InfiniBand GB/s per GPU (%(default)g)")  # fmt: skip
+    a("--peak-tflops", type=float, default=GPU.bf16_tflops,
+      help="peak TFLOP/s per GPU (%(default)g)")  # fmt: skip
+    a("--mfu", type=float, default=ASSUMED_MFU,
+      help="assumed fraction of peak achieved (%(default)g)")  # fmt: skip
+    a("--top", type=int, default=5, help="alternative layouts to list (5)")
+    a("--seed002-table", action="store_true", help="print seed 002's strategy comparison table")
+    a("--seed-faithful", action="store_true",
+      help="seed 002 calculator as the seed prints it (defect 6), with its table")  # fmt: skip
+    a("--json", action="store_true", help="print one JSON object")
+    a("--validate", action="store_true",
+      help="scale the recommended layout down to the simulated devices, compile it, and compare "
+      "its memory and collectives with the predictions (imports jax)")  # fmt: skip
+    p.set_defaults(func=lambda args: _run(args, p))
+
+
+_POSITIVE_FLAGS = ("gpus", "gpu_mem", "gpus_per_node", "seq", "batch", "micro_batch", "num_experts",
+                   "top_k", "intra_node_gbs", "inter_node_gbs", "peak_tflops", "mfu")  # fmt: skip
+
+
+def _inputs(args) -> tuple[Workload, Hardware]:
+    for name in _POSITIVE_FLAGS:
+        if not getattr(args, name) > 0:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} must be > 0, got {getattr(args, name):g}")
+    if args.params < MIN_PARAMS:
+        raise ValueError(f"--params {args.params:g} is a parameter count (e.g. 70e9), not billions")
+    if not 0 <= args.headroom < 1:
+        raise ValueError(f"--headroom must be in [0, 1), got {args.headroom}")
+    if args.top < 0:
+        raise ValueError(f"--top must be >= 0, got {args.top}")
+    for name in ("hidden", "layers"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name} must be >= 0 (0 derives it), got {getattr(args, name)}")
+    state_bytes = _PRECISION_BYTES[args.precision]
+    workload = Workload(
+        n_params=args.params, seq=args.seq, batch=args.batch, micro_batch=args.micro_batch,
+        hidden=args.hidden, layers=args.layers, num_experts=args.num_experts if args.moe else 1,
+        top_k=args.top_k if args.moe else 1, weight_bytes=state_bytes, grad_bytes=state_bytes,
+        master_bytes=4 if args.master_weights else 0,
+    )  # fmt: skip
+    hardware = Hardware(
+        num_gpus=args.gpus, gpu_memory_bytes=args.gpu_mem * GB, gpus_per_node=args.gpus_per_node,
+        intra_node_bytes_per_s=args.intra_node_gbs * GB,
+        inter_node_bytes_per_s=args.inter_node_gbs * GB, peak_flops=args.peak_tflops * 1e12,
+        assumed_mfu=args.mfu, usable_fraction=1 - args.headroom,
+    )  # fmt: skip
+    return workload, hardware
+
+
+def _run(args, parser: argparse.ArgumentParser) -> int:
+    try:
+        report = advise(*_inputs(args), recompute=args.recompute, seed_faithful=args.seed_faithful)
+    except ValueError as err:
+        parser.error(str(err))  # one line on stderr, exit code 2
+    render(report, args.top, seed002_table=args.seed002_table or args.seed_faithful).emit(args)
+    if not args.validate:
+        return 0
+    if report.best is None:
+        parser.error("--validate: no layout fits, nothing to validate")
+    from jaxscale.bench.validate_layout import validate  # jax only here: the advice stays instant
+
+    lay = report.best.layout
+    lines, ok = validate(lay.tp, lay.pp, lay.dp, lay.zero_stage)
+    print("\n" + "\n".join(lines))
+    return 0 if ok else 1
+
+
+# --- output: the JSON records, and the text rendered from them ------------------------------------
+
+
+def _record(obj):
+    """A dataclass as a JSON record: its fields and its properties (totals), recursively."""
+    if isinstance(obj, list | tuple):
+        return [_record(x) for x in obj]
+    if not is_dataclass(obj):
+        return obj
+    props = [k for k, v in vars(type(obj)).items() if isinstance(v, property)]
+    return {k: _record(getattr(obj, k)) for k in [*(f.name for f in fields(obj)), *props]}
+
+
+def _cost(cost: LayoutCost | None) -> dict | None:
+    return None if cost is None else {**_record(cost), "label": cost.layout.label()}
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f} GB"
+
+
+def _in_gb(digits: int):
+    return lambda gb: f"{gb:.{digits}f} GB"
+
+
+def _s(x: float) -> str:
+    return f"{x:.2f} s"
+
+
+def _yes(x: bool) -> str:
+    return "yes" if x else "no"
+
+
+def _table(cols: list[Col], records, extra=(), *, label_column: bool = True) -> str:
+    """render.table plus ready rows `extra` (a totals row, a rule that fits nothing)."""
+    rows = [[fmt_cell(r.get(c.key), c.fmt) for c in cols] for r in records] + list(extra)
+    return grid([c.head for c in cols], rows, label_column=label_column)
+
+
+_RULE_COLS = [
+    Col("rule", "rule set"), Col("tp", "TP"), Col("pp", "PP"), Col("dp", "DP"),
+    Col("zero_stage", "ZeRO"), Col("gpus_used", "GPUs"), Col("per_gpu_bytes", "rule's mem", _gb),
+    # jaxscale's model applied to the rule's layout
+    Col("jaxscale_model", "recompute", lambda m: _yes(m["layout"]["recompute"])),
+    Col("jaxscale_model", "mem/GPU", lambda m: _gb(m["memory"]["total"])),
+    Col("jaxscale_model", "fits", lambda m: _yes(m["fits"])),
+    Col("jaxscale_model", "step", lambda m: _s(m["step_s"])),
+]  # fmt: skip
+_SEED002_COLS = [
+    Col("tp", "TP"), Col("pp", "PP"), Col("dp", "DP"),
+    Col("memory_per_gpu_gb", "mem/GPU", _in_gb(1)), Col("fits", "fits", _yes),
+    Col("tp_comm_gb", "TP comm", _in_gb(2)), Col("pp_comm_gb", "PP comm", _in_gb(2)),
+    Col("dp_comm_gb", "DP comm", _in_gb(2)),
+]  # fmt: skip
+_MEMORY_COLS = [Col("state", "state"), Col("bytes", "per GPU", _gb)]
+_COMM_COLS = [Col("kind", "kind"), Col("bytes_per_gpu", "volume", _gb),
+              Col("inter_node", "link", lambda x: "InfiniBand" if x else "NVLink"),
+              Col("seconds", "time", _s)]  # fmt: skip
+_ALT_COLS = [Col("label", "layout"), Col("memory", "mem/GPU", lambda m: _gb(m["total"])),
+             Col("step_s", "step (est.)", _s)]  # fmt: skip
+
+
+def render(advice: AdviceReport, top: int = 5, *, seed002_table: bool = False) -> Report:
+    """The --json object (records) and the text tables rendered from those records."""
+    w, hw, best, s2 = advice.workload, advice.hardware, advice.best, advice.seed002
+    mode = "seed-faithful" if s2.seed_faithful else "corrected"
+    rec = _cost(best)
+    out = Report(
+        "advise", workload=_record(w), hardware=_record(hw), hidden=advice.hidden,
+        layers=advice.layers, seed002_mode=mode,
+        rules=[{**_record(rc.advice), "jaxscale_model": _cost(rc.cost)} for rc in advice.rules],
+        recommendation=rec, alternatives=[_cost(c) for c in advice.ranked[1 : top + 1]],
+        layouts_considered=advice.layouts_considered, layouts_fitting=len(advice.ranked),
+        reasoning=list(advice.reasoning), seed002=_record(s2),
+    )  # fmt: skip
+    derived = "" if w.hidden and w.layers else ", derived"
+    moe = f", MoE {w.num_experts} experts top-{w.top_k}" if w.is_moe else ""
+    nodes = -(-hw.num_gpus // hw.gpus_per_node)
+    out.say(
+        f"jaxscale advise: {w.n_params / 1e9:.1f}B params (hidden {advice.hidden},"
+        f" {advice.layers} layers{derived}{moe})",
+        f"  {hw.num_gpus} GPUs x {hw.gpu_memory_bytes / GB:g} GB in {nodes} node(s) of"
+        f" {hw.gpus_per_node}; batch {w.batch} x {w.seq} tokens, micro-batch {w.micro_batch}",
+        f"  seed 002 calculator: {mode} mode"
+        + ("" if s2.seed_faithful else " (--seed-faithful reproduces its printout)"),
+        "",
+        "Rule sets side by side (last four columns: jaxscale's model applied to that layout)",
+    )
+    own, rules = "jaxscale (analytic)", out.data["rules"]  # last row: the recommendation
+    if rec:
+        rules = [*rules, {"rule": own, **rec["layout"], "gpus_used": best.layout.gpus,
+                          "jaxscale_model": rec}]  # fmt: skip
+    none_fits = [] if rec else [[own, *["-"] * 7, "nothing fits", "-", "-"]]
+    out.say(_table(_RULE_COLS, rules, none_fits), "")
+    for a in (rc.advice for rc in advice.rules):
+        for line in [a.strategy + (f" -- {a.reason}" if a.reason else ""), *a.notes]:
+            out.say(f"  {a.rule}: {line}")
+        if a.error:
+            out.say(f"  {a.rule}: the seed's code raises {a.error}")
+    if seed002_table:
+        out.say("", *_seed002_lines(s2, mode, out.data["seed002"]["rows"]))
+    out.say("", "Recommendation: " + (best.layout.label() if best else "none fits"))
+    out.say(*(f"  - {line}" for line in advice.reasoning))
+    if best is None:
+        return out
+    memory = {k: rec["memory"][k] for k in ("weights", "gradients", "optimizer", "master",
+                                             "activations", "total")}  # fmt: skip
+    memory.update(usable=hw.usable_bytes, GPU=hw.gpu_memory_bytes)
+    memory = [{"state": k, "bytes": v} for k, v in memory.items()]
+    bubble_s = best.compute_s / (1 - best.bubble_fraction) - best.compute_s
+    totals = [["bubble", f"{best.bubble_fraction:.1%}", "-", _s(bubble_s)],
+              ["compute", "-", "-", _s(best.compute_s)],
+              ["step (est.)", "-", "-", _s(best.step_s)]]  # fmt: skip
+    out.say("", "Per-GPU memory", _table(_MEMORY_COLS, memory), "",
+            "Communication per step (per GPU, no overlap assumed)",
+            _table(_COMM_COLS, rec["comms"], totals))  # fmt: skip
+    if top and len(advice.ranked) > 1:
+        out.say("", "Alternatives that fit", _table(_ALT_COLS, out.data["alternatives"]))
+    return out
+
+
+def _seed002_lines(r, mode: str, rows: list[dict]) -> list[str]:
+    head = (
+        f"seed 002 strategy calculator ({mode}): {r.param_count / 1e9:.1f}B params; params"
+        f" {r.params_gb:.1f} GB, gradients {r.grads_gb:.1f} GB, optimizer {r.optimizer_gb:.1f} GB,"
+        f" total {r.total_gb:.1f} GB"
+    )
+    if r.error:
+        return [head, f"  the seed's code raises {r.error}"]
+    b = r.best
+    tail = (
+        f"recommends TP={b.tp} PP={b.pp} DP={b.dp}: {b.memory_per_gpu_gb:.1f} GB per GPU,"
+        f" {b.total_comm_gb:.2f} GB per step"
+        if b
+        else "no configuration fits in memory"
+    )
+    table = _table(_SEED002_COLS, rows, label_column=False)
+    return [head, table, *[f"  skipped {s}" for s in r.skipped], tail]

@@ -1,0 +1,24 @@
+"""Input checks shared by the calculators: one ValueError wording per kind of bad value, naming the
+argument (`positive(d_model=0)` -> "d_model must be > 0, got 0"). The first bad value, in argument
+order, is the one reported. Pure Python."""
+
+
+def positive(**values: float) -> None:
+    """Each value > 0 (NaN fails)."""
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def non_negative(**values: float) -> None:
+    """Each value >= 0 (NaN fails)."""
+    for name, value in values.items():
+        if not value >= 0:
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+def positive_ints(**values: int) -> None:
+    """Each value an int >= 1 (a bool is not a count)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,212 @@
+"""The transformer as pure pieces of arrays: embed -> run_layers(block) -> head -> loss.
+
+Every strategy runs this one skeleton and substitutes pieces instead of re-implementing it:
+the auto path supplies sharding constraints, tensor parallelism its column/row collectives and
+vocab-parallel ends, ZeRO-3 the per-layer all-gather, a pipeline stage calls `run_layers` on its
+slice of the stack, MoE swaps the MLP, and serving calls `attend` with the query and key positions
+of a KV cache. `Pieces` holds the substitutes; its defaults are the single-device model, which is
+the reference every strategy is checked against.
+
+Parameters: `top` = {embed_VD, final_norm_D, unembed_DV (absent when tied)}; one layer's dict
+has the keys of `transformer.layer_param_layout` (one slice of the stacked `blocks`).
+Axis letters: see jaxscale/config.py (S = key positions, as T is query positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import jax
+import jax.numpy as jnp
+
+from jaxscale.config import ModelConfig
+
+ACT = ("batch", "seq", "act_embed")  # the residual stream's logical axes
+
+
+def _identity(x, *_):
+    return x
+
+
+# --- the leaf pieces --------------------------------------------------------------------------
+
+
+def rms_norm(x, scale, eps):
+    # Statistics in f32 even under bf16 compute; cast back so the matmuls stay in compute dtype.
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x_BTNK, positions_T, base):
+    """Rotary embedding (rotate-half form) on the last axis of [B, T, N, K] at `positions_T`."""
+    K = x_BTNK.shape[-1]
+    inv_freq = base ** (-jnp.arange(0, K, 2, dtype=jnp.float32) / K)
+    angles_TK2 = positions_T[:, None].astype(jnp.float32) * inv_freq[None, :]
+    cos, sin = jnp.cos(angles_TK2)[None, :, None, :], jnp.sin(angles_TK2)[None, :, None, :]
+    x1, x2 = jnp.split(x_BTNK.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTNK.dtype)
+
+
+def attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
+    """Causal GQA attention: query t sees key s iff k_positions[s] <= q_positions[t].
+
+    The one attention core of training, sequence parallelism, prefill and decode: queries and
+    keys carry their own positions, so a KV cache (S slots, unused ones at a position larger than
+    any query) and a sequence-parallel gather use it unchanged. R = H/G query heads share each
+    kv head (read from the shapes, so a contiguous split of H and G keeps it)."""
+    B, T, H, K = q_BTHK.shape
+    G = k_BSGK.shape[2]
+    q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
+    scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK).astype(jnp.float32)
+    scores_BGRTS = scores_BGRTS * K**-0.5
+    causal_TS = q_positions_T[:, None] >= k_positions_S[None, :]
+    scores_BGRTS = jnp.where(causal_TS, scores_BGRTS, jnp.finfo(jnp.float32).min)
+    probs_BGRTS = jax.nn.softmax(scores_BGRTS, axis=-1).astype(q_BTHK.dtype)
+    out_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS, v_BSGK)
+    return out_BTGRK.reshape(B, T, H, K)
+
+
+def mlp_hidden(x_BTD, p, cfg: ModelConfig):
+    """The MLP's activation [B, T, F]: SwiGLU silu(x W_gate) * x W_up, or GELU(x W_up). On local
+    F shards (tensor parallelism) it needs no collective: the column-parallel half."""
+    cdt = x_BTD.dtype
+    up_BTF = jnp.einsum("btd,df->btf", x_BTD, p["w_up_DF"].astype(cdt))
+    if cfg.mlp == "swiglu":
+        gate_BTF = jnp.einsum("btd,df->btf", x_BTD, p["w_gate_DF"].astype(cdt))
+        return jax.nn.silu(gate_BTF) * up_BTF
+    return jax.nn.gelu(up_BTF)
+
+
+def cross_entropy(logits_BTV, targets_BT):
+    """Mean next-token cross-entropy in nats (f32)."""
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    nll_BT = -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    return jnp.mean(nll_BT)
+
+
+# --- the substitutable pieces -----------------------------------------------------------------
+
+
+def attention(h_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
+    """Q/K/V projections, RoPE, `pc.attend`, output projection. Under tensor parallelism the
+    heads are local shards: no collective until the caller's `pc.leave` (Megatron g)."""
+    cdt = h_BTD.dtype
+    q_BTHK = jnp.einsum("btd,dhk->bthk", h_BTD, p["wq_DHK"].astype(cdt))
+    k_BTGK = jnp.einsum("btd,dgk->btgk", h_BTD, p["wk_DGK"].astype(cdt))
+    v_BTGK = jnp.einsum("btd,dgk->btgk", h_BTD, p["wv_DGK"].astype(cdt))
+    q_BTHK = pc.constrain(q_BTHK, ("batch", "seq", "act_heads", None))
+    q_BTHK = rope(q_BTHK, positions_T, cfg.rope_base)
+    k_BTGK = rope(k_BTGK, positions_T, cfg.rope_base)
+    out_BTHK = pc.attend(q_BTHK, k_BTGK, v_BTGK, positions_T, positions_T)
+    return jnp.einsum("bthk,hkd->btd", out_BTHK, p["wo_HKD"].astype(cdt))
+
+
+def mlp(h_BTD, p, cfg: ModelConfig, pc: Pieces):
+    """Column-parallel up (and gate), row-parallel down: one all-reduce under tensor parallelism
+    (the caller's `pc.leave`)."""
+    act_BTF = pc.constrain(mlp_hidden(h_BTD, p, cfg), ("batch", "seq", "act_mlp"))
+    act_BTF = pc.mlp_act(act_BTF)
+    return jnp.einsum("btf,fd->btd", act_BTF, p["w_down_FD"].astype(h_BTD.dtype))
+
+
+def embed(top, tokens_BT, cfg: ModelConfig, pc: Pieces):
+    """x [B, T, D] = embed_VD[tokens] in compute dtype."""
+    # FSDP stores the table's embed dim sharded; gather it before the lookup (one all-gather),
+    # leaving the vocab split (tensor) for the masked gather GSPMD knows how to partition.
+    embed_VD = pc.constrain(top["embed_VD"], ("vocab", None))
+    x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(jnp.dtype(cfg.compute_dtype))
+    return pc.constrain(x_BTD, ACT)
+
+
+def unembed_matrix(top, cfg: ModelConfig):
+    return top["embed_VD"].T if cfg.tied_embeddings else top["unembed_DV"]
+
+
+def head(top, x_BTD, cfg: ModelConfig, pc: Pieces):
+    """Final norm and unembedding: logits [B, T, V] in compute dtype."""
+    x_BTD = pc.enter(rms_norm(x_BTD, top["final_norm_D"], cfg.norm_eps))
+    unembed_DV = unembed_matrix(top, cfg).astype(x_BTD.dtype)
+    logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, unembed_DV)
+    return pc.constrain(logits_BTV, ("batch", "seq", "act_vocab"))
+
+
+def block(x_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
+    """One pre-norm transformer block on one layer's arrays `p`."""
+    h_BTD = pc.enter(rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps))
+    x_BTD = pc.constrain(x_BTD + pc.leave(attention(h_BTD, p, positions_T, cfg, pc)), ACT)
+    h_BTD = pc.enter(rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps))
+    return pc.constrain(x_BTD + pc.leave(pc.mlp(h_BTD, p, cfg, pc)), ACT)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """What a strategy substitutes. The defaults are the single-device model.
+
+    constrain(x, logical)   sharding constraint at a boundary (the auto path; else identity)
+    enter(h) / leave(y)     around every column-parallel / row-parallel pair: tensor
+                            parallelism's f and g (identity, all-reduce) or sequence
+                            parallelism's all-gather and reduce-scatter along T
+    attend, mlp, mlp_act    the attention core, the MLP (MoE swaps it), the MLP activation
+    embed, head, loss       the two ends (vocab parallelism substitutes all three)
+    layer_hook(layer)       runs inside the layer loop before a layer is used (ZeRO-3 gathers
+                            that layer's shards there, so only one layer is ever whole)
+    top_hook(top)           the same for the embedding, final norm and unembedding
+    """
+
+    constrain: Callable = _identity
+    enter: Callable = _identity
+    leave: Callable = _identity
+    attend: Callable = attend
+    mlp: Callable = mlp
+    mlp_act: Callable = _identity
+    block: Callable = block
+    embed: Callable = embed
+    head: Callable = head
+    loss: Callable = cross_entropy
+    layer_hook: Callable = _identity
+    top_hook: Callable = _identity
+
+    def replace(self, **changes) -> Pieces:
+        return replace(self, **changes)
+
+
+DENSE = Pieces()
+
+
+def run_layers(x_BTD, layers, positions_T, cfg: ModelConfig, pc: Pieces = DENSE):
+    """Scan `pc.block` over the stacked `layers` (leading axis: this slice of the stack)."""
+
+    def body(x_BTD, layer):
+        return pc.block(x_BTD, pc.layer_hook(layer), positions_T, cfg, pc), None
+
+    if cfg.remat:  # keep only the block inputs; recompute the insides (and their collectives)
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    n = jax.tree.leaves(layers)[0].shape[0]
+    x_BTD, _ = jax.lax.scan(body, x_BTD, layers, unroll=n if cfg.unroll_layers else 1)
+    return x_BTD
+
+
+def split_params(params):
+    """(top, stacked layers) of a parameter dict."""
+    return {k: v for k, v in params.items() if k != "blocks"}, params["blocks"]
+
+
+def logits(params, tokens_BT, cfg: ModelConfig, pc: Pieces = DENSE):
+    """The whole model: tokens [B, T] -> logits [B, T, V] float32."""
+    top, layers = split_params(params)
+    top = pc.top_hook(top)
+    x_BTD = pc.embed(top, tokens_BT, cfg, pc)
+    x_BTD = run_layers(x_BTD, layers, jnp.arange(tokens_BT.shape[1]), cfg, pc)
+    return pc.head(top, x_BTD, cfg, pc).astype(jnp.float32)
+
+
+def loss(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
+    """Mean next-token loss of a [B, T+1] token window (on a strategy's local rows)."""
+    top, layers = split_params(params)
+    top = pc.top_hook(top)
+    x_BTD = pc.embed(top, batch_BT1[:, :-1], cfg, pc)
+    x_BTD = run_layers(x_BTD, layers, jnp.arange(batch_BT1.shape[1] - 1), cfg, pc)
+    return pc.loss(pc.head(top, x_BTD, cfg, pc), batch_BT1[:, 1:])

@@ -1,0 +1,24 @@
+"""Every tolerance jaxscale checks against, stated once (DESIGN §5). verify, the bench and the
+tests import them from here; none is ever loosened to make a check pass.
+"""
+
+# f32 strategies vs the single-device reference: first-step loss and every gradient leaf,
+# |got - want| <= ATOL + RTOL * |want| elementwise (chex.assert_trees_all_close's rule).
+RTOL, ATOL = 1e-5, 1e-6
+# A trajectory with real updates (losses and final parameters, absolute), and its pre-clip
+# gradient norms (relative: the norm is what exposes a gradient-scale bug that Adam's
+# normalisation and clipping would hide from the losses).
+TRAJ_ATOL = 1e-4
+TRAJ_NORM_RTOL = 1e-4
+
+# bf16 compute vs the f32 reference (bf16 keeps about 3 significant digits, and a sharded
+# program sums partial products in another order): loss relative, each gradient leaf relative
+# to its largest entry, trajectory absolute, gradient norms relative.
+BF16_LOSS_RTOL, BF16_GRAD_RTOL, BF16_TRAJ_ATOL, BF16_NORM_RTOL = 2e-2, 2e-2, 1e-2, 2e-2
+# bf16 vs a bf16 reference on one device: the same arithmetic in another summation order.
+BF16_SAME_RTOL, BF16_SAME_ATOL = 1e-2, 1e-3
+
+# Predictions vs the compiled program.
+MEMORY_RTOL = 0.02  # state and argument bytes per device vs the calculators
+COMM_RTOL = 0.05  # collective bytes per op vs the axis modules' predictions (normalised census)
+FLOPS_RTOL = 0.05  # analytic forward matmul FLOPs vs cost_analysis (layers unrolled)
