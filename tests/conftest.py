@@ -2,13 +2,16 @@
 
 The suite compares values, not speed, so XLA's slower optimisation passes are switched off
 (as flax's own example tests do): compiles are ~1.5x faster and results stay within the stated
-tolerances. A test that measures compiled memory or timings can switch them back on locally.
+tolerances. The environment variable carries the setting into the subprocesses the tests start
+(experiments, launched processes). A test that measures compiled memory or timings can switch
+them back on locally.
 """
 
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
 
 import jax  # noqa: E402
 

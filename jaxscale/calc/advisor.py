@@ -27,7 +27,7 @@ from jaxscale.calc.advisor_rules import (
     seed004_config,
 )
 from jaxscale.calc.advisor_seed002 import Seed002Result, seed002_advice, seed002_calculator
-from jaxscale.calc.checks import positive, positive_ints
+from jaxscale.checks import positive, positive_ints
 
 _ZERO_WHY = {
     0: "every replica keeps the full model state",

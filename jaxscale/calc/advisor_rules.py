@@ -16,8 +16,8 @@ advise` shows them side by side; docs/seed-notes.md explains each.
 
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import positive, positive_ints
 from jaxscale.calc.memory import training_memory_per_device
+from jaxscale.checks import positive, positive_ints
 
 GB = 1e9  # the seeds use decimal gigabytes throughout
 

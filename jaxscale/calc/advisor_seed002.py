@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from jaxscale.calc.advisor_rules import GB, RuleAdvice
-from jaxscale.calc.checks import positive, positive_ints
+from jaxscale.checks import positive, positive_ints
 
 SEED002_TP = (1, 2, 4, 8)  # L5897
 SEED002_PP = (1, 2, 4, 8, 16)  # L5901

@@ -12,7 +12,7 @@ backward = 2 x forward and a training step = 3 x forward = 6 FLOPs per parameter
 
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import positive
+from jaxscale.checks import positive
 
 FORWARD_FLOPS_PER_PARAM = 2
 BACKWARD_TO_FORWARD = 2  # dL/dx and dL/dW: two matmuls per forward matmul

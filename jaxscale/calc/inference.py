@@ -19,7 +19,7 @@ not modelled. Sizes are decimal (1 GB = 1e9 B) as in seed 001.
 import math
 from dataclasses import dataclass, replace
 
-from jaxscale.calc.checks import positive, positive_ints
+from jaxscale.checks import positive, positive_ints
 from jaxscale.hardware import get_device
 
 # Seed 001 prices the H100 at 990 TFLOPS and 3.35 TB/s (L1065-1067); jaxscale/hardware.py has the

@@ -16,7 +16,7 @@ parallelism, overhead per GPU.
 
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import non_negative, positive, positive_ints
+from jaxscale.checks import non_negative, positive, positive_ints
 
 GIB = 1024**3
 SEED_OVERHEAD_GB_PER_GPU = 2.0  # "CUDA kernels, activations, etc." (S2 L7188)

@@ -12,7 +12,7 @@ stage 2 also the gradients, stage 3 also the weights (shared/seeds/000_*.txt L10
 import math
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import non_negative, positive, positive_ints
+from jaxscale.checks import non_negative, positive, positive_ints
 
 # Mixed-precision Adam, bytes per parameter (shared/seeds/000_*.txt L100-106).
 BF16_BYTES = 2

@@ -6,7 +6,7 @@ Weak scaling: per-GPU batch fixed, ideal t_N = t_1, efficiency = t_1 / t_N.
 
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import positive_ints
+from jaxscale.checks import positive_ints
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ token budget) follows the ACTIVE parameters, while memory follows the TOTAL.
 
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import positive
 from jaxscale.calc.flops import training_flops
+from jaxscale.checks import positive
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 ZETTA = 1e21

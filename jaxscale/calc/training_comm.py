@@ -8,7 +8,7 @@ Time = latency + bytes / bandwidth per collective (the alpha-beta model, 001 L68
 
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import non_negative, positive, positive_ints
+from jaxscale.checks import non_negative, positive, positive_ints
 
 GB = 1e9
 

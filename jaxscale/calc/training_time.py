@@ -6,8 +6,8 @@ peak the training step actually achieves; 40-50% is good, 60%+ rare (001 L238-24
 
 from dataclasses import dataclass
 
-from jaxscale.calc.checks import positive, positive_ints
 from jaxscale.calc.flops import training_flops
+from jaxscale.checks import positive, positive_ints
 from jaxscale.hardware import DEVICES
 
 SECONDS_PER_HOUR = 3600

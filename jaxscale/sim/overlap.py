@@ -22,6 +22,7 @@ dispatch), which hide launch cost whenever a kernel outlasts a launch.
 
 from dataclasses import dataclass
 
+from jaxscale.checks import positive_fields
 from jaxscale.sim import timeline
 from jaxscale.sim.timeline import Op
 
@@ -37,7 +38,7 @@ class SchedulingConfig:
     postprocess_ms: float = 1.0  # P, CPU
 
     def validate(self) -> None:
-        timeline.check_positive(self, "batches", "scheduling_ms", "compute_ms", "postprocess_ms")
+        positive_fields(self, "batches", "scheduling_ms", "compute_ms", "postprocess_ms")
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class LaunchConfig:
     compute_ms: float = 0.5  # GPU time per iteration, split evenly over the kernels
 
     def validate(self) -> None:
-        timeline.check_positive(self, "iterations", "kernels", "launch_ms", "compute_ms")
+        positive_fields(self, "iterations", "kernels", "launch_ms", "compute_ms")
 
 
 def scheduling_orders(cfg: SchedulingConfig, mode: str) -> dict[str, list[Op]]:

@@ -13,6 +13,7 @@ with v = 1 except for the interleaved schedule (v model chunks per device, Megat
 
 from dataclasses import dataclass, field, replace
 
+from jaxscale.checks import positive_fields
 from jaxscale.sim import timeline
 from jaxscale.sim.timeline import Op, Span
 
@@ -32,7 +33,7 @@ class PipelineConfig:
     virtual_stages: int = 1  # v, model chunks per device (interleaved needs v >= 2)
 
     def validate(self) -> None:
-        timeline.check_positive(self, *COUNTS, "forward_time", "backward_time")
+        positive_fields(self, *COUNTS, "forward_time", "backward_time")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
         if self.schedule == "interleaved":
@@ -140,7 +141,7 @@ def pipeline_efficiency(
 
 def _check_counts(stages, microbatches, virtual_stages):
     cfg = PipelineConfig(stages, microbatches, virtual_stages=virtual_stages)
-    timeline.check_positive(cfg, *COUNTS)
+    positive_fields(cfg, *COUNTS)
 
 
 def bubble_table(stages: int, forward_time: float = 1.0, backward_time: float = 1.0,

@@ -73,18 +73,6 @@ def run(orders: Mapping[Hashable, Sequence[Op]]) -> dict[Hashable, Span]:
     return done
 
 
-def check_positive(config, *names: str) -> None:
-    """ValueError naming the first field of `config` that is not > 0 (not a positive integer,
-    for a field whose default is an int)."""
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(getattr(type(config), name), int):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        elif not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
-
-
 def makespan(spans: Mapping[Hashable, Span]) -> float:
     return max((s.end for s in spans.values()), default=0.0)
 

@@ -1,6 +1,6 @@
-"""Input checks shared by the calculators: one ValueError wording per kind of bad value, naming the
-argument (`positive(d_model=0)` -> "d_model must be > 0, got 0"). The first bad value, in argument
-order, is the one reported. Pure Python."""
+"""Input checks shared by the calculators and simulators: one ValueError wording per kind of bad
+value, naming the argument (`positive(d_model=0)` -> "d_model must be > 0, got 0"). The first bad
+value, in argument order, is the one reported. Pure Python (no jax, nothing else of ours)."""
 
 
 def positive(**values: float) -> None:
@@ -22,3 +22,14 @@ def positive_ints(**values: int) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def positive_fields(config, *names: str) -> None:
+    """The named fields of a dataclass instance: a positive integer where the field's default is
+    an int, > 0 otherwise."""
+    for name in names:
+        value = {name: getattr(config, name)}
+        if isinstance(getattr(type(config), name), int):
+            positive_ints(**value)
+        else:
+            positive(**value)
