@@ -47,15 +47,16 @@ def memory_table(rows: list[BenchRow], ref_ms: float | None, mfu_lines: list[str
             f" {fmt_mark(r.memory_ok):>3}"
         )
     lines += [
-        "MiB columns, per device: params/grads/adam = the strategy's declared layout (shard shapes"
-        " of its",
-        "state) / the ZeRO calculator (calc.memory); args = compiled memory_analysis / params + "
-        f"adam + batch shard. mem ✓ when all four are within {tol.MEMORY_RTOL:.0%}.",
+        "MiB columns, per device: params/grads/adam = the strategy's declared layout (the shard",
+        "shapes of its state) / the ZeRO calculator (calc.memory); args = the compiled program's",
+        "memory_analysis / params + adam + batch shard. mem ✓ when all four are within "
+        f"{tol.MEMORY_RTOL:.0%}.",
         "GFLOP/dev: cost_analysis / analytic (3 x forward matmuls).",
         f"|dloss|: largest loss difference from the 1-device reference over {TRAJ_STEPS} steps "
-        "with real updates; eq ✓ when",
-        f"the losses and final parameters are within {tol.TRAJ_ATOL:g} and every step's pre-clip"
-        f" gradient norm within {tol.TRAJ_NORM_RTOL:g} relative.",
+        "with real",
+        f"updates; eq ✓ when the losses and final parameters are within {tol.TRAJ_ATOL:g} and "
+        "every step's",
+        f"pre-clip gradient norm within {tol.TRAJ_NORM_RTOL:g} relative.",
         *mfu_lines,
     ]
     return "\n".join(lines)
