@@ -1,7 +1,11 @@
 """`jaxscale` command line. Thin: every subcommand's logic lives in the package below.
 
-Subcommands that need jax import it inside their handler, so `jaxscale calc …` and
-`jaxscale simulate …` start without loading jax. Each handler returns a process exit code.
+`main` is the process edge (the `jaxscale` console script and `python -m jaxscale` both enter
+here): before jax initialises, an unset CPU device count defaults to 8 simulated devices (only
+the CPU backend reads it, so a GPU or TPU host still uses its accelerators), and a process started
+by `jaxscale launch` joins its peers. Subcommands that need jax import it inside their handler, so
+`jaxscale calc …` and `jaxscale simulate …` start without loading jax. Each handler returns a
+process exit code.
 """
 
 import argparse
@@ -25,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="jaxscale",
         description="A JAX sharding laboratory: DP, FSDP/ZeRO, TP, PP, EP on one NNX transformer.",
     )
+    parser.add_argument("--version", action="version", version=f"jaxscale {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_doctor(sub)
     from jaxscale.calc import cli as calc_cli
@@ -44,10 +49,25 @@ _OPTIONAL_COMMAND_MODULES = (
     "jaxscale.advise_cli",  # advise
     "jaxscale.launch",  # launch -n N -- …
     "jaxscale.lessons.hello",  # hello
+    "jaxscale.train.plot",  # plot
 )
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jaxscale")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from jaxscale.devices import default_cpu_devices
+    from jaxscale.launch import maybe_initialize_distributed
+
+    default_cpu_devices()
+    maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import re
 import sys
+from pathlib import Path
 
 # --- argparse types ---------------------------------------------------------------------------
 
@@ -15,13 +18,13 @@ _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def parse_count(text: str) -> float:
-    """'124M', '7B', '1.7T', '70e9' -> float (> 0)."""
+    """'124M', '7B', '1.7T', '70e9' -> float (> 0, finite)."""
     match = re.fullmatch(r"\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", text, re.I)
     if not match:
         raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 124M, 7B, 70e9)")
     value = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 
@@ -32,25 +35,88 @@ def _number(text: str, kind, what: str):
         raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
 
 
-def positive_int(text: str) -> int:
+INT_MAX = 2**31 - 1  # counts, steps and seeds fit an int32 (jax and numpy take them as such)
+
+
+def _int(text: str) -> int:
     value = _number(text, int, "an integer")
+    if abs(value) > INT_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT_MAX}, got {text!r}")
+    return value
+
+
+def _finite(text: str) -> float:
+    value = _number(text, float, "a number")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    return _finite(text)
+
+
 def positive_float(text: str) -> float:
-    value = _number(text, float, "a number")
+    value = _finite(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    value = _number(text, float, "a number")
+    value = _finite(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
     return value
+
+
+def writable_path(text: str) -> str:
+    """A file path that can be written: not a directory, and its nearest existing ancestor is a
+    writable directory (missing parents are created when the file is written)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not writable")
+    return text
+
+
+def writable_dir(text: str) -> str:
+    """A directory that exists or can be created, and can be written into."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not writable")
+    return text
 
 
 def fraction(text: str) -> float:
@@ -97,22 +163,39 @@ def comma_list(item_type):
 # --- flags from dataclasses -------------------------------------------------------------------
 
 
+def flag_of(f: dataclasses.Field) -> str:
+    """A config field's command-line flag: its metadata's, else --field-name."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
 def add_dataclass_args(parser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field (`--d-model 64`, `--remat/--no-remat`), defaulting to None so only the
-    flags given override a base config; the help shows the field's default."""
+    """One flag per field, with the field's help and choices from its metadata (`config.opt`),
+    defaulting to None so only the flags given override a base config; `--remat/--no-remat`
+    for booleans. A field whose flag differs from its name also answers to --field-name."""
+    kinds = {"int": _int, "float": finite_float, "str": str, "bool": bool}
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
-        kind = {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+        kind, flag = kinds[str(f.type)], flag_of(f)
+        help_text = f"{f.metadata.get('help', '')} (default {f.default})".strip()
         if kind is bool:
-            parser.add_argument(flag, dest=f.name, default=None,
-                                action=argparse.BooleanOptionalAction,
-                                help=f"(default {f.default})")  # fmt: skip
+            action = parser.add_argument(flag, dest=f.name, default=None, help=help_text,
+                                         action=argparse.BooleanOptionalAction)  # fmt: skip
         else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=None,
-                                metavar=kind.__name__.upper(),
-                                help=f"(default {f.default})")  # fmt: skip
+            choices = f.metadata.get("choices")
+            metavar = None if choices else {_int: "INT", finite_float: "FLOAT"}.get(kind, "STR")
+            action = parser.add_argument(
+                flag,
+                dest=f.name,
+                type=kind,
+                default=None,
+                choices=choices,
+                metavar=metavar,
+                help=help_text,
+            )
+        plain = "--" + f.name.replace("_", "-")
+        if plain != flag:
+            hidden_alias(parser, action, plain)
 
 
 def overrides(args: argparse.Namespace, cls) -> dict:
@@ -121,13 +204,41 @@ def overrides(args: argparse.Namespace, cls) -> dict:
     return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 
+def build_config(cls, args: argparse.Namespace, base=None):
+    """`cls` (or `base` with the given flags replaced) from the command line; a validation error
+    comes back naming the flags, not the fields ("--layers must be ...")."""
+    try:
+        changes = overrides(args, cls)
+        return dataclasses.replace(base, **changes) if base is not None else cls(**changes)
+    except ValueError as e:
+        raise ValueError(flag_names(str(e), cls)) from None
+
+
+def flag_names(message: str, cls) -> str:
+    """Replace the field names in a config's error message by their flags."""
+    for f in sorted(dataclasses.fields(cls), key=lambda f: -len(f.name)):
+        message = re.sub(rf"(?<![\w-]){f.name}\b", flag_of(f), message)
+    return message
+
+
+def hidden_alias(parser, action: argparse.Action, *old_flags: str) -> None:
+    """Accept `old_flags` as a spelling of `action`'s flag without listing them in --help (one
+    flag name per quantity across commands; the old spellings keep working)."""
+    kw = {"dest": action.dest, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
+    if action.nargs == 0:  # a switch
+        parser.add_argument(*old_flags, action="store_const", const=action.const, **kw)
+    else:
+        parser.add_argument(*old_flags, type=action.type, choices=action.choices,
+                            nargs=action.nargs, metavar=action.metavar, **kw)  # fmt: skip
+
+
 # --- output flags and errors ------------------------------------------------------------------
 
 
 def add_output_flags(p: argparse.ArgumentParser, *, plot: bool = False, faithful: bool = False):
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     if plot:
-        p.add_argument("--plot", metavar="PATH", help="write the plot as a PNG")
+        p.add_argument("--plot", metavar="PATH", type=writable_path, help="write the plot as a PNG")
     if faithful:
         p.add_argument(
             "--seed-faithful",
@@ -154,3 +265,30 @@ def guarded(handler):
             return 2
 
     return run
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """--help that states each flag's default once: "(default 8)" is appended unless the help
+    already says "default" or there is none to state; indented lines (examples) stay as written."""
+
+    def _get_help_string(self, action):
+        text, default = action.help or "", action.default
+        if action.nargs == 0 or "default" in text or default in (None, argparse.SUPPRESS):
+            return text
+        if isinstance(default, list | tuple):
+            default = ",".join(map(str, default))
+        elif isinstance(default, float):
+            default = f"{default:g}"
+        return f"{text} (default {str(default).replace('%', '%%')})".lstrip()
+
+    def _fill_text(self, text, width, indent):
+        return "\n".join(indent + line if line.startswith(" ") else
+                         super(HelpFormatter, self)._fill_text(line, width, indent)
+                         for line in text.splitlines())  # fmt: skip
+
+
+def add_command(sub, name: str, *, help: str, description: str, example: str, **kw):
+    """A subcommand's parser, its --help formatted by `HelpFormatter` and ending with an example
+    command line."""
+    return sub.add_parser(name, help=help, description=description, formatter_class=HelpFormatter,
+                          epilog=f"example:\n  {example}", **kw)  # fmt: skip

@@ -1,5 +1,9 @@
 """Frozen configuration dataclasses: the model and the training run.
 
+Every field carries its one-line help (and, where the command line spells it differently, its
+flag) in its metadata: `jaxscale train` generates its flags from these fields, and a validation
+error names the field first, so the command line can name the flag instead.
+
 Axis alphabet used in names throughout jaxscale (documented once, here):
   B batch, T sequence, D d_model (embed), H query heads, G kv heads, R = H/G heads per kv group,
   K head_dim, F d_ff (mlp), V vocab, L layers, M microbatches.
@@ -8,54 +12,75 @@ Axis alphabet used in names throughout jaxscale (documented once, here):
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 _DTYPES = ("float32", "bfloat16", "float16")
+INT_MAX = 2**31 - 1  # steps, sizes and seeds are int32 inside jax
+
+
+def opt(default, help: str, flag: str | None = None, choices: tuple | None = None):
+    """A config field with its help text (and its command-line flag and choices, if any)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _counts(cfg, names: tuple[str, ...], minimum: int = 1) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        _require(minimum <= value <= INT_MAX,
+                 f"{name} must be an integer in [{minimum}, {INT_MAX}], got {value}")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A decoder-only transformer. Defaults are the tiny test model."""
 
-    vocab: int = 256  # byte-level tokenizer: one token per byte
-    d_model: int = 64  # D
-    n_layers: int = 2  # L, stacked and scanned so pipeline stages can slice them
-    n_heads: int = 8  # H
-    n_kv_heads: int = 4  # G (GQA); == n_heads is MHA, 1 is MQA
-    d_ff: int = 128  # F
-    max_seq: int = 128  # longest sequence RoPE and sampling accept
-    mlp: str = "swiglu"  # "swiglu" (3 matrices) or "gelu" (2 matrices)
-    tied_embeddings: bool = False  # True: logits use the input embedding transposed
-    rope_base: float = 10_000.0
-    norm_eps: float = 1e-6
-    compute_dtype: str = "float32"  # dtype of matmuls and activations
-    param_dtype: str = "float32"  # dtype parameters (and Adam state) are stored in
-    remat: bool = False  # recompute each block in the backward pass (jax.checkpoint)
-    # Unroll the layer scan. The compiler's cost_analysis counts a loop body once, so FLOPs
-    # read from a compiled program are per-layer-exact only when the layers are unrolled.
-    unroll_layers: bool = False
+    vocab: int = opt(256, "vocabulary size (byte tokens need 256)")
+    d_model: int = opt(64, "D, the residual stream's width")
+    n_layers: int = opt(2, "L, stacked and scanned so pipeline stages can slice them", "--layers")
+    n_heads: int = opt(8, "H, query heads", "--heads")
+    n_kv_heads: int = opt(4, "G, key/value heads (GQA): == heads is MHA, 1 is MQA", "--kv-heads")
+    d_ff: int = opt(128, "F, the MLP's hidden width")
+    max_seq: int = opt(128, "longest sequence RoPE and sampling accept")
+    mlp: str = opt(
+        "swiglu", "MLP kind: swiglu (3 matrices) or gelu (2)", choices=("swiglu", "gelu")
+    )
+    tied_embeddings: bool = opt(False, "logits use the input embedding transposed")
+    rope_base: float = opt(10_000.0, "RoPE frequency base")
+    norm_eps: float = opt(1e-6, "RMSNorm epsilon")
+    compute_dtype: str = opt("float32", "dtype of matmuls and activations", choices=_DTYPES)
+    param_dtype: str = opt("float32", "dtype of parameters and Adam state", choices=_DTYPES)
+    remat: bool = opt(False, "recompute each block in the backward pass (jax.checkpoint)")
+    # The compiler's cost_analysis counts a loop body once, so FLOPs read from a compiled program
+    # are per-layer-exact only when the layers are unrolled.
+    unroll_layers: bool = opt(False, "unroll the layer scan (exact FLOPs in cost_analysis)")
 
     def __post_init__(self):
-        positive = ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"n_heads={self.n_heads} does not divide d_model={self.d_model} "
-                f"(head_dim would be {self.d_model / self.n_heads:g})"
-            )
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads} (GQA groups)"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
-        if self.mlp not in ("swiglu", "gelu"):
-            raise ValueError(f"mlp must be 'swiglu' or 'gelu', got {self.mlp!r}")
+        _counts(self, ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq"))
+        _require(self.d_model % self.n_heads == 0,
+                 f"n_heads={self.n_heads} does not divide d_model={self.d_model} "
+                 f"(head_dim would be {self.d_model / self.n_heads:g})")  # fmt: skip
+        _require(self.n_heads % self.n_kv_heads == 0,
+                 f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads} "
+                 "(GQA groups)")  # fmt: skip
+        _require(
+            self.head_dim % 2 == 0,
+            f"d_model / n_heads must be even for RoPE, got head_dim {self.head_dim}",
+        )
+        _require(
+            self.mlp in ("swiglu", "gelu"), f"mlp must be 'swiglu' or 'gelu', got {self.mlp!r}"
+        )
         for name in ("compute_dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            _require(value in _DTYPES, f"{name} must be one of {_DTYPES}, got {value!r}")
+        for name in ("rope_base", "norm_eps"):
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value}")
 
     @property
     def head_dim(self) -> int:  # K
@@ -77,39 +102,44 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 class TrainConfig:
     """One training run. `global_batch` sequences of `seq_len` tokens per optimizer step."""
 
-    steps: int = 300
-    global_batch: int = 16  # sequences per optimizer step, summed over all data-parallel shards
-    seq_len: int = 64
-    grad_accum: int = 1  # microbatches per step; gradients are reduced once per step
-    lr: float = 3e-3  # peak learning rate
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    weight_decay: float = 0.1  # AdamW, not applied to norm scales
-    optimizer: str = "adamw"  # "adamw" (no decay on norm scales) or "sgd" (plain, no momentum)
-    b1: float = 0.9
-    b2: float = 0.95
-    grad_clip: float = 1.0  # global-norm clipping; 0 disables
-    seed: int = 0
-    eval_every: int = 50  # steps between eval-loss measurements; 0 disables
-    eval_batches: int = 4
-    ckpt_every: int = 0  # steps between checkpoints; 0 means only at the end (if ckpt_dir)
-    log_every: int = 10
+    steps: int = opt(300, "optimizer steps")
+    global_batch: int = opt(16, "sequences per step, summed over all data-parallel shards")
+    seq_len: int = opt(64, "tokens per sequence")
+    grad_accum: int = opt(1, "microbatches per step; gradients are reduced once per step")
+    lr: float = opt(3e-3, "peak learning rate")
+    warmup_steps: int = opt(20, "linear warmup steps (then cosine decay)")
+    min_lr_ratio: float = opt(0.1, "cosine decays to lr x this")
+    weight_decay: float = opt(0.1, "AdamW decoupled weight decay (never on norm scales)")
+    optimizer: str = opt("adamw", "adamw, or sgd (plain, no momentum)", choices=("adamw", "sgd"))
+    b1: float = opt(0.9, "Adam beta1")
+    b2: float = opt(0.95, "Adam beta2")
+    grad_clip: float = opt(1.0, "global-norm clipping threshold; 0 disables")
+    seed: int = opt(0, "initialisation and data seed")
+    eval_every: int = opt(50, "steps between eval-loss measurements; 0: only at the end")
+    eval_batches: int = opt(4, "batches of held-out data per eval")
+    ckpt_every: int = opt(0, "steps between checkpoints; 0: only at the end (with a ckpt dir)")
+    log_every: int = opt(10, "steps between metrics records (the last step is always recorded)")
 
     def __post_init__(self):
-        for name in ("steps", "global_batch", "seq_len", "grad_accum"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.global_batch % self.grad_accum:
-            raise ValueError(
-                f"grad_accum={self.grad_accum} does not divide global_batch={self.global_batch}"
-            )
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        for name in ("warmup_steps", "eval_every", "ckpt_every", "grad_clip", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        _counts(self, ("steps", "global_batch", "seq_len", "grad_accum", "eval_batches",
+                       "log_every"))  # fmt: skip
+        _counts(self, ("warmup_steps", "eval_every", "ckpt_every", "seed"), minimum=0)
+        _require(self.global_batch % self.grad_accum == 0,
+                 f"grad_accum={self.grad_accum} does not divide global_batch="
+                 f"{self.global_batch}")  # fmt: skip
+        _require(math.isfinite(self.lr) and self.lr > 0, f"lr must be > 0, got {self.lr}")
+        _require(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got "
+                 f"{self.min_lr_ratio}")  # fmt: skip
+        for name in ("b1", "b2"):
+            value = getattr(self, name)
+            _require(0 <= value < 1, f"{name} must be in [0, 1), got {value}")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= 0, f"{name} must be >= 0, got {value}")
+        _require(
+            self.optimizer in ("adamw", "sgd"),
+            f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}",
+        )
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)

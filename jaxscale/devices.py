@@ -22,6 +22,38 @@ def mfu(model_flops_per_device: float, step_s: float, device_kind: str) -> float
     return model_flops_per_device / step_s / peak
 
 
+DEFAULT_CPU_DEVICES = 8
+# set by the process edge (`jaxscale.cli.main`) when it chose the CPU device count itself
+DEFAULTED = "JAXSCALE_DEFAULTED_CPU_DEVICES"
+
+
+def default_cpu_devices() -> None:
+    """The process edge's default: 8 simulated CPU devices when the user set no count. Only the
+    CPU backend reads it, so a GPU or TPU host still uses its accelerators."""
+    if "JAX_NUM_CPU_DEVICES" not in os.environ and "device_count" not in os.environ.get(
+        "XLA_FLAGS", ""
+    ):
+        os.environ["JAX_NUM_CPU_DEVICES"] = str(DEFAULT_CPU_DEVICES)
+        os.environ[DEFAULTED] = "1"
+
+
+def describe_devices() -> str:
+    """'8 x cpu (simulated: ...)' -- how many devices this run has, and why."""
+    import jax
+
+    n, kind = jax.device_count(), jax.devices()[0].device_kind
+    procs = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    if jax.default_backend() != "cpu":
+        return f"{n} x {kind}{procs}"
+    if os.environ.get(DEFAULTED):
+        why = "jaxscale's default on CPU; set JAX_NUM_CPU_DEVICES to choose"
+    elif "JAX_NUM_CPU_DEVICES" in os.environ:
+        why = f"JAX_NUM_CPU_DEVICES={os.environ['JAX_NUM_CPU_DEVICES']}"
+    else:
+        why = "XLA_FLAGS" if "device_count" in os.environ.get("XLA_FLAGS", "") else "one CPU"
+    return f"{n} x cpu{procs} (simulated devices: {why})"
+
+
 def fake_cpu_devices_active() -> bool:
     """True when the CPU backend was asked for several simulated devices."""
     import jax

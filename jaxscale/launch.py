@@ -1,22 +1,29 @@
 """`jaxscale launch -n N -- <command>`: N local processes joined by `jax.distributed` on loopback.
 
 The launcher plays torch's `mp.spawn`: it picks a free 127.0.0.1 port, gives each child 1/N of
-the CPU devices (JAX_NUM_CPU_DEVICES) and the rendezvous in environment variables, prefixes each
-child's output lines with `[pK]`, and, if one child fails or the run exceeds --timeout, stops
-the others and exits non-zero naming the process. A child joins by calling
+the CPU devices (JAX_NUM_CPU_DEVICES) and the rendezvous in environment variables, and, if one
+child fails or the run exceeds --timeout, stops the others (SIGTERM, then SIGKILL) and exits
+non-zero naming the process. Output: process 0's lines as they are (so JSON stays parseable);
+`--all-ranks` shows every process's, prefixed `[pK]`; a failing process's last lines are shown
+either way. Gloo's connection lines are hidden unless `--verbose`. A child joins by calling
 `maybe_initialize_distributed()` before jax starts its backend (CPU collectives over gloo).
 
 This module imports jax only inside functions, so the CLI stays fast.
 """
 
 import argparse
+import collections
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+from jaxscale.cliutil import positive_float, positive_int
 
 ENV_COORDINATOR = "JAXSCALE_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXSCALE_NUM_PROCESSES"
@@ -62,16 +69,17 @@ def child_command(cmd: list[str]) -> list[str]:
         return [sys.executable, "-m", "jaxscale", *cmd[1:]]
     if cmd[0] in ("python", "python3"):
         return [sys.executable, *cmd[1:]]
+    if shutil.which(cmd[0]) is None:
+        raise ValueError(f"command not found: {cmd[0]!r} (e.g. -- jaxscale doctor)")
     return list(cmd)
 
 
 def child_env(total_devices: int, num_processes: int, process_id: int, port: int) -> dict:
     if num_processes < 1:
-        raise ValueError(f"need at least one process, got {num_processes}")
+        raise ValueError(f"--num-processes: need at least one process, got {num_processes}")
     if total_devices < 1 or total_devices % num_processes:
-        raise ValueError(
-            f"{total_devices} devices do not split evenly over {num_processes} processes"
-        )
+        raise ValueError(f"--num-processes {num_processes}: {total_devices} devices (--devices) "
+                         f"do not split evenly over {num_processes} processes")  # fmt: skip
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")  # the loopback lab runs on CPU devices
     env.update(
@@ -86,10 +94,26 @@ def child_env(total_devices: int, num_processes: int, process_id: int, port: int
     return env
 
 
-def _forward(proc: subprocess.Popen, prefix: str, lock: threading.Lock) -> None:
+_GLOO = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of "
+                   r"connected peer ranks is : ?\d*")  # fmt: skip
+
+
+def _forward(proc, prefix: str, lock, show: bool, verbose: bool, tail: collections.deque):
+    """Copy a child's lines to stdout (prefixed, or bare when `prefix` is empty), keeping its last
+    lines in `tail`. Gloo's start-up lines (which its threads interleave, leaving stray digits)
+    are dropped unless `verbose`."""
+    preamble = True
     for line in proc.stdout:
-        with lock:
-            print(f"{prefix} {line.rstrip()}", flush=True)
+        line = line.rstrip("\n")
+        if not verbose:
+            cleaned = _GLOO.sub("", line).strip()
+            if cleaned != line.strip() or (preamble and cleaned.isdigit()):
+                continue
+            preamble = preamble and not cleaned
+        tail.append(line)
+        if show:
+            with lock:
+                print(f"{prefix} {line}" if prefix else line, flush=True)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -106,20 +130,24 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             time.sleep(0.05)
 
 
-def run_processes(cmd: list[str], num_processes: int, total_devices: int, timeout_s: float) -> int:
+def run_processes(cmd: list[str], num_processes: int, total_devices: int, timeout_s: float,
+                  all_ranks: bool = False, verbose: bool = False) -> int:  # fmt: skip
     """Start the children, forward their output, and supervise them. Returns the exit code."""
     argv = child_command(cmd)
     port = _free_port()
     envs = [child_env(total_devices, num_processes, i, port) for i in range(num_processes)]
     lock = threading.Lock()
-    procs, readers = [], []
+    procs, readers, tails = [], [], []
     for i, env in enumerate(envs):
         p = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             bufsize=1, start_new_session=True,
         )  # fmt: skip
         procs.append(p)
-        t = threading.Thread(target=_forward, args=(p, f"[p{i}]", lock), daemon=True)
+        tails.append(collections.deque(maxlen=20))
+        prefix = f"[p{i}]" if all_ranks else ""
+        t = threading.Thread(target=_forward, args=(p, prefix, lock, all_ranks or i == 0, verbose,
+                                                    tails[-1]), daemon=True)  # fmt: skip
         t.start()
         readers.append(t)
     deadline = time.monotonic() + timeout_s
@@ -148,6 +176,11 @@ def run_processes(cmd: list[str], num_processes: int, total_devices: int, timeou
     if failure is None:
         return 0
     message, code = failure
+    failed = re.match(r"process (\d+) exited", message)
+    if failed and not all_ranks and failed.group(1) != "0":  # its output was not shown: its end
+        i = int(failed.group(1))
+        for line in tails[i]:
+            print(f"[p{i}] {line}", file=sys.stderr)
     codes = ", ".join(f"p{i}={p.returncode}" for i, p in enumerate(procs))
     print(
         f"jaxscale launch: {message}; stopped the remaining processes ({codes})",
@@ -164,22 +197,33 @@ def _launch_main(args) -> int:
         child_command(args.cmd)
     except ValueError as e:
         args.parser.error(str(e))
-    if args.timeout <= 0:
-        args.parser.error(f"--timeout must be positive, got {args.timeout}")
-    return run_processes(args.cmd, args.num_processes, total, args.timeout)
+    return run_processes(args.cmd, args.num_processes, total, args.timeout, args.all_ranks,
+                         args.verbose)  # fmt: skip
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "launch",
         help="run a jaxscale command in N local processes (jax.distributed on loopback)",
-        description="Example: jaxscale launch -n 2 -- jaxscale hello",
+        description="Run a command in N local processes joined by jax.distributed on loopback "
+        "(the multi-host path on one machine).",
+        epilog="example: jaxscale launch -n 2 -- jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 50",
     )
-    p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (default 2)")
+    p.add_argument("-n", "--num-processes", type=positive_int, default=2,
+                   help="processes (default 2)")  # fmt: skip
     p.add_argument(
-        "--devices", type=int, default=None,
+        "--devices",
+        type=positive_int,
+        default=None,
         help="CPU devices in total, split evenly (default: $JAX_NUM_CPU_DEVICES or 8)",
-    )  # fmt: skip
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before stopping all")
+    )
+    p.add_argument("--timeout", type=positive_float, default=600.0,
+                   help="seconds before stopping all (default 600)")  # fmt: skip
+    p.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="show every process's output, prefixed [pK] (default: process 0's)",
+    )
+    p.add_argument("--verbose", action="store_true", help="also show gloo's connection lines")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run")
     p.set_defaults(func=_launch_main, parser=p)

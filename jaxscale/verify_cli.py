@@ -12,7 +12,8 @@ def add_parser(sub) -> None:
         "norms, parameters)",
     )  # fmt: skip
     p.add_argument("--only", default="", help="run only cases whose label or mesh contains this")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON array of the results")
+    p.add_argument("--dry-run", action="store_true", help="list the cases, run nothing")
     p.set_defaults(func=main)
 
 
@@ -24,8 +25,11 @@ def main(args) -> int:
 
     cases = [c for c in verify.CASES if args.only in f"{c.label} {c.mesh}"]
     if not cases:
-        print(f"jaxscale verify: error: no case matches {args.only!r}", file=sys.stderr)
+        print(f"jaxscale verify: error: --only {args.only!r} matches no case", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print("\n".join(f"{c.label:<32} {c.mesh}" for c in cases))
+        return 0
     bar = Progress(len(cases), desc="verify", enabled=not args.json)
     results = verify.run_cases(cases, progress=bar)
     bar.close()

@@ -8,10 +8,14 @@ them back on locally.
 """
 
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
+
+# the fuzz harness (tests/cli_fuzz.py) is a plain module the fuzz suites import
+sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402
 

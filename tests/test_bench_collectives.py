@@ -1,7 +1,6 @@
-"""`jaxscale bench collectives`: sizes, the census check, bus bandwidth, the alpha-beta fit and
-the flags it must leave to the mesh bench (tiny sizes; timings are not asserted)."""
+"""`jaxscale bench collectives`: sizes, the census check, bus bandwidth, the alpha-beta fit, and
+the output flags it shares with the mesh bench (tiny sizes; timings are not asserted)."""
 
-import argparse
 import json
 import os
 import subprocess
@@ -10,16 +9,17 @@ import sys
 import pytest
 
 from jaxscale.bench import collectives as bench
+from jaxscale.cli import main as cli_main
 
-LEAD_FLAGS = ("--model", "--meshes", "--strategies", "--target", "--out", "--json", "--steps")
 
-
-def _parser():
-    p = argparse.ArgumentParser()
-    for flag in LEAD_FLAGS:  # the mesh bench's flags share this parser
-        p.add_argument(flag, action="store_true" if flag == "--json" else "store")
-    bench.add_arguments(p)  # would raise argparse.ArgumentError on a clash
-    return p
+def _run(argv, out_dir, capsys):
+    """`jaxscale bench collectives ...` in-process: (exit code, stdout, stderr)."""
+    try:
+        rc = cli_main(["bench", "collectives", "--out", str(out_dir), *argv])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
 
 
 def test_parse_sizes():
@@ -43,26 +43,19 @@ def test_fit_recovers_a_known_alpha_and_bandwidth():
     assert fit.r2 == pytest.approx(1.0)
 
 
-@pytest.fixture(scope="module")
-def json_run(tmp_path_factory):
-    plot = tmp_path_factory.mktemp("bench") / "collectives.png"
-    args = _parser().parse_args(
-        ["--json", "--sizes", "1K,16K", "--repeats", "2", "--ops", "psum,ring,all_gather",
-         "--plot", str(plot)]
-    )  # fmt: skip
-    return args, plot
-
-
-def test_json_report_census_and_bus_bandwidth(json_run, capsys):
-    args, plot = json_run
-    assert bench.main(args) == 0
-    report = json.loads(capsys.readouterr().out)
+def test_json_report_census_and_bus_bandwidth(tmp_path, capsys):
+    plot = tmp_path / "plots" / "collectives.png"  # a missing parent directory is created
+    rc, out, _ = _run(["--json", "--sizes", "1K,16K", "--repeats", "2", "--ops",
+                       "psum,ring,all_gather", "--plot", str(plot)], tmp_path, capsys)  # fmt: skip
+    assert rc == 0
+    report = json.loads(out)
+    assert report == json.loads((tmp_path / "bench_collectives.json").read_text())  # --out
     assert report["census_ok"] is True and report["devices"] == 8
     rows = {(r["variant"], r["size_bytes"]): r for r in report["rows"]}
     assert len(rows) == 6
     ring = rows[("ring", 16384)]
     # seed 002 L2306-2308: 2(N-1) steps of D/N -> 14 collective-permutes of 2 KB on 8 devices
-    assert ring["census"] == "14 x collective-permute 2.0 KB"
+    assert ring["census"] == "14 x collective-permute 2.0 KiB"
     psum = rows[("psum", 1024)]
     assert psum["busbw_Bps"] == pytest.approx(psum["algbw_Bps"] * 2 * 7 / 8)  # L3013-3015
     assert {f["variant"] for f in report["fits"]} == {"psum", "ring", "all_gather"}
@@ -70,16 +63,15 @@ def test_json_report_census_and_bus_bandwidth(json_run, capsys):
 
 
 def test_table_report_labels_cpu_timings(capsys, tmp_path):
-    args = _parser().parse_args(
-        ["--sizes", "4K", "--repeats", "1", "--ops", "psum_scatter,all_to_all,ppermute",
-         "--no-plot"]
-    )  # fmt: skip
-    assert bench.main(args) == 0
-    out = capsys.readouterr().out
+    argv = ["--sizes", "4K", "--repeats", "1", "--ops", "psum_scatter,all_to_all,ppermute",
+            "--no-plot"]  # fmt: skip
+    rc, out, _ = _run(argv, tmp_path, capsys)
+    assert rc == 0
     assert "indicative only" in out and "host-memory copies" in out
-    assert "ok: 1 x reduce-scatter 4.0 KB" in out
-    assert "ok: 1 x all-to-all 4.0 KB" in out and "ok: 1 x collective-permute 4.0 KB" in out
+    assert "ok: 1 x reduce-scatter 4.0 KiB" in out
+    assert "ok: 1 x all-to-all 4.0 KiB" in out and "ok: 1 x collective-permute 4.0 KiB" in out
     assert "alpha-beta fit" in out
+    assert not list(tmp_path.glob("*.png"))  # --no-plot
 
 
 @pytest.mark.parametrize(
@@ -90,16 +82,15 @@ def test_table_report_labels_cpu_timings(capsys, tmp_path):
         (["--repeats", "0"], "--repeats"),
     ],
 )
-def test_bad_input_exits_2(argv, message, capsys):
-    assert bench.main(_parser().parse_args(argv + ["--no-plot"])) == 2
-    assert message in capsys.readouterr().err
+def test_bad_input_exits_2(argv, message, capsys, tmp_path):
+    rc, _, err = _run([*argv, "--no-plot"], tmp_path, capsys)
+    assert rc == 2 and message in err
 
 
 def test_a_single_device_is_refused():
     code = (
-        "import argparse, sys; from jaxscale.bench import collectives as b; "
-        "p = argparse.ArgumentParser(); b.add_arguments(p); "
-        "sys.exit(b.main(p.parse_args(['--sizes', '1K', '--no-plot'])))"
+        "import sys; from jaxscale.cli import main; "
+        "sys.exit(main(['bench', 'collectives', '--sizes', '1K', '--no-plot']))"
     )
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -28,10 +28,9 @@ def test_hello_in_two_processes_matches_one_process_with_eight_devices():
         "-n", "2", "--timeout", str(LAUNCH_TIMEOUT_S), "--", "jaxscale", "hello", "--json"
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    payload = [
-        line[len("[p0] ") :] for line in out.stdout.splitlines() if line.startswith("[p0] {")
-    ]
-    assert len(payload) == 1, out.stdout  # one JSON object, from process 0 only
+    payload = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(payload) == 1, out.stdout  # one JSON object, from process 0 only, unprefixed
+    assert "[Gloo]" not in out.stdout  # the connection chatter is hidden by default
     multi = json.loads(payload[0])
     single = demos.hello(demos.line_mesh(8))  # this test process: 1 process x 8 devices
     assert multi["processes"] == 2 and multi["world_size"] == 8
@@ -46,7 +45,8 @@ def test_doctor_sees_eight_devices_across_two_processes():
         "import sys; from jaxscale.launch import maybe_initialize_distributed as join; join(); "
         "from jaxscale.cli import main; sys.exit(main(['doctor', '--json']))"
     )
-    out = _launch("-n", "2", "--timeout", str(LAUNCH_TIMEOUT_S), "--", "python", "-c", script)
+    out = _launch("-n", "2", "--timeout", str(LAUNCH_TIMEOUT_S), "--all-ranks", "--", "python",
+                  "-c", script)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     reports = [json.loads(line.split("] ", 1)[1]) for line in out.stdout.splitlines()
                if line.startswith(("[p0] {", "[p1] {"))]  # fmt: skip
@@ -75,18 +75,28 @@ def test_timeout_stops_everyone():
     assert "timed out after 1 s" in out.stderr and "p0, p1" in out.stderr
 
 
-def test_output_is_prefixed_per_process():
+def test_process_0_speaks_by_default_and_every_rank_with_all_ranks():
     script = "import os; print('rank', os.environ['JAXSCALE_PROCESS_ID'])"
     out = _launch("-n", "2", "--", "python", "-c", script, timeout=60)
     assert out.returncode == 0
+    assert out.stdout.splitlines() == ["rank 0"]
+    out = _launch("-n", "2", "--all-ranks", "--", "python", "-c", script, timeout=60)
     assert "[p0] rank 0" in out.stdout and "[p1] rank 1" in out.stdout
+
+
+def test_a_failing_quiet_rank_shows_its_last_lines():
+    script = ("import os, sys; pid = os.environ['JAXSCALE_PROCESS_ID']; "
+              "print('boom from', pid); sys.exit(4 if pid == '1' else 0)")  # fmt: skip
+    out = _launch("-n", "2", "--", "python", "-c", script, timeout=60)
+    assert out.returncode == 4 and "[p1] boom from 1" in out.stderr
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["launch", "-n", "3", "--", "jaxscale", "hello"], "do not split evenly"),
-        (["launch", "-n", "0", "--", "jaxscale", "hello"], "at least one process"),
+        (["launch", "-n", "0", "--", "jaxscale", "hello"], "argument -n/--num-processes"),
+        (["launch", "-n", "2", "--", "jaxscal", "doctor"], "command not found: 'jaxscal'"),
         (["launch", "-n", "2"], "nothing to launch"),
         (["launch", "--timeout", "0", "--", "jaxscale", "hello"], "--timeout"),
         (["hello", "-w", "9"], "--world-size 9"),

@@ -22,9 +22,9 @@ from jaxscale.train import step as st
     [
         (dict(d_model=64, n_heads=6), "does not divide d_model"),
         (dict(n_heads=8, n_kv_heads=3), "does not divide n_heads"),
-        (dict(d_model=24, n_heads=8, n_kv_heads=4), "even head_dim"),
+        (dict(d_model=24, n_heads=8, n_kv_heads=4), "must be even for RoPE"),
         (dict(mlp="relu"), "mlp must be"),
-        (dict(n_layers=0), "must be positive"),
+        (dict(n_layers=0), r"n_layers must be an integer in \[1,"),
         (dict(compute_dtype="int8"), "compute_dtype"),
     ],
 )

@@ -1,6 +1,7 @@
 """Training through the multi-host path: 2 processes x 4 devices (jax.distributed over loopback,
 each process building only its own batch rows) gives the same run as 1 process with 8 devices."""
 
+import json
 import os
 import re
 import subprocess
@@ -17,9 +18,11 @@ ARGS = ["--mesh", "dp=2,fsdp=2,tp=2", "--steps", "6", "--data", "markov", "--eva
         "--no-progress"]  # fmt: skip
 
 
-def test_two_processes_train_exactly_like_one():
-    cmd = [sys.executable, "-m", "jaxscale", "launch", "-n", "2", "--timeout", "240", "--",
-           "jaxscale", "train", *ARGS]  # fmt: skip
+def test_two_processes_train_exactly_like_one(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "jaxscale", "launch", "-n", "2", "--timeout", "240",
+           "--all-ranks", "--", "jaxscale", "train", *ARGS, "--metrics", str(metrics),
+           "--log-every", "1"]  # fmt: skip
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -27,6 +30,9 @@ def test_two_processes_train_exactly_like_one():
     for proc, step, loss in re.findall(r"\[p(\d)\] step +(\d+) +eval loss ([\d.]+)", out.stdout):
         evals.setdefault(int(proc), []).append((int(step), float(loss)))
     assert evals[0] == evals[1] and [s for s, _ in evals[0]] == [3, 6]  # the processes agree
+    # ... and one of them writes the metrics: every step once, not once per process
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(6))
     tcfg = TrainConfig(steps=6, eval_every=3)
     single = train(ModelConfig(), tcfg, RunSetup(mesh="dp=2,fsdp=2,tp=2", dataset="markov",
                                                  progress=False, sample_tokens=0))  # fmt: skip

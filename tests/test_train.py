@@ -114,7 +114,7 @@ def test_train_cli_writes_metrics_and_samples(tmp_path, capsys):
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == list(range(6))
-    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(steps[0])
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "run_id"} <= set(steps[1])
     assert [r["step"] for r in records if "eval_loss" in r] == [3, 6]
     assert "sample: 'the " in out and "eval loss" in out
 
@@ -144,7 +144,7 @@ def test_train_cli_runs_a_manual_strategy(tmp_path, capsys):
     rc = cli_main([
         "train", "--strategy", "manual:zero3+tp", "--mesh", "fsdp=4,tp=2", "--data", "markov",
         "--steps", "20", "--n-layers", "1", "--global-batch", "8", "--seq-len", "16",
-        "--eval-every", "0", "--metrics", str(metrics), "--no-progress",
+        "--eval-every", "0", "--log-every", "1", "--metrics", str(metrics), "--no-progress",
         "--ckpt-dir", str(tmp_path / "ckpt"),
     ])  # fmt: skip
     assert rc == 0, capsys.readouterr().err

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from jaxscale.cliutil import positive_int, writable_dir, writable_path
 from jaxscale.config import MODEL_PRESETS
 
 
@@ -13,35 +15,86 @@ def add_parser(sub) -> None:
         "bench",
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
         "or time collectives ('bench collectives')",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="The mesh comparison (default): every strategy x mesh compiled, its memory, "
+        "FLOPs and collectives measured beside the predictions, and a short trajectory checked "
+        "against one device. 'bench collectives' times each collective over message sizes.",
+        epilog="examples:\n  jaxscale bench --model tiny --strategies auto:fsdp,manual:zero3 "
+        "--steps 3\n  jaxscale bench --strategies manual:zero3+tp --meshes 'fsdp=2,tp=4;"
+        "fsdp=4,tp=2'\n  jaxscale bench --target tpu:v5e:2x4\n  jaxscale bench collectives "
+        "--sizes 1K:16M",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("suite", nargs="?", default="meshes", choices=["meshes", "collectives"])
-    p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS))
+    p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS),
+                   help="model preset (default small)")  # fmt: skip
     p.add_argument("--strategies", default="",
                    help="comma-separated labels (auto:dp, manual:zero3, or a bare name such as "
-                   "dp for both paths); default: all")  # fmt: skip
+                   "dp for both paths); with --meshes, 'auto' or 'manual:...' on every mesh "
+                   "given (default: the bench's rows)")  # fmt: skip
     p.add_argument("--target", default="cpu",
-                   help="'cpu' (run on the simulated devices) or a TPU topology such as "
-                   "tpu:v5e:2x4 (compile only; needs the tpu-aot extra)")  # fmt: skip
-    p.add_argument("--meshes", default="", help="extra mesh specs, ';'-separated (dp=4,tp=2;...)")
-    p.add_argument("--global-batch", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per row (after a warm-up)")
-    p.add_argument("--out", default="results", help="directory for JSON and PNG")
-    p.add_argument("--remat-layers", type=int, default=8,
-                   help="layers of the model used for the remat vs sqrt(L) comparison")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
+                   help="'cpu' (run on the simulated devices; default) or a TPU topology such "
+                   "as tpu:v5e:2x4 (compile only; needs the tpu-aot extra)")  # fmt: skip
+    p.add_argument("--meshes", default="",
+                   help="mesh specs, ';'-separated (dp=4,tp=2;...): the auto path on each, or "
+                   "every --strategies entry on each")  # fmt: skip
+    p.add_argument("--global-batch", type=positive_int, default=16,
+                   help="sequences per step (default 16)")  # fmt: skip
+    p.add_argument("--seq-len", type=positive_int, default=128,
+                   help="tokens per sequence (default 128)")  # fmt: skip
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=3,
+        help="timed steps per row, after the checked trajectory (default 3)",
+    )
+    p.add_argument(
+        "--out",
+        type=writable_dir,
+        default="results",
+        help="directory for the JSON report and the PNG (default results)",
+    )
+    p.add_argument("--plot", type=writable_path, default=None,
+                   help="PNG path (default OUT/bench_<suite>.png)")  # fmt: skip
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--remat-layers", type=positive_int, default=8,
+                   help="layers of the model used for the remat vs sqrt(L) comparison "
+                   "(default 8)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the arguments and list the rows, compile nothing",
+    )
     from jaxscale.bench import collectives
 
     collectives.add_arguments(p)
     p.set_defaults(func=main)
 
 
+def plot_path(args, name: str) -> str | None:
+    if args.no_plot:
+        return None
+    return args.plot or str(Path(args.out) / f"{name}.png")
+
+
+def _cases(args, n_devices: int):
+    from jaxscale.bench import meshes
+
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    extra = [m.strip() for m in args.meshes.split(";") if m.strip()]
+    if names and extra:
+        return meshes.cross_cases(names, extra, n_devices)
+    if names or extra:
+        return meshes.resolve_cases(names, extra, n_devices)
+    return list(meshes.DEFAULT_CASES)
+
+
 def main(args) -> int:
     if args.suite == "collectives":
         from jaxscale.bench import collectives
 
-        return collectives.main(args)
+        args.plot = plot_path(args, "bench_collectives")
+        return collectives.main(args, dry_run=args.dry_run)
     import json
 
     import jax
@@ -55,21 +108,22 @@ def main(args) -> int:
         # no warmup: the trajectory compared with the reference has real updates from step 0
         tcfg = TrainConfig(global_batch=args.global_batch, seq_len=args.seq_len, steps=100,
                            warmup_steps=0, lr=1e-3)  # fmt: skip
-        names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-        extra = [m.strip() for m in args.meshes.split(";") if m.strip()]
         if args.seq_len > cfg.max_seq:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq {cfg.max_seq}")
         target, n_devices = None, jax.device_count()
         if args.target != "cpu":
             from jaxscale.analysis import aot
 
-            target = aot.parse_target(args.target)
+            try:
+                target = aot.parse_target(args.target)
+            except ValueError as e:
+                raise ValueError(f"--target: {e}") from None
             reason = aot.aot_unavailable_reason()
             if reason:
                 raise ValueError(f"--target {args.target}: {reason}")
             n_devices = len(aot.target_devices(target))
-        cases = (meshes.resolve_cases(names, extra, n_devices) if names or extra
-                 else list(meshes.DEFAULT_CASES))  # fmt: skip
+        cases = _cases(args, n_devices)
+        meshes.check_cases(cases, tcfg, n_devices)  # the flags, before anything compiles
     except ValueError as e:
         print(f"jaxscale bench: error: {e}", file=sys.stderr)
         return 2
@@ -77,6 +131,9 @@ def main(args) -> int:
     print(f"bench: model {args.model} (d_model {cfg.d_model}, {cfg.n_layers} layers), batch "
           f"{args.global_batch} x seq {args.seq_len}, {env['device_count']} {env['device_kind']} "
           f"devices, jax {env['jax']}, target {args.target}", file=sys.stderr)  # fmt: skip
+    if args.dry_run:
+        print("\n".join(f"{c.label:<20} {c.mesh}" for c in cases))
+        return 0
     if target is not None:
         return _main_aot(args, cfg, tcfg, cases, target, env)
     bar = Progress(len(cases) + 2, desc="bench")
@@ -84,7 +141,8 @@ def main(args) -> int:
     remat = meshes.remat_report(cfg.replace(n_layers=args.remat_layers), tcfg)
     bar.update(1, note="remat")
     bar.close()
-    paths = report.write_outputs(rows, env, args.out, extra={"remat": remat})
+    paths = report.write_outputs(rows, env, args.out, extra={"remat": remat},
+                                 plot=plot_path(args, "bench_meshes"))  # fmt: skip
     if args.json:
         print(json.dumps(report.to_json(rows, env, {"remat": remat})))
     else:
@@ -120,7 +178,8 @@ def _main_aot(args, cfg, tcfg, cases, target, env) -> int:
         cpu_rows.append(meshes.bench_case(case, cfg_u, tcfg, 0, None, execute=False))
         bar.update(1, note=f"cpu {case.label}")
     bar.close()
-    paths = report.write_outputs(tpu_rows, env, args.out, name=f"bench_{target.topology_name}")
+    name = f"bench_{target.topology_name}"
+    paths = report.write_outputs(tpu_rows, env, args.out, name=name, plot=plot_path(args, name))
     if args.json:
         print(json.dumps(report.to_json(tpu_rows, env)))
         return 0

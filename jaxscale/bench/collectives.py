@@ -18,11 +18,14 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
 from jaxscale.bench.collective_plots import plot_measurements
 from jaxscale.calc import comm
+from jaxscale.cliutil import non_negative_int, positive_float, positive_int
+from jaxscale.render import fmt_bytes
 
 VARIANTS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute", "ring")
 COLLECTIVE_OF = {  # variant -> (collective for busbw, HLO op the census must find)
@@ -80,11 +83,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def format_bytes(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):  # 1024 bases, like the seed's format_bytes (L2930)
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TB"
+    """Binary units (KiB, MiB, ...): message sizes here are powers of two."""
+    return fmt_bytes(size, binary=True)
 
 
 def _program(variant: str, n: int, size_bytes: int):
@@ -189,37 +189,45 @@ def add_arguments(parser) -> None:
         help="message sizes per device: 'A:B' powers of 4 from A to B, or a list '1K,1M' "
         "(default 1K:64M)",
     )  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per size (median)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls per size")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed calls per size, median reported (default 5)")  # fmt: skip
+    parser.add_argument("--warmup", type=non_negative_int, default=1,
+                        help="untimed calls per size (default 1)")  # fmt: skip
     parser.add_argument(
-        "--budget-s", type=float, default=1.0, help="stop timing a size after this many seconds"
+        "--budget-s",
+        type=positive_float,
+        default=1.0,
+        help="stop timing a size after this many seconds (default 1)",
     )
-    parser.add_argument("--ops", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
-    parser.add_argument(
-        "--plot", default="results/bench_collectives.png", help="PNG of latency vs size and fits"
-    )
-    parser.add_argument("--no-plot", action="store_true", help="skip the plot")
+    parser.add_argument("--ops", default=",".join(VARIANTS),
+                        help=f"subset of {','.join(VARIANTS)} (default: all)")  # fmt: skip
 
 
 def _validate(args) -> tuple[list[int], list[str]]:
-    sizes = parse_sizes(args.sizes)
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as e:
+        raise ValueError(f"--sizes {args.sizes!r}: {e}") from None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in ops if o not in VARIANTS]
     if bad or not ops:
         raise ValueError(f"unknown --ops {', '.join(bad) or '(none)'}; choose from {VARIANTS}")
-    if args.repeats < 1 or args.warmup < 0 or args.budget_s <= 0:
-        raise ValueError("--repeats must be >= 1, --warmup >= 0 and --budget-s > 0")
     if not sizes:
         raise ValueError("--sizes names no size")
+    if max(sizes) > 1 << 30:
+        raise ValueError(f"--sizes: at most 1 GiB per device, got {format_bytes(max(sizes))}")
     return sizes, ops
 
 
-def main(args) -> int:
+def main(args, dry_run: bool = False) -> int:
     try:
         sizes, ops = _validate(args)
     except ValueError as e:
         print(f"jaxscale bench collectives: error: {e}", file=sys.stderr)
         return 2
+    if dry_run:
+        print(f"ops {', '.join(ops)}; sizes {', '.join(format_bytes(s) for s in sizes)}")
+        return 0
     from jaxscale.launch import maybe_initialize_distributed
 
     maybe_initialize_distributed()  # under `jaxscale launch`: measure across processes
@@ -236,7 +244,7 @@ def main(args) -> int:
     fits = [fit_alpha_beta([r for r in rows if r.variant == op], n) for op in ops]
     if jax.process_index() != 0:  # every process measured; one reports
         return 0
-    plot = None if args.no_plot or not args.plot else plot_measurements(rows, fits, n, args.plot)
+    plot = plot_measurements(rows, fits, n, args.plot) if args.plot else None
     census_ok = all(r.census_ok for r in rows)
     note = f"{platform}: {n} devices; " + (
         "simulated CPU devices share the host's cores: collectives are host-memory copies, "
@@ -244,13 +252,22 @@ def main(args) -> int:
         if platform == "cpu"
         else "real devices"
     )
+    report = {
+        "platform": platform,
+        "devices": n,
+        "note": note,
+        "census_ok": census_ok,
+        "rows": [asdict(r) for r in rows],
+        "fits": [asdict(f) for f in fits],
+        "plot": plot,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_collectives.json").write_text(json.dumps(report, indent=1))
     if getattr(args, "json", False):
-        print(json.dumps({
-            "platform": platform, "devices": n, "note": note, "census_ok": census_ok,
-            "rows": [asdict(r) for r in rows], "fits": [asdict(f) for f in fits], "plot": plot,
-        }))  # fmt: skip
+        print(json.dumps(report))
     else:
-        print(format_report(rows, fits, note, plot))
+        print(format_report(rows, fits, note, plot) + f"\nwrote {out / 'bench_collectives.json'}")
     return 0 if census_ok else 1
 
 

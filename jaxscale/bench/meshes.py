@@ -29,7 +29,7 @@ from jaxscale.bench import predict
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import parse_mesh
 from jaxscale.model import counts
-from jaxscale.parallel.compose import Strategy, build
+from jaxscale.parallel.compose import Strategy, build, check
 from jaxscale.tolerances import MEMORY_RTOL
 from jaxscale.train import step as train_step
 
@@ -105,12 +105,38 @@ def resolve_cases(names: list[str], extra_meshes: list[str], n_devices: int) -> 
         hits = [c for c in DEFAULT_CASES if hit(c)] or [c for c in plain if hit(c)]
         if not hits:
             known = ", ".join(sorted({c.label for c in plain}))
-            raise ValueError(f"unknown strategy {name!r}; known: {known}")
+            raise ValueError(f"--strategies: unknown strategy {name!r}; known: {known}")
         out.extend(hits)
     for spec in extra_meshes:
-        # resolved here so a bad spec is a named error before anything compiles
-        out.append(verify.Case(Strategy(str(parse_mesh(spec).resolve(n_devices)))))
+        out.append(verify.Case(Strategy(_mesh(spec, n_devices))))
     return out
+
+
+def cross_cases(names: list[str], meshes: list[str], n_devices: int) -> list[verify.Case]:
+    """Every strategy ('auto' or 'manual:...') on every mesh."""
+    out = []
+    for name in names:
+        if name != "auto" and not name.startswith(("auto:", "manual:")):
+            raise ValueError(f"--strategies {name!r}: with --meshes, give 'auto' or 'manual:...'")
+        text = "auto" if name.startswith("auto") else name
+        for spec in meshes:
+            mesh = _mesh(spec, n_devices)
+            out.append(verify.Case(Strategy.parse(text, mesh)))
+    return out
+
+
+def _mesh(spec: str, n_devices: int) -> str:
+    try:  # resolved here so a bad spec is a named error before anything compiles
+        return str(parse_mesh(spec).resolve(n_devices))
+    except ValueError as e:
+        raise ValueError(f"--meshes {spec}: {e}") from None
+
+
+def check_cases(cases: list[verify.Case], tcfg: TrainConfig, n_devices: int) -> None:
+    """What the flags got wrong (a mesh, an unused axis, a batch that does not divide), before
+    anything compiles. A layout the model cannot take (heads over tensor) stays a skipped row."""
+    for case in cases:
+        check(case.strategy, tcfg, n_devices)
 
 
 def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_steps: int,

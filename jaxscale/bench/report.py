@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jaxscale import tolerances as tol
 from jaxscale.bench.meshes import TRAJ_STEPS, BenchRow
-from jaxscale.render import fmt_mark
+from jaxscale.render import figure, fmt_mark
 
 MiB = 1 << 20
 SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
@@ -214,52 +214,48 @@ def environment(target: str = "cpu") -> dict:
     }
 
 
-def write_outputs(rows: list[BenchRow], env: dict, out_dir, name="bench_meshes", extra=None):
+def write_outputs(rows: list[BenchRow], env: dict, out_dir, name="bench_meshes", extra=None,
+                  plot: str | None = None):  # fmt: skip
+    """The JSON report in `out_dir`, and the PNG at `plot` (None: no plot)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"{name}.json"
     json_path.write_text(json.dumps(to_json(rows, env, extra), indent=1))
-    return [json_path, _plot(rows, out / f"{name}.png")]
+    return [json_path] + ([_plot(rows, Path(plot))] if plot else [])
 
 
 def _plot(rows: list[BenchRow], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     good = [r for r in rows if r.report is not None]
     labels = [f"{r.label}\n{r.case.mesh}" for r in good]
     xs = range(len(good))
-    fig, (ax_mem, ax_comm) = plt.subplots(2, 1, figsize=(max(10, 0.9 * len(good)), 8))
-    parts = {
-        "params": [r.state_layout.params / MiB for r in good],
-        "gradients": [r.state_layout.grads / MiB for r in good],
-        "Adam m, v": [r.state_layout.optimizer / MiB for r in good],
-    }
-    bottom = [0.0] * len(good)
-    for name, values in parts.items():
-        ax_mem.bar(xs, values, bottom=bottom, label=name)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    predicted = [r.state_predicted.total / MiB for r in good]
-    ax_mem.scatter(xs, predicted, marker="_", s=400, color="black", label="predicted total")
-    ax_mem.set_ylabel("MiB per device")
-    ax_mem.set_title("Training state per device, stacked by component (declared layout)")
-    ax_mem.legend(fontsize=8)
-    ops = sorted({op for r in good for op in r.report.collective_totals()})
-    width = 0.8 / max(len(ops), 1)
-    for i, op in enumerate(ops):
-        values = [r.report.collective_totals().get(op) for r in good]
-        ax_comm.bar([x + i * width for x in xs],
-                    [v.total_bytes / MiB if v else 0 for v in values], width, label=op)  # fmt: skip
-    ax_comm.set_ylabel("MiB per device per step")
-    ax_comm.set_title("Collective bytes by op (compiled HLO)")
-    if ops:
-        ax_comm.legend(fontsize=8)
-    for ax in (ax_mem, ax_comm):
-        ax.set_xticks([x + 0.4 - width / 2 for x in xs] if ax is ax_comm else list(xs), labels)
-        ax.tick_params(axis="x", labelsize=7, labelrotation=30)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    size = (max(10, 0.9 * len(good)), 8)
+    with figure(path, 2, 1, figsize=size, dpi=110) as (_, (ax_mem, ax_comm)):
+        parts = {
+            "params": [r.state_layout.params / MiB for r in good],
+            "gradients": [r.state_layout.grads / MiB for r in good],
+            "Adam m, v": [r.state_layout.optimizer / MiB for r in good],
+        }
+        bottom = [0.0] * len(good)
+        for name, values in parts.items():
+            ax_mem.bar(xs, values, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        predicted = [r.state_predicted.total / MiB for r in good]
+        ax_mem.scatter(xs, predicted, marker="_", s=400, color="black", label="predicted total")
+        ax_mem.set_ylabel("MiB per device")
+        ax_mem.set_title("Training state per device, stacked by component (declared layout)")
+        ax_mem.legend(fontsize=8)
+        ops = sorted({op for r in good for op in r.report.collective_totals()})
+        width = 0.8 / max(len(ops), 1)
+        for i, op in enumerate(ops):
+            values = [r.report.collective_totals().get(op) for r in good]
+            ax_comm.bar([x + i * width for x in xs],
+                        [v.total_bytes / MiB if v else 0 for v in values], width,
+                        label=op)  # fmt: skip
+        ax_comm.set_ylabel("MiB per device per step")
+        ax_comm.set_title("Collective bytes by op (compiled HLO)")
+        if ops:
+            ax_comm.legend(fontsize=8)
+        for ax in (ax_mem, ax_comm):
+            ax.set_xticks([x + 0.4 - width / 2 for x in xs] if ax is ax_comm else list(xs), labels)
+            ax.tick_params(axis="x", labelsize=7, labelrotation=30)
     return path

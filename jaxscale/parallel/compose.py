@@ -63,7 +63,7 @@ class Strategy:
             return cls(mesh)
         if path != "manual" or not rest:
             raise ValueError(
-                f"unknown strategy {text!r}; write 'auto' or 'manual:' followed by "
+                f"--strategy: unknown strategy {text!r}; write 'auto' or 'manual:' followed by "
                 f"{'/'.join(_DATA)} and/or {'/'.join(_TENSOR)}, e.g. manual:zero3+tp"
             )
         zero, tensor = 0, None
@@ -73,8 +73,8 @@ class Strategy:
             elif part in _TENSOR:
                 tensor = _TENSOR[part]
             else:
-                raise ValueError(f"unknown part {part!r} in {text!r}; data: {', '.join(_DATA)}; "
-                                 f"tensor: {', '.join(_TENSOR)}")  # fmt: skip
+                raise ValueError(f"--strategy: unknown part {part!r} in {text!r}; data: "
+                                 f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}")  # fmt: skip
         return cls(mesh, "manual", zero, tensor)
 
     def name(self, spec: MeshSpec) -> str:
@@ -154,23 +154,36 @@ class Built:
         return jax.device_put(batch, self.batch_sharding)
 
 
+def check(strategy: Strategy, tcfg: TrainConfig, n_devices: int) -> MeshSpec:
+    """The checks that need no model: the mesh against the devices, every axis used, the batch
+    split over the data shards. Returns the resolved mesh spec."""
+    try:
+        spec = parse_mesh(strategy.mesh).resolve(n_devices)
+        check_axes(strategy, spec)
+    except ValueError as e:
+        raise ValueError(f"--mesh {strategy.mesh}: {e}") from None
+    data_ways = spec.size("data") * spec.size("fsdp")
+    micro = tcfg.global_batch // tcfg.grad_accum
+    if tcfg.global_batch % tcfg.grad_accum or micro % data_ways:
+        raise ValueError(f"--global-batch {tcfg.global_batch} does not divide over the "
+                         f"{data_ways} data-parallel shards of {spec} in --grad-accum "
+                         f"{tcfg.grad_accum} microbatch(es) (of {micro} sequences)")  # fmt: skip
+    return spec
+
+
 def build(strategy: Strategy, cfg: ModelConfig, tcfg: TrainConfig, *, with_grads: bool = False,
           devices=None) -> Built:  # fmt: skip
     """`devices` (default: all) may be abstract TPU devices for AOT compilation."""
     devices = list(jax.devices() if devices is None else devices)
-    spec = parse_mesh(strategy.mesh).resolve(len(devices))
-    check_axes(strategy, spec)
+    spec = check(strategy, tcfg, len(devices))
     mesh = build_mesh(spec, devices=devices)
     ways = {a: spec.size(a) for a in ("data", "fsdp", "tensor")}
-    data_ways = ways["data"] * ways["fsdp"]
-    micro = tcfg.global_batch // tcfg.grad_accum
-    if tcfg.global_batch % tcfg.grad_accum or micro % data_ways:
-        raise ValueError(f"microbatch of {micro} sequences (global_batch {tcfg.global_batch} / "
-                         f"grad_accum {tcfg.grad_accum}) does not divide over the {data_ways} "
-                         f"data-parallel shards of {spec}")  # fmt: skip
     label = f"{strategy.path}:{strategy.name(spec)}"
     build_fn = _auto if strategy.path == "auto" else _manual
-    return build_fn(strategy, label, mesh, ways, cfg, tcfg, with_grads)
+    try:
+        return build_fn(strategy, label, mesh, ways, cfg, tcfg, with_grads)
+    except ValueError as e:  # a model dimension that does not split over this mesh
+        raise ValueError(f"--mesh {strategy.mesh} ({label}): {e}") from None
 
 
 def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:

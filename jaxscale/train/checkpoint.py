@@ -1,20 +1,32 @@
-"""Checkpoints with orbax: atomic, mesh-independent, and checked before they are trusted.
+"""Checkpoints with orbax: atomic, mesh- and strategy-independent, checked before they are trusted.
 
-A checkpoint holds the training state (step, params, Adam state) and a JSON record of the model
-and training configs. Orbax writes each step into a temporary directory and renames it when
-complete, so an interrupted save leaves no half-written step behind. Restoring takes target
-shardings, so a checkpoint saved under one mesh restores under another (orbax reshards).
+A checkpoint holds the training state (step, params, optimizer state) and a JSON record of the
+model and training configs. Orbax writes each step into a temporary directory and renames it when
+complete, and marks it complete (`_CHECKPOINT_METADATA`); a step directory without the mark (an
+interrupted save, a stray folder) is never taken for a checkpoint, so resume falls back to the
+last complete one. Restoring takes target shardings, so a checkpoint saved under one mesh and
+strategy restores under another (orbax reshards). Every failure is a `CheckpointError` whose
+message is one line naming the step and what to do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import shutil
+import sys
 from pathlib import Path
 
 import jax
 
 from jaxscale.config import ModelConfig, TrainConfig
+
+FORMAT = "jaxscale-v1"
+# Model fields that change how the parameters are computed with, not what they are: a run may
+# resume with another value (remat on or off, another compute dtype, an unrolled layer loop).
+COMPUTE_ONLY = ("compute_dtype", "remat", "unroll_layers")
+_COMPLETE_MARKS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 class CheckpointError(RuntimeError):
@@ -24,87 +36,135 @@ class CheckpointError(RuntimeError):
 def _manager(directory: Path, create: bool):
     import orbax.checkpoint as ocp
 
+    # orbax logs a warning for every step directory it cannot read; `steps` reports those once
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
     options = ocp.CheckpointManagerOptions(
         max_to_keep=3, create=create, enable_async_checkpointing=False
     )
     return ocp.CheckpointManager(directory.absolute(), options=options)
 
 
-def meta_record(cfg: ModelConfig, tcfg: TrainConfig, mesh_spec: str) -> dict:
+def meta_record(cfg: ModelConfig, tcfg: TrainConfig, mesh_spec: str, strategy: str = "auto"):
     return {
         "model": dataclasses.asdict(cfg),
         "train": dataclasses.asdict(tcfg),
         "mesh": mesh_spec,
-        "format": "jaxscale-v1",
+        "strategy": strategy,
+        "format": FORMAT,
     }
 
 
-def save(directory: str | Path, state, meta: dict) -> int:
-    """Write `state` at its step; returns the step. Blocks until the write is complete."""
-    import orbax.checkpoint as ocp
-
-    step = int(jax.device_get(state["step"]))
-    with _manager(Path(directory), create=True) as mgr:
-        mgr.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
-        mgr.wait_until_finished()
-    return step
+def steps(directory: str | Path) -> tuple[list[int], list[int]]:
+    """(complete steps, incomplete step directories), each ascending."""
+    path = Path(directory)
+    if not path.is_dir():
+        return [], []
+    complete, stray = [], []
+    for child in path.iterdir():
+        if child.is_dir() and child.name.isdigit():
+            done = any((child / mark).exists() for mark in _COMPLETE_MARKS)
+            (complete if done else stray).append(int(child.name))
+    return sorted(complete), sorted(stray)
 
 
 def latest_step(directory: str | Path) -> int | None:
+    """The newest complete checkpoint's step, or None."""
+    complete, _ = steps(directory)
+    return complete[-1] if complete else None
+
+
+def save(directory: str | Path, state, meta: dict) -> int:
+    """Write `state` at its step (a no-op if that step is already saved); returns the step.
+    Blocks until the write is complete."""
+    import orbax.checkpoint as ocp
+
+    step = int(jax.device_get(state["step"]))
     path = Path(directory)
-    if not path.is_dir():
-        return None
-    with _manager(path, create=False) as mgr:
-        return mgr.latest_step()
+    complete, stray = steps(path)
+    if step in complete:
+        return step
+    if step in stray:  # an unfinished directory of this very step (never a checkpoint): replace it
+        shutil.rmtree(path / str(step))
+    try:
+        with _manager(path, create=True) as mgr:
+            mgr.save(step, force=True, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))  # fmt: skip
+            mgr.wait_until_finished()
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot write checkpoint step {step} to {path}: "
+                              f"{_first_line(e)}") from e  # fmt: skip
+    return step
 
 
 def restore(directory: str | Path, target_shardings, abstract_state, expected_meta: dict,
             step: int | None = None):  # fmt: skip
-    """Restore into the given shardings (any mesh). Raises CheckpointError with the reason."""
+    """Restore into the given shardings (any mesh, any strategy): (state, saved meta)."""
     import orbax.checkpoint as ocp
 
     path = Path(directory)
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint directory at {path}")
+    step = latest_step(path) if step is None else step
+    if step is None:
+        raise CheckpointError(f"{path} holds no finished checkpoint")
+    fix = _fix(path, step)
     with _manager(path, create=False) as mgr:
-        step = mgr.latest_step() if step is None else step
-        if step is None:
-            raise CheckpointError(f"{path} holds no finished checkpoint")
         try:
             meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as e:  # orbax raises many types for unreadable files
-            raise CheckpointError(f"checkpoint {path} step {step} is unreadable: {e}") from e
-        _check_meta(meta, expected_meta, path, step)
-        target = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            abstract_state,
-            target_shardings,
-        )
+            _quiet_failed_reads()
+            raise CheckpointError(f"checkpoint {path} step {step} is unreadable "
+                                  f"({_first_line(e)}); {fix}") from e  # fmt: skip
+        check_meta(meta, expected_meta, path, step)
+        target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                              abstract_state, target_shardings)  # fmt: skip
         try:
             restored = mgr.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
             )
         except Exception as e:
-            raise CheckpointError(f"checkpoint {path} step {step} is corrupt: {e}") from e
+            _quiet_failed_reads()
+            raise CheckpointError(f"checkpoint {path} step {step} is corrupt "
+                                  f"({_first_line(e)}); {fix}") from e  # fmt: skip
     return restored["state"], meta
 
 
-def _check_meta(meta, expected: dict, path: Path, step: int) -> None:
+def check_meta(meta, expected: dict, path: Path, step: int) -> None:
+    """The saved run must have the same parameters: the same model but for compute-only fields."""
     if not isinstance(meta, dict) or meta.get("format") != expected["format"]:
         raise CheckpointError(f"{path} step {step} is not a jaxscale checkpoint")
-    if meta["model"] != expected["model"]:
-        diff = {
-            k: (meta["model"].get(k), v)
-            for k, v in expected["model"].items()
-            if meta["model"].get(k) != v
-        }
+    saved, wanted = meta["model"], expected["model"]
+    diff = {k: (saved.get(k), v) for k, v in wanted.items()
+            if k not in COMPUTE_ONLY and saved.get(k) != v}  # fmt: skip
+    if diff:
         raise CheckpointError(
             f"checkpoint {path} step {step} was saved for a different model; "
             f"field: (saved, requested) = {json.dumps(diff)}"
         )
+
+
+def _quiet_failed_reads() -> None:
+    """After a failed restore, orbax's background reads finish once their event loop has closed
+    and print 'Event loop is closed' at exit: noise after the one-line error, so drop just those."""
+    previous = sys.unraisablehook
+
+    def hook(info):
+        if not (isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in
+                str(info.exc_value)):  # fmt: skip
+            previous(info)
+
+    sys.unraisablehook = hook
+
+
+def _fix(path: Path, step: int) -> str:
+    older = [s for s in steps(path)[0] if s < step]
+    if older:
+        return f"delete {path / str(step)} to resume from step {older[-1]}"
+    return "delete it, or train from scratch in another --ckpt-dir"
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else type(e).__name__
+    return line if len(line) <= 160 else line[:157] + "..."

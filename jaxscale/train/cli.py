@@ -1,76 +1,210 @@
-"""`jaxscale train`: train the transformer on a mesh, by any strategy the composer builds: the auto
-path (jit + shardings from the rules) or a manual one (shard_map, explicit collectives)."""
+"""`jaxscale train`: train the transformer on a mesh, by any strategy the composer builds.
+
+Configuration, lowest precedence first: the `--model` preset and the dataclass defaults, a
+`--config FILE` (the `config.json` every run directory holds), then the flags given. Everything
+that can be checked is checked before anything compiles (`--dry-run` stops there and prints
+the resolved configuration).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+import textwrap
+from pathlib import Path
 
-from jaxscale.cliutil import add_dataclass_args, overrides
+from jaxscale.cliutil import (
+    add_dataclass_args,
+    build_config,
+    non_negative_int,
+    positive_int,
+    writable_dir,
+    writable_path,
+)
 from jaxscale.config import MODEL_PRESETS, ModelConfig, TrainConfig
+
+RUN_FIELDS = ("mesh", "strategy", "data", "prompt", "sample_tokens")
+EXAMPLES = """examples:
+  jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --run-dir runs/a
+  jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
+  jaxscale train --run-dir runs/a --resume --steps 600     # continue, on any mesh and strategy
+  jaxscale train --config runs/a/config.json --dry-run     # check and print, compile nothing"""
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train on a mesh: progress bar, JSON-lines metrics, eval loss, sample, checkpoints",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=textwrap.fill(
+            "Train the transformer by any strategy on any mesh. "
+            + " ".join(__doc__.split("\n\n")[1].split())
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--mesh", default="dp=-1", help="mesh spec, e.g. dp=2,fsdp=2,tp=2")
-    p.add_argument("--strategy", default="auto",
-                   help="'auto' (jit + the rules table) or 'manual:' + dp/zero1/zero2/zero3 "
-                   "and/or tp/tp_sp/tp_gather joined by '+', e.g. manual:zero3+tp")  # fmt: skip
-    p.add_argument("--model", default="tiny", choices=sorted(MODEL_PRESETS), help="model preset")
-    p.add_argument("--data", default="stdlib",
-                   help="'stdlib' (Python's own sources), 'markov' (synthetic, known optimal "
-                   "loss), 'copy' (needs attention: each window's second half repeats its "
-                   "first) or a path to a text file")  # fmt: skip
-    p.add_argument("--ckpt-dir", default=None, help="write checkpoints here")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    p.add_argument("--metrics", default=None, help="append JSON-lines metrics to this file")
-    p.add_argument("--prompt", default="def ", help="prompt for the greedy sample at the end")
-    p.add_argument("--sample-tokens", type=int, default=48)
+    p.add_argument("--mesh", default=None, help="mesh spec, e.g. dp=2,fsdp=2,tp=2 (default dp=-1)")
+    p.add_argument("--strategy", default=None,
+                   help="'auto' (jit + the rules table; default) or 'manual:' + dp/zero1/"
+                   "zero2/zero3 and/or tp/tp_sp/tp_gather joined by '+', e.g. "
+                   "manual:zero3+tp")  # fmt: skip
+    p.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),
+                   help="model preset the model flags modify (default tiny)")  # fmt: skip
+    p.add_argument("--data", default=None,
+                   help="'stdlib' (Python's own sources; default), 'markov' (synthetic, known "
+                   "optimal loss), 'copy' (needs attention: each window's second half repeats "
+                   "its first) or a path to a text file")  # fmt: skip
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="a config.json (as a run directory holds) to start from")  # fmt: skip
+    p.add_argument("--run-dir", type=writable_dir, default=None, metavar="DIR",
+                   help="one directory for the run: config.json, metrics.jsonl, checkpoints/, "
+                   "loss.png")  # fmt: skip
     p.add_argument(
-        "--stop-after",
-        type=int,
+        "--ckpt-dir",
+        type=writable_dir,
         default=None,
-        help="stop at this step, as if interrupted (the LR schedule still spans --steps)",
+        metavar="DIR",
+        help="write checkpoints here (default with --run-dir: RUN_DIR/checkpoints)",
     )
-    p.add_argument("--no-progress", action="store_true")
-    g = p.add_argument_group("model overrides (on top of --model)")
-    add_dataclass_args(g, ModelConfig)
-    g = p.add_argument_group("training")
-    add_dataclass_args(g, TrainConfig)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint (any mesh, any strategy)",
+    )
+    p.add_argument("--metrics", type=writable_path, default=None, metavar="FILE",
+                   help="append JSON-lines metrics here (default with --run-dir: "
+                   "RUN_DIR/metrics.jsonl)")  # fmt: skip
+    p.add_argument("--prompt", default=None, help="prompt of the greedy sample at the end "
+                   "(default 'def ')")  # fmt: skip
+    p.add_argument(
+        "--sample-tokens",
+        type=non_negative_int,
+        default=None,
+        help="tokens to sample at the end; 0: no sample (default 48)",
+    )
+    p.add_argument("--stop-after", type=positive_int, default=None, metavar="STEP",
+                   help="stop at this step, as if interrupted (the LR schedule still spans "
+                   "--steps)")  # fmt: skip
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything, print the resolved configuration, compile nothing",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_dataclass_args(p.add_argument_group("model (on top of --model)"), ModelConfig)
+    add_dataclass_args(p.add_argument_group("training"), TrainConfig)
     p.set_defaults(func=main)
 
 
+def resolve(args) -> tuple[ModelConfig, TrainConfig, dict, dict]:
+    """(model, training, run settings, paths) from preset, config file and flags."""
+    saved = _load_config(args)
+    if saved and args.model:
+        raise ValueError("--model and --config both set the model; give one of them")
+    model = MODEL_PRESETS[args.model or "tiny"].replace(**saved.get("model", {}))
+    cfg = build_config(ModelConfig, args, base=model)
+    tcfg = build_config(TrainConfig, args, base=TrainConfig(**saved.get("train", {})))
+    run = {"mesh": "dp=-1", "strategy": "auto", "data": "stdlib", "prompt": "def ",
+           "sample_tokens": 48, **saved.get("run", {})}  # fmt: skip
+    run.update({k: getattr(args, k) for k in RUN_FIELDS if getattr(args, k) is not None})
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    paths = {
+        "run_dir": run_dir,
+        "ckpt_dir": args.ckpt_dir or (str(run_dir / "checkpoints") if run_dir else None),
+        "metrics": args.metrics or (str(run_dir / "metrics.jsonl") if run_dir else None),
+    }
+    return cfg, tcfg, run, paths
+
+
+def _load_config(args) -> dict:
+    path = args.config
+    if (
+        path is None
+        and args.resume
+        and args.run_dir
+        and (Path(args.run_dir) / "config.json").is_file()
+    ):
+        path = Path(args.run_dir) / "config.json"  # resuming a run directory: its own config
+    if path is None:
+        return {}
+    try:
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--config {path}: cannot read it as JSON ({type(e).__name__})") from None
+    known = {"model": ModelConfig, "train": TrainConfig}
+    if not isinstance(saved, dict) or set(saved) - {"model", "train", "run"}:
+        raise ValueError(f"--config {path}: expected an object with model, train and run")
+    for section, cls in known.items():
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(saved.get(section, {})) - names
+        if unknown:
+            raise ValueError(f"--config {path}: unknown {section} field(s) {sorted(unknown)}")
+    unknown = set(saved.get("run", {})) - set(RUN_FIELDS)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown run field(s) {sorted(unknown)}")
+    return saved
+
+
 def main(args) -> int:
+    from jaxscale.devices import describe_devices
     from jaxscale.train.checkpoint import CheckpointError
-    from jaxscale.train.loop import NonFiniteLoss, RunSetup, train
+    from jaxscale.train.loop import Interrupted, NonFiniteLoss, RunSetup, prepare, train
 
     try:
-        cfg = MODEL_PRESETS[args.model].replace(**overrides(args, ModelConfig))
-        tcfg = TrainConfig(**overrides(args, TrainConfig))
+        cfg, tcfg, run, paths = resolve(args)
         setup = RunSetup(
-            mesh=args.mesh, strategy=args.strategy, dataset=args.data, ckpt_dir=args.ckpt_dir,
-            resume=args.resume,
-            metrics_path=args.metrics, prompt=args.prompt, sample_tokens=args.sample_tokens,
+            mesh=run["mesh"], strategy=run["strategy"], dataset=run["data"],
+            ckpt_dir=paths["ckpt_dir"], resume=args.resume, metrics_path=paths["metrics"],
+            prompt=run["prompt"], sample_tokens=run["sample_tokens"],
             progress=not args.no_progress, stop_after=args.stop_after,
         )  # fmt: skip
-        result = train(cfg, tcfg, setup)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"jaxscale train: error: {e}", file=sys.stderr)
-        return 2
+        plan = prepare(cfg, tcfg, setup)
+    except (ValueError, CheckpointError) as e:
+        return _error(e)
+    config = {"model": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg), "run": run}
+    print(f"devices: {describe_devices()}")
+    steps = f"steps {plan.start}..{plan.end}" if plan.start < plan.end else "nothing to train"
+    print(f"run: {plan.built.label} on {plan.built.strategy.mesh}, data {run['data']}, {steps}"
+          + (f", run dir {paths['run_dir']}" if paths["run_dir"] else ""))  # fmt: skip
+    print("config: " + json.dumps(config))
+    for note in plan.notes:
+        print(note)
+    if args.dry_run:
+        return 0
+    if paths["run_dir"]:
+        paths["run_dir"].mkdir(parents=True, exist_ok=True)
+        (paths["run_dir"] / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    try:
+        result = train(cfg, tcfg, setup, plan)
+    except (ValueError, CheckpointError) as e:
+        return _error(e)
     except NonFiniteLoss as e:
         print(f"jaxscale train: {e}", file=sys.stderr)
         return 3
-    if result.resumed_from is not None:
-        print(f"resumed from step {result.resumed_from}")
+    except Interrupted as e:
+        print(f"jaxscale train: {e}", file=sys.stderr)
+        return 130
+    _report(result)
+    if paths["run_dir"] and paths["metrics"]:
+        from jaxscale.train.plot import plot_metrics
+
+        print(f"plot: {plot_metrics(paths['metrics'], paths['run_dir'] / 'loss.png')}")
+    return 0
+
+
+def _error(e: Exception) -> int:
+    print(f"jaxscale train: error: {e}", file=sys.stderr)
+    return 2
+
+
+def _report(result) -> None:
+    floor = "" if result.optimal_loss is None else f"  (optimum {result.optimal_loss:.4f})"
     for ev in result.evals:
-        print(f"step {ev['step']:5d}  eval loss {ev['eval_loss']:.4f}")
+        print(f"step {ev['step']:5d}  eval loss {ev['eval_loss']:.4f}{floor}")
     if result.history:
         last = result.history[-1]
-        print(f"final train loss {last['loss']:.4f}  ({last['tokens_per_s']:.0f} tokens/s)")
+        rate = f"  ({last['tokens_per_s']:.0f} tokens/s)" if "tokens_per_s" in last else ""
+        print(f"final train loss {last['loss']:.4f}{rate}")
     if result.sample:
         print(f"sample: {result.sample!r}")
-    return 0

@@ -67,7 +67,7 @@ class TextData:
     def from_path(cls, path: str | Path) -> TextData:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"--data {path}: no such file")
+            raise ValueError(f"--data {path}: no such file (or 'stdlib', 'markov', 'copy')")
         return cls.from_bytes(path.read_bytes(), name=path.name)
 
     def rows(self, seed: int, step: int, rows: range, seq_len: int) -> np.ndarray:
@@ -159,6 +159,36 @@ class CopyData:
             first = np.random.default_rng([seed, step, row]).integers(0, self.n_symbols, period)
             out[i] = np.resize(first, seq_len + 1)  # repeats `first` to the window's length
         return out
+
+
+def vocab_of(dataset) -> int:
+    """How many distinct token ids the data uses (ids are 0..vocab-1)."""
+    if isinstance(dataset, MarkovData):
+        return dataset.n_states
+    if isinstance(dataset, CopyData):
+        return dataset.n_symbols
+    return ByteTokenizer.vocab
+
+
+def optimal_loss(dataset, seq_len: int) -> float | None:
+    """The data's known loss floor (Markov: its entropy rate; copy: its random half), or None."""
+    if isinstance(dataset, MarkovData):
+        return dataset.optimal_loss()
+    if isinstance(dataset, CopyData):
+        return dataset.optimal_loss(seq_len)
+    return None
+
+
+def check(dataset, seq_len: int, vocab: int) -> None:
+    """Raise ValueError, naming the flags, if the data cannot feed this model and window."""
+    if vocab_of(dataset) > vocab:
+        raise ValueError(f"--vocab {vocab} is smaller than the {vocab_of(dataset)} token ids of "
+                         f"--data {dataset.name}")  # fmt: skip
+    if isinstance(dataset, TextData):
+        for split, ids in (("training", dataset.train_ids), ("held-out (eval)", dataset.eval_ids)):
+            if len(ids) <= seq_len + 1:
+                raise ValueError(f"--data {dataset.name}: its {split} split has {len(ids)} bytes, "
+                                 f"fewer than one window of --seq-len {seq_len} + 1")  # fmt: skip
 
 
 def make_dataset(name_or_path: str | None):

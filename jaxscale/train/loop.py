@@ -1,14 +1,19 @@
-"""The training loop: sharded state, one compiled step, JSON-lines metrics, eval, checkpoints.
+"""The training loop: any strategy, one compiled step, JSON-lines metrics, eval, checkpoints.
 
-Metrics of step s are read on the host after step s+1 has been dispatched, so the host never
-stalls the device queue waiting for a loss value (a loss read blocks until it is computed).
+`prepare` checks everything that can be checked before anything compiles (mesh, strategy,
+batch, data, checkpoint directory, output paths, sampling) and says what the run will do;
+`train` runs it. Metrics of step s are read on the host after step s+1 has been dispatched, so
+the host never stalls the device queue waiting for a loss value. Ctrl-C or SIGTERM stops the
+run after the current step, saves a checkpoint (with a checkpoint directory) and raises
+`Interrupted`; the command line exits 130.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import time
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import jax
@@ -20,10 +25,15 @@ from jaxscale.parallel.compose import Built, Strategy, build
 from jaxscale.progress import Progress
 from jaxscale.train import checkpoint, data
 from jaxscale.train import step as train_step
+from jaxscale.train.metrics import MetricsLog
 
 
 class NonFiniteLoss(RuntimeError):
     """Training produced a NaN or infinite loss; the message names the step."""
+
+
+class Interrupted(RuntimeError):
+    """Ctrl-C or SIGTERM: the run stopped after a step (and saved it, with a checkpoint dir)."""
 
 
 @dataclass
@@ -33,6 +43,7 @@ class TrainResult:
     sample: str = ""
     state: dict | None = None
     resumed_from: int | None = None
+    optimal_loss: float | None = None  # the data's known floor (markov, copy), if it has one
 
 
 @dataclass(frozen=True)
@@ -41,7 +52,7 @@ class RunSetup:
 
     mesh: str = "dp=-1"
     strategy: str = "auto"  # "auto" or "manual:<data>+<tensor>" (jaxscale/parallel/compose.py)
-    dataset: str | None = None  # 'stdlib' (default), 'markov', or a text file
+    dataset: str | None = None  # 'stdlib' (default), 'markov', 'copy', or a text file
     ckpt_dir: str | None = None
     resume: bool = False
     metrics_path: str | None = None
@@ -51,92 +62,171 @@ class RunSetup:
     stop_after: int | None = None  # stop at this step (an interruption; the schedule is unchanged)
 
 
-def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> TrainResult:
-    spec = parse_mesh(setup.mesh).resolve(jax.device_count())
+@dataclass
+class Plan:
+    """A checked run: what will be built, trained and written."""
+
+    built: Built
+    dataset: object
+    start: int  # the step training starts from (a checkpoint's, or 0)
+    end: int
+    notes: list[str]  # what the run will do, in words (resume, fallbacks)
+
+
+def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
+    """Every check that needs no compile; raises ValueError or CheckpointError naming the input."""
+    try:
+        spec = parse_mesh(setup.mesh).resolve(jax.device_count())
+    except ValueError as e:
+        raise ValueError(f"--mesh {setup.mesh}: {e}") from None
     if tcfg.seq_len > cfg.max_seq:
-        raise ValueError(f"seq_len {tcfg.seq_len} exceeds the model's max_seq {cfg.max_seq}")
-    # any strategy the composer builds: refuses unused axes and batches that do not divide
-    built = build(Strategy.parse(setup.strategy, str(spec)), cfg, tcfg)
+        raise ValueError(f"--seq-len {tcfg.seq_len} exceeds the model's --max-seq {cfg.max_seq}")
+    if setup.stop_after is not None and setup.stop_after < 1:
+        raise ValueError(f"--stop-after must be >= 1, got {setup.stop_after}")
     dataset = data.make_dataset(setup.dataset)
-    result = TrainResult()
-    meta = checkpoint.meta_record(cfg, tcfg, str(spec))
-    with jax.set_mesh(built.mesh):
-        state = _initial_state(built, setup, meta, result)
-        step_fn, eval_fn, batch_sh = built.step, built.loss, built.batch_sharding
-        tokens = data.tokens_per_step(tcfg.global_batch, tcfg.seq_len)
-        log = open(setup.metrics_path, "a") if setup.metrics_path else None  # noqa: SIM115
+    data.check(dataset, tcfg.seq_len, cfg.vocab)
+    if setup.sample_tokens < 0:
+        raise ValueError(f"--sample-tokens must be >= 0, got {setup.sample_tokens}")
+    if setup.sample_tokens and isinstance(dataset, data.TextData):
+        n_prompt = len(data.ByteTokenizer().encode(setup.prompt))
+        if not 0 < n_prompt < cfg.max_seq:
+            raise ValueError(f"--prompt must be 1 to {cfg.max_seq - 1} bytes (the model's "
+                             f"max_seq), got {n_prompt}")  # fmt: skip
+    built = build(Strategy.parse(setup.strategy, str(spec)), cfg, tcfg)
+    end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
+    start, notes = _resume_point(setup, end)
+    return Plan(built, dataset, start, end, notes)
+
+
+def _resume_point(setup: RunSetup, end: int) -> tuple[int, list[str]]:
+    if setup.resume and not setup.ckpt_dir:
+        raise ValueError("--resume needs a checkpoint directory (--ckpt-dir or --run-dir)")
+    if not setup.ckpt_dir:
+        return 0, []
+    complete, stray = checkpoint.steps(setup.ckpt_dir)
+    notes = [f"ignoring incomplete checkpoint {setup.ckpt_dir}/{s} (no completion mark)"
+             for s in stray]  # fmt: skip
+    if not setup.resume:
+        if complete:
+            raise ValueError(f"--ckpt-dir {setup.ckpt_dir} already holds checkpoints (up to step "
+                             f"{complete[-1]}); pass --resume to continue that run, or choose "
+                             "another directory")  # fmt: skip
+        return 0, notes
+    if not complete:
+        return 0, [*notes, f"--resume: no checkpoint in {setup.ckpt_dir} yet; starting at step 0"]
+    last = complete[-1]
+    if last >= end:
+        return last, [*notes, f"resuming from step {last}: the run is already complete "
+                      f"(ends at {end}); evaluating the checkpoint"]  # fmt: skip
+    return last, [*notes, f"resuming from step {last} ({setup.ckpt_dir}/{last})"]
+
+
+def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup, plan: Plan | None = None,
+          say=lambda line: None) -> TrainResult:  # fmt: skip
+    """Run `plan` (prepared here, its notes passed to `say`, when not given)."""
+    if plan is None:
+        plan = prepare(cfg, tcfg, setup)
+        for note in plan.notes:
+            say(note)
+    built, dataset = plan.built, plan.dataset
+    result = TrainResult(optimal_loss=data.optimal_loss(dataset, tcfg.seq_len))
+    meta = checkpoint.meta_record(cfg, tcfg, built.strategy.mesh, built.label)
+    log = MetricsLog(setup.metrics_path, cfg, tcfg, built, last_step=plan.end - 1)
+    with jax.set_mesh(built.mesh), log, _stop_on_signal() as stop:
+        state = _initial_state(built, setup, meta, plan, result)
         start = int(jax.device_get(state["step"]))
-        end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
-        bar = Progress(end - start, desc=f"train {built.label} {spec}", enabled=setup.progress)
-        pending = None  # (step, metrics, t_dispatch) read one step late
-        t_prev = time.perf_counter()
+        log.start(start, resumed=result.resumed_from is not None)
+        bar = Progress(max(plan.end - start, 0), desc=f"train {built.label} {built.strategy.mesh}",
+                       enabled=setup.progress)  # fmt: skip
+        pending = None  # (step, metrics) of the last dispatched step, read one step late
         try:
-            for s in range(start, end):
-                batch = data.global_batch(
-                    dataset, batch_sh, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len
-                )
-                state, metrics = step_fn(state, batch)
+            for s in range(start, plan.end):
+                batch = data.global_batch(dataset, built.batch_sharding, tcfg.seed, s,
+                                          tcfg.global_batch, tcfg.seq_len)  # fmt: skip
+                state, metrics = built.step(state, batch)
                 if pending is not None:
-                    t_prev = _record(pending, t_prev, tokens, result, log, bar)
+                    _record(pending, log, result, bar)
                 pending = (s, metrics)
                 if tcfg.eval_every and (s + 1) % tcfg.eval_every == 0:
-                    _evaluate(eval_fn, state, dataset, batch_sh, tcfg, s + 1, result, log)
+                    _record(pending, log, result, bar)  # first, so the file stays in step order
+                    pending = None
+                    _evaluate(built, state, dataset, tcfg, s + 1, result, log)
                 if setup.ckpt_dir and tcfg.ckpt_every and (s + 1) % tcfg.ckpt_every == 0:
                     checkpoint.save(setup.ckpt_dir, state, meta)
+                if stop.is_set():
+                    break
             if pending is not None:
-                _record(pending, t_prev, tokens, result, log, bar)
+                _record(pending, log, result, bar)
         finally:
             bar.close()
-            if log:
-                log.close()
-        if not result.evals or result.evals[-1]["step"] != end:
-            _evaluate(eval_fn, state, dataset, batch_sh, tcfg, end, result, None)
+        done = int(jax.device_get(state["step"]))
+        if stop.is_set():
+            saved = checkpoint.save(setup.ckpt_dir, state, meta) if setup.ckpt_dir else None
+            where = f"; checkpoint saved at {setup.ckpt_dir}/{saved}" if saved else ""
+            raise Interrupted(f"interrupted after step {done}{where}")
+        if not result.evals or result.evals[-1]["step"] != done:
+            _evaluate(built, state, dataset, tcfg, done, result, log)
         if setup.ckpt_dir:
             checkpoint.save(setup.ckpt_dir, state, meta)
     if setup.sample_tokens and isinstance(dataset, data.TextData):
         tok = data.ByteTokenizer()
-        ids = train_step.greedy_sample(
-            cfg, state["params"], tok.encode(setup.prompt), setup.sample_tokens
-        )
+        ids = train_step.greedy_sample(cfg, state["params"], tok.encode(setup.prompt),
+                                       setup.sample_tokens)  # fmt: skip
         result.sample = setup.prompt + tok.decode(ids)
     result.state = state
     return result
 
 
-def _initial_state(built: Built, setup: RunSetup, meta, result: TrainResult):
+@contextmanager
+def _stop_on_signal():
+    """SIGINT/SIGTERM set a flag the loop checks after each step (a second Ctrl-C stops at once).
+    Handlers can only be installed from the main thread; elsewhere the flag is never set."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _initial_state(built: Built, setup: RunSetup, meta, plan: Plan, result: TrainResult):
     """Fresh, or restored into this strategy's layout (whatever strategy and mesh saved it)."""
-    if setup.resume and setup.ckpt_dir and checkpoint.latest_step(setup.ckpt_dir) is not None:
-        state, _ = checkpoint.restore(setup.ckpt_dir, built.state_shardings, built.abstract_state,
-                                      meta)  # fmt: skip
-        result.resumed_from = int(jax.device_get(state["step"]))
-        return state
-    return built.init()
+    if plan.start == 0:
+        return built.init()
+    state, _ = checkpoint.restore(setup.ckpt_dir, built.state_shardings, built.abstract_state,
+                                  meta, step=plan.start)  # fmt: skip
+    result.resumed_from = plan.start
+    return state
 
 
-def _record(pending, t_prev, tokens, result: TrainResult, log, bar: Progress) -> float:
+def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> None:
     s, metrics = pending
     values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    now = time.perf_counter()
     if not math.isfinite(values["loss"]):
         raise NonFiniteLoss(
             f"non-finite loss ({values['loss']}) at step {s}; stopping. Lower --lr, enable "
             f"--grad-clip, or use float32 compute."
         )
-    record = {"step": s, **values, "tokens_per_s": tokens / max(now - t_prev, 1e-9)}
-    result.history.append(record)
-    if log:
-        log.write(json.dumps(record) + "\n")
+    record = log.train(s, values)
+    if record is not None:
+        result.history.append(record)
     bar.update(1, note=f"loss {values['loss']:.4f}")
-    return now
 
 
-def _evaluate(eval_fn, state, dataset, batch_sh, tcfg: TrainConfig, step: int, result, log):
+def _evaluate(built: Built, state, dataset, tcfg: TrainConfig, step: int, result, log) -> None:
     losses = [
-        float(eval_fn(state["params"], data.global_batch(
-            dataset, batch_sh, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len)))
+        float(built.loss(state["params"], data.global_batch(
+            dataset, built.batch_sharding, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len)))
         for s in data.eval_steps(tcfg.eval_batches)
     ]  # fmt: skip
-    record = {"step": step, "eval_loss": float(np.mean(losses))}
-    result.evals.append(record)
-    if log:
-        log.write(json.dumps(record) + "\n")
+    result.evals.append(log.eval(step, float(np.mean(losses)), result.optimal_loss))

@@ -1,0 +1,82 @@
+"""JSON-lines metrics of a training run, one object per line, written by process 0 only.
+
+Every record carries the run's id (a resumed run is a new id, so a plot or a reader can tell
+the segments apart and let the later one win for the steps both cover) and the wall time since
+the run started. Train records: loss, pre-clip gradient norm, learning rate, tokens/s averaged
+over the last `log_every` steps, and MFU where the device's peak FLOP/s is known (never on CPU;
+model FLOPs, causal attention halved). Eval records carry the data's known optimal loss, where
+it has one. The first record of a run says where it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+
+import jax
+
+from jaxscale.devices import mfu
+from jaxscale.model import counts
+
+
+class MetricsLog:
+    def __init__(self, path, cfg, tcfg, built, last_step: int):
+        self.path = Path(path) if path and jax.process_index() == 0 else None
+        self.file = None
+        self.run_id = uuid.uuid4().hex[:8]
+        self.t0 = time.perf_counter()
+        self.tcfg, self.built, self.last_step = tcfg, built, last_step
+        self.tokens = tcfg.global_batch * tcfg.seq_len
+        self.window: deque = deque(maxlen=tcfg.log_every + 1)  # read times of recent steps
+        n = built.mesh.devices.size
+        self.model_flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len,
+                                                   causal=True) / n  # fmt: skip
+        self.device_kind = built.mesh.devices.flat[0].device_kind
+
+    def __enter__(self):
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = self.path.open("a")
+        return self
+
+    def __exit__(self, *exc):
+        if self.file is not None:
+            self.file.close()
+
+    def _write(self, record: dict) -> dict:
+        record = {"run_id": self.run_id, **record,
+                  "time_s": round(time.perf_counter() - self.t0, 3)}  # fmt: skip
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        return record
+
+    def start(self, step: int, resumed: bool) -> None:
+        b = self.built
+        self._write({"event": "start", "step": step, "resumed": resumed, "strategy": b.label,
+                     "mesh": b.strategy.mesh, "devices": int(b.mesh.devices.size),
+                     "device_kind": self.device_kind})  # fmt: skip
+
+    def train(self, step: int, values: dict) -> dict | None:
+        """A train record for `step` every log_every steps and at the last step, else None."""
+        now = time.perf_counter()
+        self.window.append(now)
+        if step % self.tcfg.log_every and step != self.last_step:
+            return None
+        record = {"step": step, **values}
+        if len(self.window) > 1:
+            dt = (self.window[-1] - self.window[0]) / (len(self.window) - 1)
+            record["tokens_per_s"] = self.tokens / dt
+            value = mfu(self.model_flops, dt, self.device_kind)
+            if value is not None:
+                record["mfu"] = value
+        return self._write(record)
+
+    def eval(self, step: int, loss: float, optimal: float | None) -> dict:
+        record = {"step": step, "eval_loss": loss}
+        if optimal is not None:
+            record["optimal_loss"] = optimal
+        return self._write(record)

@@ -1,0 +1,133 @@
+"""The training workflow a user relies on: one run directory, checkpoints that never trip over
+themselves, resume that says what it did, honest metrics, Ctrl-C/SIGTERM saving the state, and
+the same devices from every entry point."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxscale.cli import main as cli_main
+
+TINY = ["--data", "markov", "--layers", "1", "--global-batch", "8", "--seq-len", "16",
+        "--no-progress", "--sample-tokens", "0"]  # fmt: skip
+
+
+def _train(capsys, *argv):
+    rc = cli_main(["train", *TINY, *argv])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_directory_from_start_to_resumes(tmp_path, capsys):
+    run = tmp_path / "runs" / "a"  # parents are created
+    # --ckpt-every divides --steps: the final save is the step just saved, and that is fine
+    rc, out, err = _train(capsys, "--run-dir", str(run), "--steps", "6", "--ckpt-every", "3",
+                          "--eval-every", "3", "--log-every", "1")  # fmt: skip
+    assert rc == 0, err
+    assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.jsonl", "checkpoints",
+                                               "loss.png"}  # fmt: skip
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["3", "6"]
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["train"]["steps"] == 6 and saved["model"]["n_layers"] == 1
+    assert f"config: {json.dumps(saved)}" in out  # the resolved configuration, printed
+    assert "step     6  eval loss" in out and "(optimum 1.1325)" in out  # markov's entropy rate
+
+    records = _records(run)
+    start, *rest = records
+    assert start["event"] == "start" and start["devices"] == 8 and not start["resumed"]
+    kinds = [("eval", r["step"]) if "eval_loss" in r else ("train", r["step"]) for r in rest]
+    # every step once, each eval after the train record of the step before it, final eval kept
+    assert kinds == [("train", 0), ("train", 1), ("train", 2), ("eval", 3), ("train", 3),
+                     ("train", 4), ("train", 5), ("eval", 6)]  # fmt: skip
+    assert all(r["run_id"] == start["run_id"] and r["time_s"] >= 0 for r in records)
+    assert "tokens_per_s" in rest[1] and "mfu" not in rest[1]  # no MFU on CPU: no known peak
+    assert rest[-1]["optimal_loss"] == pytest.approx(1.1325, abs=1e-4)
+
+    # a fresh run into a directory holding checkpoints is refused before anything compiles
+    rc, _, err = _train(capsys, "--ckpt-dir", str(run / "checkpoints"), "--steps", "6")
+    assert rc == 2 and "already holds checkpoints (up to step 6)" in err and "--resume" in err
+
+    # resuming a finished run: nothing to train, its eval again, a new run id in the file
+    rc, out, err = _train(capsys, "--run-dir", str(run), "--resume")
+    assert rc == 0, err
+    assert "resuming from step 6: the run is already complete" in out and "eval loss" in out
+    again = _records(run)[len(records):]
+    assert again[0]["event"] == "start" and again[0]["resumed"]
+    assert again[0]["run_id"] != start["run_id"] and [r["step"] for r in again] == [6, 6]
+
+    # a stray step directory (no completion mark) is skipped, then replaced by the real step;
+    # a compute-only change (remat, compute dtype) resumes the same parameters
+    (run / "checkpoints" / "9").mkdir()
+    rc, out, err = _train(capsys, "--run-dir", str(run), "--resume", "--steps", "9", "--remat",
+                          "--compute-dtype", "bfloat16")  # fmt: skip
+    assert rc == 0, err
+    assert "ignoring incomplete checkpoint" in out and "resuming from step 6" in out
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir())[-1] == 9
+
+    rc = cli_main(["plot", str(run), "--out", str(tmp_path / "p" / "curves.png")])
+    assert rc == 0 and (tmp_path / "p" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resume_asks_for_a_directory_and_says_when_it_starts_fresh(tmp_path, capsys):
+    rc, _, err = _train(capsys, "--steps", "2", "--resume")
+    assert rc == 2 and "--resume needs a checkpoint directory" in err
+    rc, out, _ = _train(capsys, "--steps", "2", "--resume", "--dry-run",
+                        "--ckpt-dir", str(tmp_path / "empty"))  # fmt: skip
+    assert rc == 0 and "--resume: no checkpoint in" in out and "starting at step 0" in out
+    assert not (tmp_path / "empty").exists()  # a dry run writes nothing
+
+
+def test_inputs_that_would_fail_after_training_fail_before(tmp_path, capsys):
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("x" * 200)  # its 5% eval split holds 10 bytes: no 17-byte window
+    rc, _, err = _train(capsys, "--data", str(tiny), "--steps", "2")
+    assert rc == 2 and "held-out (eval) split has 10 bytes" in err and "--seq-len" in err
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it: the flag's type checks it
+        cli_main(["train", "--ckpt-dir", str(blocked / "ckpt"), "--steps", "2"])
+    assert exc.value.code == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert not list(tmp_path.glob("**/ckpt"))
+
+
+def test_sigterm_stops_after_a_step_saves_and_exits_130(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "jaxscale", "train", *TINY, "--steps", "100000",
+           "--run-dir", str(run), "--log-every", "1"]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until it really trains
+        metrics = run / "metrics.jsonl"
+        if metrics.exists() and '"loss"' in metrics.read_text():
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted after step" in err and "checkpoint saved at" in err
+    saved = [p.name for p in (run / "checkpoints").iterdir()]
+    assert saved and all(name.isdigit() for name in saved)  # a complete step, not a tmp dir
+
+
+def test_the_console_script_sees_the_same_8_devices_as_python_m(tmp_path):
+    script = Path(sys.executable).parent / "jaxscale"
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    env["JAX_PLATFORMS"] = "cpu"
+    for cmd in ([str(script)], [sys.executable, "-m", "jaxscale"]):
+        out = subprocess.run([*cmd, "doctor", "--json"], env=env, capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout)["device_count"] == 8
