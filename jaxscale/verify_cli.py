@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "verify", help="check every strategy (auto and manual) on every mesh against the "
+        "verify",
+        description="Run every case of the lab's case list against the single-device "
+        "reference: first-step loss, every gradient leaf, and a 10-step trajectory.",
+        epilog="examples:\n  jaxscale verify\n  jaxscale verify --only zero3 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="check every strategy (auto and manual) on every mesh against the "
         "single-device reference: loss, gradients, 10-step trajectory (losses, gradient "
         "norms, parameters)",
     )  # fmt: skip

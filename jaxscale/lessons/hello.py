@@ -47,7 +47,11 @@ def main(args) -> int:
 
 
 def add_parser(sub) -> None:
-    h = sub.add_parser("hello", help="seed ch1: all_gather of [10r, 10r+1] and psum of ranks")
+    h = sub.add_parser("hello", help="seed ch1: all_gather of [10r, 10r+1] and psum of ranks",
+                       description="The seed's first distributed program: every rank "
+                       "all-gathers [10r, 10r+1] and sums its rank over all ranks.",
+                       epilog="examples: jaxscale hello -w 4; jaxscale launch -n 2 -- jaxscale "
+                       "hello")  # fmt: skip
     h.add_argument("-w", "--world-size", type=int, default=None, help="ranks (default: all)")
     h.add_argument(
         "-b", "--backend", default="gloo", choices=["gloo", "nccl"],
