@@ -17,6 +17,7 @@ from jaxscale.calc.advisor import advise
 from jaxscale.calc.advisor_model import Hardware, Workload
 from jaxscale.calc.advisor_rules import seed000_decision_tree
 from jaxscale.calc.memory import training_memory_per_device
+from jaxscale.cliutil import positive_int, writable_dir
 from jaxscale.render import figure, grid
 from jaxscale.sim import batching, speculative
 
@@ -123,11 +124,13 @@ def exercise4() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gpus", type=int, default=8, help="GPUs for exercise 1 (8)")
-    p.add_argument("--trials", type=int, default=200, help="speculative trials per point (200)")
-    p.add_argument("--requests", type=int, default=50, help="batching requests (50)")
-    p.add_argument("--batch-size", type=int, default=8, help="batching slots (8)")
-    p.add_argument("--out", default="results", help="folder for the plots (results)")
+    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs for exercise 1 (8)")
+    p.add_argument("--trials", type=positive_int, default=200,
+                   help="speculative trials per point (200)")  # fmt: skip
+    p.add_argument("--requests", type=positive_int, default=50, help="batching requests (50)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="batching slots (8)")
+    p.add_argument("--out", type=writable_dir, default="results",
+                   help="folder for the plots (results)")  # fmt: skip
     args = p.parse_args()
     exercise1(args.gpus, Path(args.out))
     exercise2(args.trials, Path(args.out))

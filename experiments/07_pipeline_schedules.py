@@ -1,6 +1,6 @@
 """Pipeline schedules: GPipe, 1F1B and interleaved 1F1B (seed 002 ch7, seed 004 §6).
 
-    .venv/bin/python experiments/07_pipeline_schedules.py --stages 4 --microbatches 8
+    .venv/bin/python experiments/07_pipeline_schedules.py --pp 4 --microbatches 8
 
 Reproduces pipeline_schedule_viz.py (shared/seeds/002 L5419-5682) with its defects fixed: the
 schedules come from a dependency-driven simulation (jaxscale.sim.pipeline), the bubble is
@@ -13,9 +13,12 @@ Plots: results/07_pipeline_gantt.png, results/07_bubble_vs_microbatches.png.
 import argparse
 import os
 
+from jaxscale.checks import at_most
+from jaxscale.cliutil import hidden_alias, positive_float, positive_int, writable_dir
 from jaxscale.render import Col, table
 from jaxscale.sim import pipeline as pp
 from jaxscale.sim import plots
+from jaxscale.sim.cli_pipeline import MAX_STAGE_MICROBATCHES, MAX_STAGES, WHY
 
 
 def _peaks(peaks) -> str:
@@ -45,13 +48,22 @@ def schedules(p: int, m: int, v: int, t_b: float) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stages", "-s", type=int, default=4)
-    ap.add_argument("--microbatches", "-m", type=int, default=8)
-    ap.add_argument("--virtual-stages", "-v", type=int, default=2)
-    ap.add_argument("--backward-ratio", type=float, default=2.0, help="t_B / t_F for table 2")
-    ap.add_argument("--out", default="results")
+    a = ap.add_argument("--pp", "-s", type=positive_int, default=4, help="pipeline stages P (4)")
+    hidden_alias(ap, a, "--stages")
+    ap.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M (8)")
+    ap.add_argument("--virtual-stages", "-v", type=positive_int, default=2,
+                    help="model chunks per device, interleaved (2)")  # fmt: skip
+    ap.add_argument("--backward-ratio", type=positive_float, default=2.0,
+                    help="t_B / t_F for table 2 (2)")  # fmt: skip
+    ap.add_argument("--out", type=writable_dir, default="results", help="folder for the plots")
     args = ap.parse_args()
-    p, m, v = args.stages, args.microbatches, args.virtual_stages
+    p, m, v = args.pp, args.microbatches, args.virtual_stages
+    try:  # the bounds of `jaxscale simulate pipeline`
+        at_most(MAX_STAGES, "stages", WHY, pp=p)
+        at_most(MAX_STAGE_MICROBATCHES, "stage-microbatches", WHY, pp=p, microbatches=m,
+                virtual_stages=v)  # fmt: skip
+    except ValueError as err:
+        ap.error(str(err))
 
     equal = schedules(p, m, v, 1.0)
     print(f"== P={p} stages, M={m} microbatches, t_F = t_B = 1 ==")

@@ -1,7 +1,8 @@
 """`jaxscale advise`: recommend data / ZeRO / tensor / pipeline / expert degrees, beside the four
 seed rule sets (seed 000 exercise 4, seed 001, seed 002 ch7 calculator, seed 004). Imports no jax.
 
-    jaxscale advise --params 70e9 --gpus 64 --gpu-mem 80 [--gpus-per-node 8 --seq 4096 --batch 512]
+    jaxscale advise --params 70B --gpus 64 --gpu-mem 80 [--gpus-per-node 8 --seq-len 4096
+                    --batch-size 512]
 """
 
 # The advice is pure Python (jaxscale.calc.advisor*); only --validate imports jax, lazily.
@@ -19,6 +20,16 @@ from jaxscale.calc.advisor_model import (
     LayoutCost,
     Workload,
 )
+from jaxscale.cliutil import (
+    add_command,
+    fraction,
+    hidden_alias,
+    non_negative_int,
+    parse_count,
+    positive_float,
+    positive_int,
+    probability,
+)
 from jaxscale.render import Col, Report, fmt_cell, grid
 
 GB = 1e9
@@ -27,39 +38,47 @@ _PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # weights and gradients (S
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "advise",
         help="recommend a TP x PP x DP (x EP) layout and ZeRO stage; seed rule sets side by side",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Recommend data / ZeRO / tensor / pipeline / expert degrees for a model on a "
+        "cluster, beside the four seed rule sets (seed 000 exercise 4, seed 001, seed 002 ch7 "
+        "calculator, seed 004). Imports no jax (except --validate).",
+        example="jaxscale advise --params 70B --gpus 64 --gpu-mem 80 --seq-len 4096 "
+        "--batch-size 512",
     )
     a = p.add_argument
-    a("--params", type=float, default=70e9, help="parameter count, all experts included (70e9)")
-    a("--gpus", type=int, default=64, help="number of GPUs (64)")
-    a("--gpu-mem", type=float, default=GPU.memory_gb, help="memory per GPU in GB (%(default)g)")
-    a("--gpus-per-node", type=int, default=8, help="GPUs per node sharing NVLink (8)")
-    a("--seq", type=int, default=4096, help="tokens per sequence (4096)")
-    a("--batch", type=int, default=512, help="global batch in sequences per step (512)")
-    a("--micro-batch", type=int, default=1, help="sequences per forward pass per GPU (1)")
-    a("--hidden", type=int, default=0, help="model width; 0 derives it from --params")
-    a("--layers", type=int, default=0, help="number of layers; 0 derives it from --params")
+    a("--params", type=parse_count, default=70e9,
+      help="parameter count, all experts included (default 70B)")  # fmt: skip
+    a("--gpus", type=positive_int, default=64, help="number of GPUs")
+    a("--gpu-mem", type=positive_float, default=GPU.memory_gb, help="memory per GPU in GB")
+    a("--gpus-per-node", type=positive_int, default=8, help="GPUs per node sharing NVLink")
+    hidden_alias(p, a("--seq-len", type=positive_int, default=4096, help="tokens per sequence"),
+                 "--seq")  # fmt: skip
+    hidden_alias(p, a("--batch-size", type=positive_int, default=512,
+                      help="global batch in sequences per step"), "--batch")  # fmt: skip
+    a("--micro-batch", type=positive_int, default=1, help="sequences per forward pass per GPU")
+    hidden_alias(p, a("--d-model", type=non_negative_int, default=0,
+                      help="hidden size; 0 derives it from --params"), "--hidden")  # fmt: skip
+    a("--layers", type=non_negative_int, default=0, help="layers; 0 derives them from --params")
     a("--moe", action="store_true", help="mixture of experts: also choose an expert degree")
-    a("--num-experts", type=int, default=64, help="experts per MoE layer (64)")
-    a("--top-k", type=int, default=2, help="experts per token (2)")
-    a("--precision", choices=sorted(_PRECISION_BYTES), default="bf16", help="weights/grads (bf16)")
+    a("--num-experts", type=positive_int, default=64, help="experts per MoE layer, with --moe")
+    a("--top-k", type=positive_int, default=2, help="experts per token, with --moe")
+    a("--precision", choices=sorted(_PRECISION_BYTES), default="bf16",
+      help="of the weights and gradients")  # fmt: skip
     a("--master-weights", action="store_true", help="keep an fp32 master copy (+4 B/param)")
     a("--recompute", choices=list(RECOMPUTE_CHOICES), default="auto",
-      help="full activation recomputation: auto lets the ranking decide (auto)")  # fmt: skip
-    a("--headroom", type=float, default=1 - USABLE_FRACTION, help="memory kept free (%(default)g)")
-    a("--intra-node-gbs", type=float, default=GPU.link_gb_s,
-      help="NVLink GB/s per GPU, one direction (%(default)g)")  # fmt: skip
-    a("--inter-node-gbs", type=float, default=INTER_NODE_BYTES_PER_S / GB,
-      help="InfiniBand GB/s per GPU (%(default)g)")  # fmt: skip
-    a("--peak-tflops", type=float, default=GPU.bf16_tflops,
-      help="peak TFLOP/s per GPU (%(default)g)")  # fmt: skip
-    a("--mfu", type=float, default=ASSUMED_MFU,
-      help="assumed fraction of peak achieved (%(default)g)")  # fmt: skip
-    a("--top", type=int, default=5, help="alternative layouts to list (5)")
+      help="full activation recomputation: auto lets the ranking decide")  # fmt: skip
+    a("--headroom", type=probability, default=1 - USABLE_FRACTION,
+      help="fraction of memory kept free, below 1")  # fmt: skip
+    a("--intra-node-gbs", type=positive_float, default=GPU.link_gb_s,
+      help="NVLink GB/s per GPU, one direction")  # fmt: skip
+    a("--inter-node-gbs", type=positive_float, default=INTER_NODE_BYTES_PER_S / GB,
+      help="InfiniBand GB/s per GPU")  # fmt: skip
+    a("--peak-tflops", type=positive_float, default=GPU.bf16_tflops, help="peak TFLOP/s per GPU")
+    a("--mfu", type=fraction, default=ASSUMED_MFU, help="assumed fraction of peak achieved")
+    a("--top", type=non_negative_int, default=5, help="alternative layouts to list")
     a("--seed002-table", action="store_true", help="print seed 002's strategy comparison table")
     a("--seed-faithful", action="store_true",
       help="seed 002 calculator as the seed prints it (defect 6), with its table")  # fmt: skip
@@ -70,29 +89,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: _run(args, p))
 
 
-_POSITIVE_FLAGS = ("gpus", "gpu_mem", "gpus_per_node", "seq", "batch", "micro_batch", "num_experts",
-                   "top_k", "intra_node_gbs", "inter_node_gbs", "peak_tflops", "mfu")  # fmt: skip
+def _check(args) -> None:
+    """What the types cannot check alone, named by flag."""
+    if args.params < MIN_PARAMS:
+        raise ValueError(f"--params {args.params:g} is a parameter count (e.g. 70B), not billions")
+    if args.headroom >= 1:
+        raise ValueError(f"--headroom must be below 1 (some memory must be usable), got "
+                         f"{args.headroom:g}")  # fmt: skip
+    if args.micro_batch > args.batch_size:
+        raise ValueError(f"--micro-batch {args.micro_batch} exceeds --batch-size "
+                         f"{args.batch_size}")  # fmt: skip
+    if args.moe and args.top_k > args.num_experts:
+        raise ValueError(f"--top-k {args.top_k} exceeds --num-experts {args.num_experts}")
+    g, node = args.gpus, args.gpus_per_node
+    if (g > node and g % node) or (g < node and node % g):
+        raise ValueError(f"--gpus {g} does not factor into nodes of --gpus-per-node {node}: use "
+                         f"a multiple of {node} or a divisor of it")  # fmt: skip
 
 
 def _inputs(args) -> tuple[Workload, Hardware]:
-    for name in _POSITIVE_FLAGS:
-        if not getattr(args, name) > 0:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} must be > 0, got {getattr(args, name):g}")
-    if args.params < MIN_PARAMS:
-        raise ValueError(f"--params {args.params:g} is a parameter count (e.g. 70e9), not billions")
-    if not 0 <= args.headroom < 1:
-        raise ValueError(f"--headroom must be in [0, 1), got {args.headroom}")
-    if args.top < 0:
-        raise ValueError(f"--top must be >= 0, got {args.top}")
-    for name in ("hidden", "layers"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name} must be >= 0 (0 derives it), got {getattr(args, name)}")
+    _check(args)
     state_bytes = _PRECISION_BYTES[args.precision]
     workload = Workload(
-        n_params=args.params, seq=args.seq, batch=args.batch, micro_batch=args.micro_batch,
-        hidden=args.hidden, layers=args.layers, num_experts=args.num_experts if args.moe else 1,
-        top_k=args.top_k if args.moe else 1, weight_bytes=state_bytes, grad_bytes=state_bytes,
+        n_params=args.params, seq=args.seq_len, batch=args.batch_size,
+        micro_batch=args.micro_batch, hidden=args.d_model, layers=args.layers,
+        num_experts=args.num_experts if args.moe else 1, top_k=args.top_k if args.moe else 1,
+        weight_bytes=state_bytes, grad_bytes=state_bytes,
         master_bytes=4 if args.master_weights else 0,
     )  # fmt: skip
     hardware = Hardware(

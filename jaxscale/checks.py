@@ -33,3 +33,18 @@ def positive_fields(config, *names: str) -> None:
             positive_ints(**value)
         else:
             positive(**value)
+
+
+def at_most(limit: int, unit: str, why: str, **sizes: int) -> None:
+    """Refuse a run whose size, the product of `sizes`, is over `limit` (a simulation that would
+    run for minutes), naming the command's flags: at_most(4096, "ops", why, pp=1000,
+    microbatches=1000) says "--pp 1000 x --microbatches 1000 = 1,000,000 ops: at most 4,096 (why)".
+    """
+    size = 1
+    for value in sizes.values():
+        size *= value
+    if size > limit:
+        given = " x ".join(f"--{name.replace('_', '-')} {value}" for name, value in sizes.items())
+        if len(sizes) == 1:
+            raise ValueError(f"{given}: at most {limit:,} {unit} ({why})")
+        raise ValueError(f"{given} = {size:,} {unit}: at most {limit:,} ({why})")

@@ -267,6 +267,9 @@ def guarded(handler):
     return run
 
 
+_COUNT_UNITS = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"))
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """--help that states each flag's default once: "(default 8)" is appended unless the help
     already says "default" or there is none to state; indented lines (examples) stay as written."""
@@ -277,6 +280,9 @@ class HelpFormatter(argparse.HelpFormatter):
             return text
         if isinstance(default, list | tuple):
             default = ",".join(map(str, default))
+        elif action.type is parse_count:  # as it is typed: 70B, not 7e+10
+            scale, unit = next(((s, u) for s, u in _COUNT_UNITS if default >= s), (1, ""))
+            default = f"{default / scale:g}{unit}"
         elif isinstance(default, float):
             default = f"{default:g}"
         return f"{text} (default {str(default).replace('%', '%%')})".lstrip()

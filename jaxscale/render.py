@@ -161,9 +161,11 @@ class Report:
 
 
 @contextmanager
-def figure(path: str | Path, nrows: int = 1, ncols: int = 1, *, figsize=(10, 5), dpi=100):
+def figure(path: str | Path, nrows: int = 1, ncols: int = 1, *, figsize=(10, 5), dpi=100,
+           rect=(0, 0, 1, 1)):  # fmt: skip
     """`with figure(path, 1, 2) as (fig, axes):` draw; the PNG is written (parent directories
-    created, tight layout) when the block ends. matplotlib is imported here only."""
+    created, tight layout within `rect`, e.g. (0, 0, 1, 0.95) to keep a figure legend clear)
+    when the block ends. matplotlib is imported here only."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -173,7 +175,7 @@ def figure(path: str | Path, nrows: int = 1, ncols: int = 1, *, figsize=(10, 5),
     try:
         yield fig, axes
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
+        fig.tight_layout(rect=rect)
         fig.savefig(path, dpi=dpi)
     finally:
         plt.close(fig)

@@ -99,6 +99,7 @@ class Trajectory:
     grad_norms: np.ndarray  # pre-clip, per step
     params: dict  # after the last step
     grads0: dict | None = None  # the first step's gradient (steps compiled with_grads)
+    initial: dict | None = None  # the reference's initial state (host arrays), shared by the cases
 
 
 def run(step, state, put, batches) -> Trajectory:
@@ -123,12 +124,18 @@ def reference(cfg: ModelConfig, tcfg: TrainConfig, steps: int = TRAJ_STEPS,
               with_grads: bool = True) -> Trajectory:  # fmt: skip
     """The oracle: the unsharded step on one device."""
     step = train_step.jit_train_step(cfg, tcfg, None, with_grads=with_grads)
-    return run(step, train_step.init_state(cfg, tcfg), lambda b: b, batches(tcfg, steps))
+    initial = jax.device_get(train_step.init_state(cfg, tcfg))
+    traj = run(step, initial, lambda b: b, batches(tcfg, steps))
+    return dataclasses.replace(traj, initial=initial)
 
 
-def run_built(built: Built, tcfg: TrainConfig, steps: int = TRAJ_STEPS, step=None) -> Trajectory:
+def run_built(built: Built, tcfg: TrainConfig, steps: int = TRAJ_STEPS, step=None,
+              initial: dict | None = None) -> Trajectory:  # fmt: skip
+    """The strategy's trajectory, from its own init or from `initial` placed in its layout (the
+    reference's state: the same numbers, and one compile fewer per case)."""
     with jax.set_mesh(built.mesh):
-        return run(step or built.step, built.init(), built.put, batches(tcfg, steps))
+        state = built.init() if initial is None else jax.device_put(initial, built.state_shardings)
+        return run(step or built.step, state, built.put, batches(tcfg, steps))
 
 
 @dataclass
@@ -203,7 +210,7 @@ def check(case: Case, ref: Trajectory, cfg: ModelConfig = CFG, tcfg: TrainConfig
         built = build(case.strategy, cfg, tcfg, with_grads=True)
     except ValueError as e:  # a layout that cannot be built on this mesh
         return Result(case, case.label, error=str(e).splitlines()[0])
-    return compare(case, run_built(built, tcfg), ref, case.label)
+    return compare(case, run_built(built, tcfg, initial=ref.initial), ref, case.label)
 
 
 def reference_for(case: Case, cache: dict, cfg: ModelConfig = CFG,

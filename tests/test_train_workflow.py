@@ -61,7 +61,7 @@ def test_a_run_directory_from_start_to_resumes(tmp_path, capsys):
     rc, out, err = _train(capsys, "--run-dir", str(run), "--resume")
     assert rc == 0, err
     assert "resuming from step 6: the run is already complete" in out and "eval loss" in out
-    again = _records(run)[len(records):]
+    again = _records(run)[len(records) :]
     assert again[0]["event"] == "start" and again[0]["resumed"]
     assert again[0]["run_id"] != start["run_id"] and [r["step"] for r in again] == [6, 6]
 

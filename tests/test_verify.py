@@ -34,6 +34,28 @@ def test_strategy_matches_single_device_reference(case):
     assert ref.losses[-1] < ref.losses[0] - 0.5
 
 
+@pytest.mark.parametrize("text, mesh", [("auto", "fsdp=8"), ("manual:zero3+tp", "fsdp=4,tp=2")])
+def test_a_strategys_own_init_is_the_references_initial_state(text, mesh):
+    """verify starts every case from the reference's initial state placed in the case's layout
+    (one compile fewer per case); the strategies' own init (what `train` runs) must be that very
+    state, bit for bit, in its own layout."""
+    import jax
+    import numpy as np
+
+    from jaxscale.parallel.compose import build
+
+    ref = verify.reference_for(verify.CASES[0], REFS)
+    built = build(Strategy.parse(text, mesh), verify.CFG, verify.TCFG)
+    with jax.set_mesh(built.mesh):
+        state = built.init()
+    assert jax.tree.structure(state) == jax.tree.structure(ref.initial)
+    for got, want in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(ref.initial),
+                         strict=True):  # fmt: skip
+        np.testing.assert_array_equal(got, want)
+    wq = state["params"]["blocks"]["wq_DHK"]
+    assert wq.sharding.is_equivalent_to(built.state_shardings["params"]["blocks"]["wq_DHK"], 4)
+
+
 def _manual_dp(**kw) -> verify.Case:
     return verify.Case(Strategy("dp=8", "manual", **kw))
 
@@ -96,7 +118,7 @@ def test_bad_strategies_are_refused_with_a_message():
 
 def test_verify_cli_prints_the_matrix(capsys):
     assert cli_main(["verify", "--only", "auto:fsdp@"]) == 2  # nothing matches: clear error
-    assert "no case matches" in capsys.readouterr().err
+    assert "matches no case" in capsys.readouterr().err
     assert cli_main(["verify", "--only", "manual:zero1 dp=8", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["strategy"], row["mesh"], row["stage"], row["passed"]) == ("zero1", "dp=8", 1, True)

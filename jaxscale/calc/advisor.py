@@ -84,7 +84,8 @@ def validate(workload: Workload, hw: Hardware) -> None:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 RECOMPUTE_CHOICES = {"auto": (False, True), "never": (False,), "always": (True,)}
@@ -141,8 +142,8 @@ def advise(
     costs = [evaluate(workload, hw, layout) for layout in layouts]
     if not costs:
         raise ValueError(
-            f"no layout of {hw.num_gpus} GPUs splits batch {workload.batch} into whole "
-            f"micro-batches of {workload.micro_batch}"
+            f"no layout of {hw.num_gpus} GPUs (--gpus) splits the batch of {workload.batch} "
+            f"(--batch-size) into whole micro-batches of {workload.micro_batch} (--micro-batch)"
         )
     ranked = tuple(sorted((c for c in costs if c.fits), key=_rank_key))
     smallest = min(costs, key=lambda c: c.memory.total)
@@ -150,7 +151,8 @@ def advise(
     seed002 = seed002_calculator(
         workload.n_params / 1e9, hw.num_gpus, gpu_gb, workload.batch, workload.seq,
         moe=workload.is_moe, num_experts=workload.num_experts, gpus_per_node=hw.gpus_per_node,
-        micro_batch=workload.micro_batch, seed_faithful=seed_faithful,
+        micro_batch=workload.micro_batch, hidden=hidden, layers=layers,
+        seed_faithful=seed_faithful,
     )  # fmt: skip
     advices = (
         seed000_decision_tree(workload.n_params, hw.num_gpus, gpu_gb),

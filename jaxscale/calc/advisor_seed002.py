@@ -7,17 +7,21 @@ recommends TP2 PP16 DP2 at 43.2 GB and 421.07 GB of communication per step), def
   `--params` changes only the DP communication, never the memory (defect 6);
 - the volumes use the global batch and every parameter of a stage, as if one GPU did all the work;
 - `dp = gpus // (tp * pp)` may leave GPUs idle.
-corrected fixes them: the parameter count is `--params`; a GPU holds the activations of one
-micro-batch per layer of its stage for min(pp, microbatches) microbatches in flight (1F1B keeps P
-microbatches, S2 L5190); volumes are per GPU (batch B/dp, DP over the GPU's own 1/(tp*pp) of the
-parameters); layouts that leave GPUs idle or give a replica no data are skipped.
+corrected fixes them: the parameter count is `--params`, and the shape behind the activations and
+the TP/PP volumes is the model's (hidden and layers as given, else derived from `--params` as the
+advisor does), not the seed's fixed 8192 x 80; a GPU holds the activations of one micro-batch per
+layer of its stage for min(pp, microbatches) microbatches in flight (1F1B keeps P microbatches,
+S2 L5190); volumes are per GPU (batch B/dp, DP over the GPU's own 1/(tp*pp) of the parameters);
+TP counts the backward's two all-reduces per layer as well as the forward's (the seed counts the
+forward only); a layout without a pipeline (pp=1) has no stage boundary, hence no PP traffic;
+layouts that leave GPUs idle or give a replica no data are skipped.
 Both keep the seed's search (tp in 1,2,4,8 within a node; pp in 1..16), its 90% fit threshold,
 its "ZeRO-3" memory (optimizer divided by tp*pp*dp; weights and gradients by tp*pp -- which is
 really ZeRO-1) and its ranking (TP inside a node first, then total volume).
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jaxscale.calc.advisor_rules import GB, RuleAdvice
 from jaxscale.checks import positive, positive_ints
@@ -103,11 +107,15 @@ def _activations_gb(shape, batch, seq, tp, pp, dp, micro_batch, seed_faithful) -
 
 
 def _comm_gb(shape, params_b, batch, seq, tp, pp, dp, seed_faithful) -> tuple[float, float, float]:
-    """TP, PP, DP GB per step (L5867-5880); corrected: per GPU, batch B/dp, DP over 1/(tp*pp)."""
+    """TP, PP, DP GB per step (L5867-5880); corrected: per GPU, batch B/dp, DP over 1/(tp*pp),
+    TP all-reduces of the backward too, no PP traffic without a pipeline."""
     b = batch if seed_faithful else batch / dp
     act_bytes = b * seq * shape.hidden * shape.dtype_bytes
-    tp_gb = 4 * act_bytes * (tp - 1) / tp * shape.layers / pp / GB  # 2 all-reduces/layer, ring x2
+    all_reduces = 2 if seed_faithful else 4  # per layer: forward 2 (the seed's), backward 2
+    tp_gb = all_reduces * 2 * act_bytes * (tp - 1) / tp * shape.layers / pp / GB  # ring: 2(t-1)/t
     pp_gb = 2 * act_bytes / GB  # activations forward, gradients backward
+    if pp == 1 and not seed_faithful:
+        pp_gb = 0.0  # one stage: no boundary to cross
     params_per_gpu = params_b * 1e9 / (pp if seed_faithful else tp * pp)
     dp_gb = 2 * params_per_gpu * shape.dtype_bytes * (dp - 1) / dp / GB
     return tp_gb, pp_gb, dp_gb
@@ -124,13 +132,19 @@ def seed002_calculator(
     num_experts: int = 64,
     gpus_per_node: int = 8,
     micro_batch: int = 1,
+    hidden: int = 0,
+    layers: int = 0,
     seed_faithful: bool = False,
 ) -> Seed002Result:
-    """The seed's `find_optimal_strategy` + `print_results` ranking; defaults are its CLI's."""
+    """The seed's `find_optimal_strategy` + `print_results` ranking; defaults are its CLI's.
+    hidden, layers: the model's shape for the corrected activations and volumes (0: the seed's);
+    seed-faithful mode always uses the seed's fixed shape."""
     positive(params_b=params_b, memory_gb=memory_gb)
     positive_ints(gpus=gpus, batch_size=batch_size, seq_len=seq_len, num_experts=num_experts,
                   gpus_per_node=gpus_per_node, micro_batch=micro_batch)  # fmt: skip
     shape = Seed002Shape(num_experts=num_experts if moe else 1)
+    if not seed_faithful:
+        shape = replace(shape, hidden=hidden or shape.hidden, layers=layers or shape.layers)
     n = shape.param_count if seed_faithful else params_b * 1e9
     params_gb = n * shape.dtype_bytes / GB
     optimizer_gb = n * 4 * 2 / GB  # Adam m and v in fp32

@@ -16,7 +16,7 @@ from jaxscale.calc.cli_serving_common import (
     ms,
     record,
 )
-from jaxscale.cliutil import add_output_flags, guarded, positive_float, positive_int
+from jaxscale.cliutil import add_command, add_output_flags, guarded, positive_float, positive_int
 from jaxscale.render import Col, Report
 
 SERVING_FAITHFUL = "seed 001 L1176-1275: one unbatched request per GPU"
@@ -31,20 +31,25 @@ def add_commands(calc_sub) -> None:
 
 
 def _add_serving(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "serving",
         help="GPUs to serve a load at a latency target (seed 001)",
         description="GPUs needed for users x requests/s at a per-request latency target. "
         "Without --users it prints the seed's three load scenarios.",
+        example="jaxscale calc serving --model llama-70b --users 1000 --rps-per-user 0.1",
     )
     add_model_flags(p)
     add_gpu_flags(p)
     p.add_argument("--users", type=positive_int, help="concurrent users")
     p.add_argument("--rps-per-user", type=positive_float, default=0.01,
                    help="requests per second per user, with --users (default 0.01)")  # fmt: skip
-    p.add_argument("--prompt-len", type=positive_int, default=srv.SEED_PROMPT_LEN)
-    p.add_argument("--gen-len", type=positive_int, default=srv.SEED_GEN_LEN)
-    p.add_argument("--target-latency-ms", type=positive_float, default=1000.0)
+    p.add_argument("--prompt-len", type=positive_int, default=srv.SEED_PROMPT_LEN,
+                   help="prompt tokens per request")  # fmt: skip
+    p.add_argument("--gen-len", type=positive_int, default=srv.SEED_GEN_LEN,
+                   help="generated tokens per request")  # fmt: skip
+    p.add_argument("--target-latency-ms", type=positive_float, default=1000.0,
+                   help="latency target per request")  # fmt: skip
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(_run_serving))
 

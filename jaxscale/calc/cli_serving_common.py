@@ -46,7 +46,7 @@ class Transformer:
 
 
 def add_model_flags(p, default: str = "llama-70b") -> None:
-    p.add_argument("--model", default=default, choices=list(MODELS), help=f"default {default}")
+    p.add_argument("--model", default=default, choices=list(MODELS), help="a preset")
     p.add_argument("--params", type=parse_count, help="override the parameter count, e.g. 70B")
     p.add_argument("--layers", type=positive_int, help="override the number of layers")
     p.add_argument("--d-model", type=positive_int, help="override the hidden size")

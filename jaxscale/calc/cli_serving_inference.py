@@ -15,7 +15,7 @@ from jaxscale.calc.cli_serving_common import (
     per,
     record,
 )
-from jaxscale.cliutil import add_output_flags, guarded, positive_int
+from jaxscale.cliutil import add_command, add_output_flags, guarded, positive_int
 from jaxscale.render import Col, Report, grid
 
 FAITHFUL = "seed 001 section 9: compute-only prefill, weights-only decode, KV from d_model"
@@ -30,11 +30,13 @@ COLS = [Col("scenario", "Scenario"), Col("prompt_len", "Prompt"), Col("gen_len",
 
 
 def add_parser(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "inference",
         help="prefill/decode latency, throughput, KV per sequence, roofline, serving memory",
         description="Seed 001 section 9 latency model on a roofline. Without --prompt-len, "
         "--gen-len or --batch-size it prints the seed's four scenarios.",
+        example="jaxscale calc inference --model llama-7b --gpu a100 --prompt-len 512 --tp 2",
     )
     add_model_flags(p)
     add_gpu_flags(p)
@@ -43,9 +45,9 @@ def add_parser(calc_sub) -> None:
     p.add_argument("--batch-size", type=positive_int, help="sequences per batch (default 1)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (ideal)")
     p.add_argument("--context", type=positive_int, default=inf.SEED_SERVING_CONTEXT,
-        help="tokens per request in the serving-memory table (default 32768)")  # fmt: skip
+        help="tokens per request in the serving-memory table")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=inf.SEED_SERVING_REQUESTS,
-        help="concurrent requests in the serving-memory table (default 100)")  # fmt: skip
+        help="concurrent requests in the serving-memory table")  # fmt: skip
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run))
 

@@ -10,9 +10,11 @@ from jaxscale.calc import kv
 from jaxscale.calc import prefix as px
 from jaxscale.calc.cli_serving_common import GPUS, record
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     comma_list,
     guarded,
+    hidden_alias,
     non_negative_float,
     positive_float,
     positive_int,
@@ -44,39 +46,53 @@ FRAGMENTATION_COLS = [Col("scenario", "Scenario"), Col("requests", "Requests"),
 
 
 def add_parsers(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "kv",
         help="KV cache per token/request, capacity with and without paging, fragmentation",
         description="The seed's KV cache calculator. Capacity runs on one GPU when the model "
-        "fits there, else on one 8-GPU node (tensor parallel), unless --num-gpus says otherwise.",
+        "fits there, else on one 8-GPU node (tensor parallel), unless --gpus says otherwise.",
+        example="jaxscale calc kv --model llama-70b --gpu h100 --gpus 4 --contexts 4096,32768",
     )
-    p.add_argument("--model", "-m", default="llama-70b", choices=list(kv.MODELS))
-    p.add_argument("--gpu", "-g", default="h100", choices=GPUS)
-    p.add_argument("--custom", action="store_true", help="use --layers/--heads/--dim instead")
-    p.add_argument("--layers", type=positive_int, default=80, help="with --custom (default 80)")
-    p.add_argument("--heads", type=positive_int, default=8, help="K/V heads, with --custom")
-    p.add_argument("--dim", type=positive_int, default=128, help="head dim, with --custom")
+    p.add_argument("--model", "-m", default="llama-70b", choices=list(kv.MODELS),
+                   help="the model whose cache is sized")  # fmt: skip
+    p.add_argument("--gpu", "-g", default="h100", choices=GPUS, help="the GPU kind")
+    p.add_argument("--custom", action="store_true",
+                   help="size --layers/--kv-heads/--head-dim instead")  # fmt: skip
+    p.add_argument("--layers", type=positive_int, default=80, help="layers, with --custom")
+    a = p.add_argument("--kv-heads", type=positive_int, default=8, help="K/V heads, with --custom")
+    hidden_alias(p, a, "--heads")
+    a = p.add_argument("--head-dim", type=positive_int, default=128,
+                       help="head dimension, with --custom")  # fmt: skip
+    hidden_alias(p, a, "--dim")
     p.add_argument("--model-size-gb", type=positive_float,
         help="FP16 weights in GB (default: the seed's size; 14 for --custom)")  # fmt: skip
-    p.add_argument("--num-gpus", type=positive_int, help="GPUs sharing the model (TP)")
+    a = p.add_argument("--gpus", type=positive_int,
+                       help="GPUs sharing the model (default: 1 or 8, above)")  # fmt: skip
+    hidden_alias(p, a, "--num-gpus")
     p.add_argument("--overhead-gb", type=non_negative_float, default=kv.SEED_OVERHEAD_GB_PER_GPU,
-        help="runtime overhead per GPU (default 2, as the seed)")  # fmt: skip
+        help="runtime overhead per GPU, as the seed")  # fmt: skip
     p.add_argument("--contexts", type=comma_list(positive_int), default=list(kv.SEED_CONTEXTS),
-        help="context lengths for the capacity table (default 2048,4096,8192,32768)")  # fmt: skip
+        help="context lengths of the capacity table, comma-separated")  # fmt: skip
     p.add_argument("--dtype-bytes", type=positive_int, default=2, help="bytes per KV value")
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(_run_kv))
 
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "prefix",
         help="prefix sharing (RadixCache): trie demo, system-prompt and few-shot savings",
         description="The seed's prefix-sharing demo: savings = 1 - (S + n*U) / (n*(S + U)).",
+        example="jaxscale calc prefix --num-requests 100 --system-prompt-len 500",
     )
-    p.add_argument("--num-requests", "-n", type=positive_int, default=100)
-    p.add_argument("--system-prompt-len", type=positive_int, default=500)
-    p.add_argument("--user-prompt-len", type=positive_int, default=100)
+    p.add_argument("--num-requests", "-n", type=positive_int, default=100,
+                   help="requests sharing the prefix (n)")  # fmt: skip
+    p.add_argument("--system-prompt-len", type=positive_int, default=500,
+                   help="tokens of the shared system prompt (S)")  # fmt: skip
+    p.add_argument("--user-prompt-len", type=positive_int, default=100,
+                   help="tokens of each request's own prompt (U)")  # fmt: skip
     p.add_argument("--model", default="llama-70b", choices=list(kv.MODELS),
-        help="whose KV bytes per token (default llama-70b, 327,680 B, as the seed)")  # fmt: skip
+        help="whose KV bytes per token (llama-70b: 327,680 B, as the seed)")  # fmt: skip
     add_output_flags(p)
     p.set_defaults(func=guarded(_run_prefix))
 
@@ -92,12 +108,10 @@ def _capacity_cells(c: dict) -> list:
 
 def _run_kv(args) -> int:
     sf, gpu = args.seed_faithful, get_device(args.gpu)
-    if sf and args.num_gpus:
-        raise ValueError(
-            "--seed-faithful reproduces the seed's single-GPU capacity; drop --num-gpus"
-        )
+    if sf and args.gpus:
+        raise ValueError("--seed-faithful reproduces the seed's single-GPU capacity; drop --gpus")
     if args.custom:
-        model = kv.custom_model(args.layers, args.heads, args.dim, args.model_size_gb)
+        model = kv.custom_model(args.layers, args.kv_heads, args.head_dim, args.model_size_gb)
     else:
         model = kv.get_model(args.model)
         if args.model_size_gb:
@@ -109,7 +123,7 @@ def _run_kv(args) -> int:
         models.append(record(m, kv_bytes_per_token=per_token, kv_bytes_8k=at_8k,
                              kv_bytes_32k=at_32k))  # fmt: skip
     fits_from = kv.min_gpus_to_fit(model.model_size_gb, gpu.memory_gb, args.overhead_gb)
-    gpus = 1 if sf else args.num_gpus
+    gpus = 1 if sf else args.gpus
     gpus = gpus or kv.deployment_gpus(model.model_size_gb, gpu.memory_gb, args.overhead_gb)
     capacity = []
     for ctx in args.contexts:

@@ -5,6 +5,8 @@ table (shared/seeds/002_*.txt L11143-11154); timeline and transfer live in cli_s
 Nothing here imports jax.
 """
 
+import argparse
+
 from jaxscale.calc import cli_serving_rlhf, rl
 from jaxscale.calc import rlhf_memory as rm
 from jaxscale.calc.cli_serving_common import (
@@ -17,15 +19,18 @@ from jaxscale.calc.cli_serving_common import (
     record,
 )
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     fraction,
     guarded,
     non_negative_float,
+    parse_count,
     positive_float,
     positive_int,
 )
-from jaxscale.render import Col, Report, figure, grid
+from jaxscale.render import Col, Report, figure, fmt_count, grid
 
+MAX_GPUS = 16384  # the best async split tries every multiple of the replica size (~2 s)
 THROUGHPUT_FAITHFUL = "seed 001 section 10: generation and scoring timed on one GPU"
 ITERATION_COLS = [Col("name", "Mode"), Col("gen_gpus", "Gen GPUs"), Col("train_gpus", "Train GPUs"),
                   Col("t_generate_s", "Generate ms", ms), Col("t_score_s", "Score ms", ms),
@@ -41,21 +46,37 @@ def add_parser(calc_sub) -> None:
     )
     sub = p.add_subparsers(dest="rl_name", required=True, metavar="WHAT")
 
-    t = sub.add_parser("throughput", help="sync vs async RL iteration time (seed 001)")
+    t = add_command(
+        sub,
+        "throughput",
+        help="sync vs async RL iteration time (seed 001)",
+        description="One generate / score / train iteration, synchronous or with generation and "
+        "training on separate GPUs (seed 001 section 10).",
+        example="jaxscale calc rl throughput --model llama-7b --gpus 64 --plot rl.png",
+    )
     add_model_flags(t)
     add_gpu_flags(t)
-    t.add_argument("--batch-size", type=positive_int, default=512)
-    t.add_argument("--prompt-len", type=positive_int, default=100)
-    t.add_argument("--gen-len", type=positive_int, default=50)
-    t.add_argument("--ppo-epochs", type=positive_int, default=4)
-    t.add_argument("--gpus", type=positive_int, default=256, help="total GPUs (default 256)")
+    t.add_argument("--batch-size", type=positive_int, default=512, help="prompts per iteration")
+    t.add_argument("--prompt-len", type=positive_int, default=100, help="prompt tokens")
+    t.add_argument("--gen-len", type=positive_int, default=50, help="generated tokens")
+    t.add_argument("--ppo-epochs", type=positive_int, default=4, help="PPO epochs per iteration")
+    t.add_argument("--gpus", type=positive_int, default=256, help="total GPUs")
     t.add_argument("--gen-gpus", type=positive_int, help="async generation GPUs (default half)")
-    t.add_argument("--mfu", type=fraction, default=rl.SEED_MFU, help="training MFU (0.5)")
+    t.add_argument("--mfu", type=fraction, default=rl.SEED_MFU, help="training MFU")
     add_output_flags(t, plot=True, faithful=True)
     t.set_defaults(func=guarded(_run_throughput))
 
-    m = sub.add_parser("memory", help="RLHF four-model memory table (seed 002 ch13)")
-    m.add_argument("--params-b", type=positive_float, default=7.0, help="billions (default 7)")
+    m = add_command(
+        sub,
+        "memory",
+        help="RLHF four-model memory table (seed 002 ch13)",
+        description="Actor, critic, reward model and reference in FP16, Adam states and "
+        "activations (seed 002 ch13).",
+        example="jaxscale calc rl memory --params 70B --adam-for actor+critic",
+    )
+    m.add_argument("--params", type=parse_count, default=7e9, help="parameter count of each model")
+    m.add_argument("--params-b", dest="params", type=_billions, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the old spelling, in billions  # fmt: skip
     m.add_argument("--activations-gb", type=non_negative_float, help="default 20 GB per 7B")
     m.add_argument("--adam-for", choices=rm.ADAM_FOR, default="actor",
                    help="whose Adam states are counted (the seed: the actor's only)")  # fmt: skip
@@ -63,6 +84,28 @@ def add_parser(calc_sub) -> None:
     m.set_defaults(func=guarded(_run_memory))
 
     cli_serving_rlhf.add_parsers(sub)  # timeline, transfer
+
+
+def _billions(text: str) -> float:
+    return positive_float(text) * 1e9
+
+
+def _check_gpus(args, n_params: float, gpu) -> None:
+    """The GPU counts the corrected iteration needs, named by flag (seed-faithful generates on
+    one GPU)."""
+    if args.gen_gpus is not None and args.gen_gpus >= args.gpus:
+        raise ValueError(f"--gen-gpus {args.gen_gpus} leaves none of --gpus {args.gpus} to train")
+    if args.gpus < 2:
+        raise ValueError(f"--gpus {args.gpus}: async splits the GPUs, give at least 2")
+    if args.gpus > MAX_GPUS:
+        raise ValueError(f"--gpus {args.gpus}: at most {MAX_GPUS:,} (every split is searched)")
+    need = max(rl.replica_gpus(n_params, gpu), rl.replica_gpus(n_params * rl.SEED_REWARD_FRACTION,
+                                                                gpu))  # fmt: skip
+    gen = args.gpus // 2 if args.gen_gpus is None else args.gen_gpus
+    if gen < need:
+        flags = "--gpus" if args.gen_gpus is None else "--gen-gpus"
+        raise ValueError(f"{gen} generation GPUs ({flags}) cannot hold the weights of "
+                         f"{fmt_count(n_params)} (--params): need at least {need}")  # fmt: skip
 
 
 def _iteration(it: rl.RlIteration) -> dict:
@@ -73,6 +116,8 @@ def _run_throughput(args) -> int:
     model, gpu, sf = model_from_args(args), gpu_from_args(args), args.seed_faithful
     if sf and args.gen_gpus:
         raise ValueError("--seed-faithful generates on one GPU; drop --gen-gpus")
+    if not sf:
+        _check_gpus(args, model.n_params, gpu)
     shape = (args.prompt_len, args.gen_len, args.ppo_epochs, args.gpus)
     common = dict(kv_bytes_per_token=model.kv_bytes_per_token(sf), gpu=gpu, mfu=args.mfu)
 
@@ -146,14 +191,14 @@ def _plot(path: str, sweep: list[dict], title_suffix: str) -> None:
 
 
 def _run_memory(args) -> int:
-    m = rm.rlhf_model_memory(args.params_b, args.activations_gb, args.adam_for)
+    m = rm.rlhf_model_memory(args.params / 1e9, args.activations_gb, args.adam_for)
     rows = [[name, f"{m.weights_gb_each:.1f}"]
             for name in ("Actor", "Critic", "Reward model", "Reference")]  # fmt: skip
     rows += [[f"Optimizer states (Adam m+v, {args.adam_for})", f"{m.optimizer_gb:.1f}"],
              ["Activations", f"{m.activations_gb:.1f}"],
              ["Total", f"{m.total_gb:.1f}"]]  # fmt: skip
     r = Report("rl memory", **record(m, "total_gb"))
-    r.say(f"RLHF memory, {args.params_b:g}B in FP16 (shared/seeds/002 L11143-11154; the seed "
+    r.say(f"RLHF memory, {args.params / 1e9:g}B in FP16 (shared/seeds/002 L11143-11154; the seed "
           "counts the actor's Adam states only)", "", grid(["Component", "GB"], rows))  # fmt: skip
     r.emit(args)
     return 0

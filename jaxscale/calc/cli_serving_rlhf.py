@@ -8,9 +8,12 @@ from jaxscale.calc import rlhf_memory as rm
 from jaxscale.calc import weight_transfer as wt
 from jaxscale.calc.cli_serving_common import record
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     guarded,
+    hidden_alias,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
 )
@@ -30,12 +33,22 @@ TIMELINE_COLS = [Col("name", "Method"), Col("generation_s", "Generate s", ".1f")
 
 
 def add_parsers(sub) -> None:
-    tl = sub.add_parser("timeline", help="RLHF memory per phase (seed 002 memory_timeline.py)")
-    tl.add_argument("--model-size", "-m", default="70b", choices=list(rm.TIMELINE_MODELS))
-    tl.add_argument("--batch-size", "-b", type=positive_int, default=4)
-    tl.add_argument("--seq-len", "-s", type=positive_int, default=2048)
-    tl.add_argument("--gpu-memory", "-g", type=positive_float, default=80.0, help="GB per GPU")
-    tl.add_argument("--num-gpus", "-n", type=positive_int, default=8)
+    tl = add_command(
+        sub,
+        "timeline",
+        help="RLHF memory per phase (seed 002 memory_timeline.py)",
+        description="Memory of the four RLHF models in each phase, a batch-size sweep and the "
+        "GPUs it needs (seed 002 ch14 memory_timeline.py).",
+        example="jaxscale calc rl timeline --model-size 7b --batch-size 8 --gpu-mem 40 --gpus 4",
+    )
+    tl.add_argument("--model-size", "-m", default="70b", choices=list(rm.TIMELINE_MODELS),
+                    help="the models' size")  # fmt: skip
+    tl.add_argument("--batch-size", "-b", type=positive_int, default=4, help="sequences")
+    tl.add_argument("--seq-len", "-s", type=positive_int, default=2048, help="sequence length")
+    a = tl.add_argument("--gpu-mem", "-g", type=positive_float, default=80.0, help="GB per GPU")
+    hidden_alias(tl, a, "--gpu-memory")
+    a = tl.add_argument("--gpus", "-n", type=positive_int, default=8, help="GPUs available")
+    hidden_alias(tl, a, "--num-gpus")
     tl.add_argument("--tp", type=positive_int, default=1, help="show per GPU of a TP group")
     tl.add_argument("--kv-dim", type=positive_int, help="K/V width (default hidden size, no GQA)")
     tl.add_argument("--adam-for", choices=rm.ADAM_FOR, default="actor",
@@ -43,23 +56,33 @@ def add_parsers(sub) -> None:
     add_output_flags(tl, faithful=True)
     tl.set_defaults(func=guarded(run_timeline))
 
-    w = sub.add_parser("transfer", help="weight-update transfer times (seed 002 ch14)")
+    w = add_command(
+        sub,
+        "transfer",
+        help="weight-update transfer times (seed 002 ch14)",
+        description="Time to move updated weights from training to generation, per method and "
+        "architecture, and its share of an RLHF iteration (seed 002 ch14 weight_update_demo.py).",
+        example="jaxscale calc rl transfer --model-size 14 --transfers 2",
+    )
     w.add_argument("--model-size", "-m", type=positive_float, default=wt.SEED_MODEL_SIZE_GB,
                    help="GB of weights (default 140, 70B in FP16)")  # fmt: skip
-    w.add_argument("--generation-s", type=non_negative_float, default=wt.SEED_GENERATION_S)
-    w.add_argument("--training-s", type=non_negative_float, default=wt.SEED_TRAINING_S)
-    w.add_argument("--transfers", type=int, help="weight transfers per iteration (default 1)")
+    w.add_argument("--generation-s", type=non_negative_float, default=wt.SEED_GENERATION_S,
+                   help="generation time per iteration")  # fmt: skip
+    w.add_argument("--training-s", type=non_negative_float, default=wt.SEED_TRAINING_S,
+                   help="training time per iteration")  # fmt: skip
+    w.add_argument("--transfers", type=non_negative_int,
+                   help="weight transfers per iteration (default 1)")  # fmt: skip
     add_output_flags(w, faithful=True)
     w.set_defaults(func=guarded(run_transfer))
 
 
 def run_timeline(args) -> int:
-    sf, model, gpu_gb = args.seed_faithful, rm.get_timeline_model(args.model_size), args.gpu_memory
+    sf, model, gpu_gb = args.seed_faithful, rm.get_timeline_model(args.model_size), args.gpu_mem
     opts = {"adam_for": args.adam_for, "tp": args.tp, "kv_dim": args.kv_dim}
     scope = "per GPU" if args.tp > 1 else "in total (not divided by GPUs, as the seed)"
     r = Report("rl timeline")
     r.say(f"RLHF memory timeline: {model.name}, batch {args.batch_size} x {args.seq_len}, "
-          f"tp={args.tp}, {scope}; GPU {gpu_gb:g} GB x {args.num_gpus}")  # fmt: skip
+          f"tp={args.tp}, {scope}; GPU {gpu_gb:g} GB x {args.gpus}")  # fmt: skip
     r.mode(sf, TIMELINE_FAITHFUL)
     phases = []
     r.put(model=model.name, batch_size=args.batch_size, seq_len=args.seq_len, tp=args.tp,
@@ -86,12 +109,12 @@ def run_timeline(args) -> int:
         total = fixed + kv_gb + act_gb
         sweep.append(dict(batch_size=bs, kv_gb=kv_gb, activations_gb=act_gb, total_gb=total,
                           fits=total <= gpu_gb))  # fmt: skip
-    rec = rm.recommend(full.total_gb, gpu_gb, args.num_gpus, seed_faithful=sf)
+    rec = rm.recommend(full.total_gb, gpu_gb, args.gpus, seed_faithful=sf)
     advice = {
         "single GPU": "fits on one GPU: simple co-located setup",
         "does not fit": f"does not fit: need {rec.gpus_needed} GPUs of {gpu_gb:g} "
         "GB, or ZeRO-3/FSDP, gradient checkpointing, a disaggregated layout",
-        "fits across GPUs": f"fits across {args.num_gpus} GPUs: tensor parallel {rec.tp}, "
+        "fits across GPUs": f"fits across {args.gpus} GPUs: tensor parallel {rec.tp}, "
         f"data/pipeline parallel {rec.data_or_pipeline}",
     }[rec.verdict]
     r.say("", f"Full RLHF (all four models, batch {batch} x {seq}): fixed {fixed:.1f} GB "

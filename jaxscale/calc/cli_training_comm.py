@@ -4,7 +4,15 @@ Sources: shared/seeds/001_*.txt §7 (L737-884), shared/seeds/002_*.txt L3316-332
 """
 
 from jaxscale.calc import training_comm as tc
-from jaxscale.cliutil import add_output_flags, guarded, parse_count, positive_int
+from jaxscale.checks import at_most
+from jaxscale.cliutil import (
+    add_command,
+    add_output_flags,
+    guarded,
+    hidden_alias,
+    parse_count,
+    positive_int,
+)
 from jaxscale.render import Col, Report, fmt_count
 
 FAITHFUL_WHAT = (
@@ -13,34 +21,45 @@ FAITHFUL_WHAT = (
 )
 STAGE_NAMES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 KB = 1024  # the tp_mlp script prints KB as 1024 bytes (002 L4998)
+MAX_LAYERS = 1_000_000
 
 
 def add_parser(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "comm",
         help="training communication: TP all-reduce, FSDP/ZeRO per stage, tp_mlp volumes",
         description="Per-GPU communication of TP and ZeRO/FSDP (seed 001 §7), seed 002's DDP/ZeRO "
         "volume table and its tp_mlp analysis.",
+        example="jaxscale calc comm --d-model 4096 --tp 4 --params 7B --layers 32 --dp 16",
     )
     g = p.add_argument_group("tensor parallelism (seed 001 defaults: LLaMA-2-70B, TP=8)")
-    g.add_argument("--d-model", type=positive_int, default=8192)
-    g.add_argument("--tp", type=positive_int, default=8)
-    g.add_argument("--batch", type=positive_int, default=4)
-    g.add_argument("--seq", type=positive_int, default=2048)
+    g.add_argument("--d-model", type=positive_int, default=8192, help="hidden size")
+    g.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel degree")
+    _alias(g, "--batch-size", "--batch", 4, "sequences per step")
+    _alias(g, "--seq-len", "--seq", 2048, "sequence length")
     g = p.add_argument_group("FSDP/ZeRO (seed 001 defaults: 70B, 80 layers, DP=64 on InfiniBand)")
-    g.add_argument("--params", type=parse_count, default=70e9)
-    g.add_argument("--layers", type=positive_int, default=80)
-    g.add_argument("--dp", type=positive_int, default=64)
-    g.add_argument("--link", choices=tuple(tc.SEED_LINKS), default="infiniband")
+    g.add_argument("--params", type=parse_count, default=70e9, help="parameter count")
+    g.add_argument("--layers", type=positive_int, default=80, help="transformer layers")
+    g.add_argument("--dp", type=positive_int, default=64, help="data-parallel degree")
+    g.add_argument("--link", choices=tuple(tc.SEED_LINKS), default="infiniband",
+                   help="the DP group's interconnect")  # fmt: skip
     g = p.add_argument_group("tp_mlp.py analysis (seed 002 defaults: -H 64 -b 4 -s 16 -t 4)")
-    g.add_argument("--hidden", type=positive_int, default=64)
-    g.add_argument("--mlp-batch", type=positive_int, default=4)
-    g.add_argument("--mlp-seq", type=positive_int, default=16)
-    g.add_argument("--mlp-tp", type=positive_int, default=4)
-    g.add_argument("--scaling-hidden", type=positive_int, default=4096, help="MLP params example")
-    g.add_argument("--scaling-tp", type=positive_int, default=8, help="MLP params example")
+    _alias(g, "--mlp-d-model", "--hidden", 64, "hidden size H")
+    _alias(g, "--mlp-batch-size", "--mlp-batch", 4, "sequences")
+    _alias(g, "--mlp-seq-len", "--mlp-seq", 16, "sequence length")
+    g.add_argument("--mlp-tp", type=positive_int, default=4, help="tensor-parallel degree")
+    _alias(g, "--scaling-d-model", "--scaling-hidden", 4096, "hidden size, MLP params example")
+    g.add_argument("--scaling-tp", type=positive_int, default=8,
+                   help="tensor-parallel degree, MLP params example")  # fmt: skip
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run))
+
+
+def _alias(group, flag: str, old: str, default: int, help: str) -> None:
+    """A positive-integer flag that also answers to its old spelling."""
+    action = group.add_argument(flag, type=positive_int, default=default, help=help)
+    hidden_alias(group, action, old)
 
 
 ZERO_COLS = [Col("zero_stage", "Stage", STAGE_NAMES.__getitem__),
@@ -51,6 +70,7 @@ ZERO_COLS = [Col("zero_stage", "Stage", STAGE_NAMES.__getitem__),
 
 
 def run(args) -> int:
+    at_most(MAX_LAYERS, "layers", "ZeRO-3's collectives are timed per layer", layers=args.layers)
     faithful = args.seed_faithful
     links = tc.links(faithful)
     r = Report("comm").mode(faithful, FAITHFUL_WHAT).say("")
@@ -58,14 +78,14 @@ def run(args) -> int:
     # Tensor parallelism, forward: all-reduce after attention and after the MLP.
     tp_rows = []
     for link in (links["nvlink"], links["infiniband"]):
-        t = tc.tp_layer_comm(args.d_model, args.tp, args.batch, args.seq, link,
+        t = tc.tp_layer_comm(args.d_model, args.tp, args.batch_size, args.seq_len, link,
                              seed_faithful=faithful)  # fmt: skip
         tp_rows.append({"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s,
                         "allreduce_ms": t.allreduce_ms, "per_layer_ms": t.per_layer_ms,
                         "per_layer_bytes": t.per_layer_bytes})  # fmt: skip
     bandwidth = {x["link"]: x["bandwidth_gb_s"] for x in tp_rows}
     r.say(f"Tensor parallel, per layer forward (d_model={args.d_model}, TP={args.tp}, "
-          f"batch={args.batch}, seq={args.seq}, bf16)")  # fmt: skip
+          f"batch={args.batch_size}, seq={args.seq_len}, bf16)")  # fmt: skip
     r.table("tensor_parallel", [
         Col("link", "Link", lambda name: f"{name} ({bandwidth[name]:g} GB/s)"),
         Col("allreduce_ms", "Attn all-reduce ms", ".2f"),
@@ -101,19 +121,19 @@ def run(args) -> int:
           "(the seed's prose, L3326, says 3x; the ZeRO paper's accounting gives 1.5x).",
           "")  # fmt: skip
 
-    m = tc.tp_mlp_comm(args.hidden, args.mlp_batch, args.mlp_seq, args.mlp_tp)
-    full = tc.mlp_params_per_gpu(args.scaling_hidden)
-    split = tc.mlp_params_per_gpu(args.scaling_hidden, args.scaling_tp)
+    m = tc.tp_mlp_comm(args.mlp_d_model, args.mlp_batch_size, args.mlp_seq_len, args.mlp_tp)
+    full = tc.mlp_params_per_gpu(args.scaling_d_model)
+    split = tc.mlp_params_per_gpu(args.scaling_d_model, args.scaling_tp)
     r.say(
-        f"tp_mlp.py analysis (H={args.hidden}, batch={args.mlp_batch}, seq={args.mlp_seq}, "
-        f"TP={args.mlp_tp}, fp32; shared/seeds/002 L4980-5019)",
+        f"tp_mlp.py analysis (H={args.mlp_d_model}, batch={args.mlp_batch_size}, "
+        f"seq={args.mlp_seq_len}, TP={args.mlp_tp}, fp32; shared/seeds/002 L4980-5019)",
         "  All-reduce calls per forward: 1",
         f"  Elements per all-reduce:      {m.elements_per_allreduce:,}",
         f"  Bytes per all-reduce:         {m.bytes_per_allreduce / KB:.1f} KB",
         f"  Ring volume per GPU:          {m.ring_bytes_per_gpu / KB:.1f} KB",
         f"  Ring volume, all GPUs:        {m.ring_bytes_total / KB:.1f} KB",
         f"  Per layer, fwd + bwd (4 all-reduces): {m.layer_fwd_bwd_bytes_per_gpu / KB:.1f} KB/GPU",
-        f"MLP parameters, H={args.scaling_hidden}: 8H^2 = {full / 1e6:,.2f}M "
+        f"MLP parameters, H={args.scaling_d_model}: 8H^2 = {full / 1e6:,.2f}M "
         f"({full * 4 / 1e6:,.1f} MB fp32) -> TP={args.scaling_tp}: {split / 1e6:,.2f}M "
         f"({split * 4 / 1e6:,.1f} MB per GPU)",
     )

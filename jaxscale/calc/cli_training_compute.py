@@ -2,8 +2,9 @@
 
 from jaxscale.calc import flops as fl
 from jaxscale.calc import scaling_laws as sl
-from jaxscale.calc.models import get_model
+from jaxscale.calc.models import MODELS, get_model
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     arg_type,
     comma_list,
@@ -24,45 +25,59 @@ def billions(x: float) -> str:
 
 
 def add_parser(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "flops",
         help="per-token transformer FLOPs, forward/backward split, the 6N check",
         description="FLOPs per token of a decoder-only transformer (default: seed 001's GPT-3 "
         "style model) and the table verifying the 6N rule.",
+        example="jaxscale calc flops --model llama-7b --attention --causal",
     )
-    p.add_argument("--model", type=arg_type(get_model), help="a preset instead of the shape flags")
-    p.add_argument("--d-model", type=positive_int, default=SEED_FLOPS_CONFIG["d_model"])
-    p.add_argument("--layers", type=positive_int, default=SEED_FLOPS_CONFIG["layers"])
-    p.add_argument("--seq-len", type=positive_int, default=SEED_FLOPS_CONFIG["seq_len"])
-    p.add_argument("--vocab", type=positive_int, default=SEED_FLOPS_CONFIG["vocab"])
+    p.add_argument("--model", type=arg_type(get_model),
+                   help=f"a preset instead of the shape flags: {', '.join(MODELS)}")  # fmt: skip
+    p.add_argument("--d-model", type=positive_int, default=SEED_FLOPS_CONFIG["d_model"],
+                   help="hidden size")  # fmt: skip
+    p.add_argument("--layers", type=positive_int, default=SEED_FLOPS_CONFIG["layers"],
+                   help="transformer layers")  # fmt: skip
+    p.add_argument("--seq-len", type=positive_int, default=SEED_FLOPS_CONFIG["seq_len"],
+                   help="sequence length")  # fmt: skip
+    p.add_argument("--vocab", type=positive_int, default=SEED_FLOPS_CONFIG["vocab"],
+                   help="vocabulary size")  # fmt: skip
     p.add_argument("--d-ff", type=positive_int, help="MLP width (default 4 * d_model)")
     p.add_argument("--attention", action="store_true", help="count QK^T and AV matmuls")
     p.add_argument("--causal", action="store_true", help="halve the attention-score FLOPs")
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run_flops))
 
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "chinchilla",
         help="compute-optimal tokens (20 per parameter) and compute budget",
         description="Chinchilla-optimal training tokens and 6ND compute (seed 001 §2).",
+        example="jaxscale calc chinchilla --params 7B,70B --tokens 2T --plot chinchilla.png",
     )
-    p.add_argument("--params", type=comma_list(parse_count), help="e.g. 7B,70B (default: seed's)")
-    p.add_argument("--tokens-per-param", type=positive_float, default=20.0)
+    p.add_argument("--params", type=comma_list(parse_count),
+                   help="parameter counts, e.g. 7B,70B (default: the seed's models)")  # fmt: skip
+    p.add_argument("--tokens-per-param", type=positive_float, default=20.0,
+                   help="the compute-optimal ratio")  # fmt: skip
     p.add_argument("--tokens", type=parse_count, help="tokens actually trained on, for the ratio")
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run_chinchilla))
 
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "moe",
         help="MoE total vs active parameters and optimal tokens",
         description="Total and active parameters of mixture-of-experts models (seed 001 §3). "
         "Give all of --shared --experts --expert-size --top-k for a custom model.",
+        example="jaxscale calc moe --shared 5B --experts 8 --expert-size 7B --top-k 2",
     )
     p.add_argument("--shared", type=parse_count, help="parameters every token uses, e.g. 5B")
     p.add_argument("--experts", type=positive_int, help="number of experts")
     p.add_argument("--expert-size", type=parse_count, help="parameters of one expert, e.g. 7B")
     p.add_argument("--top-k", type=positive_int, help="experts per token")
-    p.add_argument("--tokens-per-param", type=positive_float, default=20.0)
+    p.add_argument("--tokens-per-param", type=positive_float, default=20.0,
+                   help="optimal tokens per active parameter")  # fmt: skip
     add_output_flags(p)
     p.set_defaults(func=guarded(run_moe))
 
@@ -129,6 +144,10 @@ def run_chinchilla(args) -> int:
         actual = list(sl.ACTUAL_TRAINING_TOKENS)
         if args.tokens:
             raise ValueError("--tokens needs --params")
+    for _, n in models:
+        if not n * args.tokens_per_param > 0:
+            raise ValueError(f"--params {n:g} x --tokens-per-param {args.tokens_per_param:g} "
+                             "underflows to 0 tokens")  # fmt: skip
     chin = [sl.chinchilla_row(name, n, args.tokens_per_param) for name, n in models]
     r = Report("chinchilla", tokens_per_param=args.tokens_per_param)
     r.say(f"Compute-optimal training tokens ({args.tokens_per_param:g} per parameter; "
@@ -166,6 +185,8 @@ def run_moe(args) -> int:
             raise ValueError(
                 "a custom MoE needs all of --shared, --experts, --expert-size, --top-k"
             )
+        if args.top_k > args.experts:
+            raise ValueError(f"--top-k {args.top_k} exceeds --experts {args.experts}")
         models = {"custom": sl.MoEConfig(*custom)}
     else:
         models = sl.MOE_MODELS
@@ -190,9 +211,14 @@ def _plot_chinchilla(path, records: list[dict], tokens_per_param: float) -> None
     with figure(path, 1, 2, figsize=(14, 5)) as (fig, (ax1, ax2)):
         ax1.loglog(params / 1e9, tokens_per_param * params / 1e9, "b-", label="Chinchilla optimal")
         ax1.loglog(params / 1e9, params / 1e9, "r--", alpha=0.5, label="1x ratio")
+        points: dict[tuple, list[str]] = {}  # models at one point share a label (70B twice)
         for x in records:
-            ax1.scatter(x["n_params"] / 1e9, x["optimal_tokens"] / 1e9, s=60, zorder=5)
-            ax1.annotate(x["model"], (x["n_params"] / 1e9, x["optimal_tokens"] / 1e9), fontsize=8)
+            xy = (x["n_params"] / 1e9, x["optimal_tokens"] / 1e9)
+            points.setdefault(xy, []).append(x["model"])
+        for xy, names in points.items():
+            ax1.scatter(*xy, s=60, zorder=5)
+            ax1.annotate("\n".join(names), xy, xytext=(8, -4), textcoords="offset points",
+                         va="top", fontsize=8)  # fmt: skip
         ax1.set_xlabel("Model parameters (billions)")
         ax1.set_ylabel("Training tokens (billions)")
         ax1.set_title(f"Chinchilla optimal: {tokens_per_param:g} tokens per parameter")

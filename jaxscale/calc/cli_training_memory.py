@@ -9,11 +9,13 @@ import math
 from dataclasses import asdict
 
 from jaxscale.calc import memory as mem
-from jaxscale.calc.models import get_model
+from jaxscale.calc.models import MODELS, get_model
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     comma_list,
     guarded,
+    hidden_alias,
     parse_count,
     positive_float,
     positive_int,
@@ -41,30 +43,43 @@ FAITHFUL_WHAT = "the ZeRO-2 row of shared/seeds/002 L3297, which leaves gradient
 
 
 def add_parser(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "memory",
         help="training memory per GPU: ZeRO 0-3, TP/PP/DP, activations",
         description="Per-GPU training memory for mixed-precision Adam (12 B/param; 16 with "
         "--master). Without --model/--params it prints seed 000's tables.",
+        example="jaxscale calc memory --params 70B --gpus 64 --tp 8 --pp 2 --plot memory.png",
     )
-    p.add_argument("--model", type=comma_list(get_model), help="presets, comma-separated")
+    p.add_argument("--model", type=comma_list(get_model),
+                   help=f"presets, comma-separated: {', '.join(MODELS)}")  # fmt: skip
     p.add_argument("--params", type=parse_count, help="parameter count instead, e.g. 70B")
-    p.add_argument("--scenario", choices=("seed000", "seed001", "s4"), help="a seed's table")
-    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs (default 8)")
+    p.add_argument("--scenario", choices=("seed000", "seed001", "s4"),
+                   help="a seed's table: seed 000's ZeRO stages (the default), seed 001's "
+                   "LLaMA-2-70B configurations, seed 004's GPT-3 on one GPU")  # fmt: skip
+    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline stages")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="only this ZeRO stage")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
+                   help="only this ZeRO stage (default: all four)")  # fmt: skip
     p.add_argument("--master", action="store_true", help="keep an fp32 master copy (+4 B/param)")
-    p.add_argument("--gpu-memory-gb", type=positive_float, default=80, help="default 80 (A100)")
+    a = p.add_argument(
+        "--gpu-mem", type=positive_float, default=80, help="GB of memory per GPU (an A100's)"
+    )
+    hidden_alias(p, a, "--gpu-memory-gb")
     p.add_argument(
         "--activations",
         choices=("none", "simple", "heuristic"),
         default="none",
         help="simple: b*s*h*L*8 B (seed 004); heuristic: 10x params (seed 001)",
     )
-    p.add_argument("--batch", type=positive_int, default=1, help="sequences per GPU")
-    p.add_argument("--seq", type=positive_int, help="sequence length (default: the preset's)")
-    p.add_argument("--hidden", type=positive_int, help="hidden size, with --params")
+    a = p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per GPU")
+    hidden_alias(p, a, "--batch")
+    a = p.add_argument("--seq-len", type=positive_int,
+                       help="sequence length (default: the preset's, else 2048)")  # fmt: skip
+    hidden_alias(p, a, "--seq")
+    a = p.add_argument("--d-model", type=positive_int, help="hidden size, with --params")
+    hidden_alias(p, a, "--hidden")
     p.add_argument("--layers", type=positive_int, help="layers, with --params")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     add_output_flags(p, plot=True, faithful=True)
@@ -86,7 +101,7 @@ def run(args) -> int:
 def _models(args) -> list[tuple[str, float, int | None, int | None, int]]:
     """(name, params, hidden, layers, seq) for each model to tabulate."""
     if args.params:
-        return [(f"{fmt_count(args.params)} params", args.params, args.hidden, args.layers, 0)]
+        return [(f"{fmt_count(args.params)} params", args.params, args.d_model, args.layers, 0)]
     presets = args.model or [get_model(name) for name in SEED000_MODELS]
     return [(m.name, m.n_params, m.d_model, m.n_layers, m.max_seq_len) for m in presets]
 
@@ -98,11 +113,15 @@ def _activation_bytes(args, n_params, hidden, layers, seq, tp, pp) -> float:
         )
     if args.activations == "simple":
         if hidden is None or layers is None:
-            raise ValueError("--activations simple with --params needs --hidden and --layers")
-        seq_len = args.seq or seq or 2048
+            raise ValueError("--activations simple with --params needs --d-model and --layers")
+        seq_len = args.seq_len or seq or 2048
         # Each pipeline stage keeps its own layers' activations; TP leaves them replicated.
         return mem.activation_bytes_simple(
-            args.batch, seq_len, hidden, math.ceil(layers / pp), checkpointing=args.checkpointing
+            args.batch_size,
+            seq_len,
+            hidden,
+            math.ceil(layers / pp),
+            checkpointing=args.checkpointing,
         )
     return 0.0
 
@@ -114,7 +133,7 @@ def _record(m: mem.TrainingMemory, capacity: float, **fields) -> dict:
 def _cols(first: Col, parts, fmt, args, fits=("YES", "NO")) -> list[Col]:
     """The first column, one per (field, header) part, and whether the total fits."""
     return [first, *(Col(key, head, fmt) for key, head in parts),
-            Col("fits", f"Fits {args.gpu_memory_gb:g} GB?", lambda ok: fits[not ok])]  # fmt: skip
+            Col("fits", f"Fits {args.gpu_mem:g} GB?", lambda ok: fits[not ok])]  # fmt: skip
 
 
 def _zero_cols(first: Col, args) -> list[Col]:
@@ -127,9 +146,9 @@ def _zero_cols(first: Col, args) -> list[Col]:
 def _zero_tables(args) -> int:
     tp, pp = args.tp, args.pp
     if args.gpus % (tp * pp):
-        raise ValueError(f"--gpus {args.gpus} does not factor into tp={tp} x pp={pp} x dp")
+        raise ValueError(f"--gpus {args.gpus} does not factor into --tp {tp} x --pp {pp} x dp")
     dp = args.gpus // (tp * pp)
-    capacity = args.gpu_memory_gb * 1e9
+    capacity = args.gpu_mem * 1e9
     master = mem.FP32_BYTES if args.master else 0
     per_param = mem.MIXED_ADAM_BYTES_PER_PARAM + master
     stages = [args.zero] if args.zero is not None else list(mem.ZERO_STAGES)
@@ -163,14 +182,14 @@ def _zero_tables(args) -> int:
     if args.seed_faithful:
         r.say("Stage 2 leaves the sharded gradients out, as shared/seeds/002 L3297 does.")
     if args.plot:
-        _plot(args.plot, per_gpu[-1], args.gpus, args.gpu_memory_gb)
+        _plot(args.plot, per_gpu[-1], args.gpus, args.gpu_mem)
         r.say(f"plot written to {args.plot}")
     r.emit(args)
     return 0
 
 
 def _seed001(args) -> int:
-    capacity = args.gpu_memory_gb * 1e9
+    capacity = args.gpu_mem * 1e9
     records = []
     for name, tp, pp, dp, zero, ckpt in SEED001_CONFIGS:
         act = mem.activation_bytes_param_heuristic(SEED001_PARAMS, tp=tp, pp=pp, checkpointing=ckpt)
@@ -189,7 +208,7 @@ def _seed001(args) -> int:
 
 
 def _s4(args) -> int:
-    capacity = args.gpu_memory_gb * 1e9
+    capacity = args.gpu_mem * 1e9
     plain, ckpt = (
         mem.single_gpu_memory(175e9, mixed_precision=True, activation_checkpointing=c, **S4_GPT3)
         for c in (False, True)
@@ -197,7 +216,7 @@ def _s4(args) -> int:
     rows = [[head] + [_gb(2)(getattr(m, key)) for m in (plain, ckpt)]
             for key, head in zip(PARTS, S4_HEADS, strict=True)]  # fmt: skip
     fits = ["Fits" if mem.fits(m, capacity) else "Does not fit" for m in (plain, ckpt)]
-    rows.append([f"{args.gpu_memory_gb:g} GB GPU", *fits])
+    rows.append([f"{args.gpu_mem:g} GB GPU", *fits])
     r = Report("memory", scenario="s4")
     r.say("GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision "
           "(shared/seeds/004 L1610-1636)", "",

@@ -2,9 +2,11 @@
 
 from jaxscale.calc import scaling as sc
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     comma_list,
     guarded,
+    hidden_alias,
     non_negative_float,
     positive_float,
     positive_int,
@@ -15,28 +17,52 @@ FAITHFUL_WHAT = "the seed's n_layers // n_gpus split, which drops remainder laye
 
 
 def add_parser(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "scaling",
         help="strong/weak scaling efficiency, Amdahl bottleneck, naive model parallelism",
         description="Scaling-efficiency tables, Amdahl's-law analysis and the naive model-"
         "parallel simulation of seed 004 (defaults reproduce its examples).",
+        example="jaxscale calc scaling --gpus 1,2,4 --strong-times 10,6,4 --weak-times 10,11,12",
     )
-    g = p.add_argument_group("strong / weak scaling (seed 004 L1392-1425)")
-    g.add_argument("--gpu-counts", type=comma_list(positive_int), default=sc.SEED_STRONG[0])
-    g.add_argument("--strong-times", type=comma_list(positive_float), default=sc.SEED_STRONG[1])
-    g.add_argument("--weak-times", type=comma_list(positive_float), default=sc.SEED_WEAK[1])
-    g.add_argument("--batch-per-gpu", type=positive_int, default=sc.SEED_WEAK_BATCH_PER_GPU)
-    g = p.add_argument_group("Amdahl (seed 004 L1428-1482; default: its two scenarios)")
+    g = p.add_argument_group("strong / weak scaling (seed 004)")
+    a = g.add_argument("--gpus", type=comma_list(positive_int), default=sc.SEED_STRONG[0],
+                       help="GPU counts, comma-separated")  # fmt: skip
+    hidden_alias(g, a, "--gpu-counts")
+    g.add_argument("--strong-times", type=comma_list(positive_float), default=sc.SEED_STRONG[1],
+                   help="seconds per step at each GPU count, fixed total batch")  # fmt: skip
+    g.add_argument("--weak-times", type=comma_list(positive_float), default=sc.SEED_WEAK[1],
+                   help="seconds per step at each GPU count, fixed batch per GPU")  # fmt: skip
+    g.add_argument("--batch-per-gpu", type=positive_int, default=sc.SEED_WEAK_BATCH_PER_GPU,
+                   help="batch per GPU of the weak-scaling table")  # fmt: skip
+    g = p.add_argument_group("Amdahl (seed 004; default: its two scenarios)")
     g.add_argument("--compute-s", type=non_negative_float, help="compute time per step")
     g.add_argument("--comm-s", type=non_negative_float, help="communication time per step")
-    g.add_argument("--num-gpus", type=positive_int, default=8)
-    g = p.add_argument_group("naive model parallelism (seed 004 L519-564)")
-    g.add_argument("--layers", type=positive_int, default=12)
-    g.add_argument("--mp-gpus", type=positive_int, default=3)
-    g.add_argument("--layer-ms", type=positive_float, default=10.0)
-    g.add_argument("--transfer-ms", type=non_negative_float, default=5.0)
+    a = g.add_argument("--amdahl-gpus", type=positive_int, default=8,
+                       help="GPUs, with --compute-s and --comm-s")  # fmt: skip
+    hidden_alias(g, a, "--num-gpus")
+    g = p.add_argument_group("naive model parallelism (seed 004)")
+    g.add_argument("--layers", type=positive_int, default=12, help="layers to split")
+    g.add_argument("--mp-gpus", type=positive_int, default=3, help="GPUs the layers are split over")
+    g.add_argument("--layer-ms", type=positive_float, default=10.0, help="time of one layer")
+    g.add_argument("--transfer-ms", type=non_negative_float, default=5.0,
+                   help="time of one activation transfer between GPUs")  # fmt: skip
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
+
+
+def _check(args) -> None:
+    """The combinations the flags must satisfy, named by flag."""
+    for flag, times in (("--strong-times", args.strong_times), ("--weak-times", args.weak_times)):
+        if len(times) != len(args.gpus):
+            raise ValueError(f"{flag} needs one time per GPU count: {len(times)} for the "
+                             f"{len(args.gpus)} of --gpus")  # fmt: skip
+    if (args.compute_s is None) != (args.comm_s is None):
+        raise ValueError("give both --compute-s and --comm-s, or neither")
+    if args.compute_s == 0 and args.comm_s == 0:
+        raise ValueError("--compute-s and --comm-s cannot both be 0")
+    if args.mp_gpus > args.layers:
+        raise ValueError(f"--mp-gpus {args.mp_gpus} exceeds --layers {args.layers}")
 
 
 GPUS = Col("num_gpus", "GPUs")
@@ -56,16 +82,15 @@ def _amdahl_record(name: str, a: sc.AmdahlAnalysis) -> dict:
 
 
 def run(args) -> int:
-    if (args.compute_s is None) != (args.comm_s is None):
-        raise ValueError("give both --compute-s and --comm-s, or neither")
-    strong = _points(sc.strong_scaling(args.gpu_counts, args.strong_times))
-    weak = _points(sc.weak_scaling(args.gpu_counts, args.weak_times))
+    _check(args)
+    strong = _points(sc.strong_scaling(args.gpus, args.strong_times))
+    weak = _points(sc.weak_scaling(args.gpus, args.weak_times))
     resnet = _points(sc.strong_scaling(*sc.SEED_RESNET,
                                        baseline_time_s=sc.SEED_RESNET_SINGLE_GPU_S))  # fmt: skip
     if args.compute_s is None:
         scenarios = sc.SEED_AMDAHL_SCENARIOS
     else:
-        scenarios = (("Custom", args.compute_s, args.comm_s, args.num_gpus),)
+        scenarios = (("Custom", args.compute_s, args.comm_s, args.amdahl_gpus),)
     amdahl = [_amdahl_record(name, sc.amdahl(c, m, n)) for name, c, m, n in scenarios]
     mp = sc.naive_model_parallel(args.layers, args.mp_gpus, args.layer_ms, args.transfer_ms,
                                  seed_faithful=args.seed_faithful)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from jaxscale.calc import training_time as tt
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     comma_list,
     fraction,
@@ -10,6 +11,7 @@ from jaxscale.cliutil import (
     parse_count,
     positive_int,
 )
+from jaxscale.hardware import DEVICES
 from jaxscale.render import Col, Report, figure, fmt_count
 
 # shared/seeds/001_*.txt L299-312: LLaMA-2-70B on 2T tokens, A100/H100 x 512/1024/2048, MFU 0.5;
@@ -26,27 +28,41 @@ S4_CLUSTER_HOURS = 36
 S4_COMMENT_HOURS = 20_833  # L110, the comment's figure
 
 
+def _gpu(text: str) -> str:
+    """A device of jaxscale/hardware.py with a known peak (ValueError naming the choices)."""
+    tt.gpu_peak_tflops(text)
+    return text
+
+
 def add_parser(calc_sub) -> None:
-    p = calc_sub.add_parser(
+    p = add_command(
+        calc_sub,
         "time",
         help="training time, GPU-hours, cost and the effect of MFU",
         description="time = 6*N*D / (GPUs * peak * MFU), seed 001 §4; plus seed 004's "
         "throughput-based estimate and cost example.",
+        example="jaxscale calc time --params 7B --tokens 1T --gpu h100 --gpus 64,128 --mfu 0.4",
     )
-    p.add_argument("--params", type=parse_count, default=70e9, help="default 70B")
-    p.add_argument("--tokens", type=parse_count, default=2e12, help="default 2T")
-    p.add_argument("--gpu", type=comma_list(str), help=f"a100,h100,h200 (default: {SEED_GPUS})")
-    p.add_argument("--gpus", type=comma_list(positive_int), default=[512, 1024, 2048])
+    p.add_argument("--params", type=parse_count, default=70e9, help="parameter count")
+    p.add_argument("--tokens", type=parse_count, default=2e12, help="training tokens")
+    p.add_argument("--gpu", type=comma_list(_gpu), help=f"devices, comma-separated: "
+                   f"{', '.join(DEVICES)} (default: {SEED_GPUS})")  # fmt: skip
+    p.add_argument("--gpus", type=comma_list(positive_int), default=[512, 1024, 2048],
+                   help="GPU counts, comma-separated")  # fmt: skip
     p.add_argument("--mfu", type=fraction, default=0.5, help="model FLOPs utilisation")
-    p.add_argument("--usd-per-gpu-hour", type=non_negative_float, default=tt.SEED_USD_PER_GPU_HOUR)
-    p.add_argument(
-        "--sweep-gpu", help="GPU of the MFU sweep (default: seed 001's h100 at its 990 TFLOPS)"
-    )
+    p.add_argument("--usd-per-gpu-hour", type=non_negative_float, default=tt.SEED_USD_PER_GPU_HOUR,
+                   help="price of one GPU-hour in USD")  # fmt: skip
+    p.add_argument("--sweep-gpu", type=_gpu, help="device of the MFU sweep "
+                   "(default: seed 001's h100 at its 990 TFLOPS)")  # fmt: skip
     p.add_argument("--sweep-gpus", type=positive_int, default=1024, help="GPUs of the MFU sweep")
-    p.add_argument("--samples", type=parse_count, default=300e9, help="seed 004: dataset size")
-    p.add_argument("--batch-size", type=parse_count, default=4e6, help="seed 004: batch")
-    p.add_argument("--epochs", type=parse_count, default=1.0, help="seed 004: epochs")
-    p.add_argument("--samples-per-second", type=parse_count, default=1000.0, help="seed 004")
+    p.add_argument("--samples", type=parse_count, default=300e9,
+                   help="dataset size of seed 004's throughput estimate")  # fmt: skip
+    p.add_argument("--batch-size", type=parse_count, default=4e6,
+                   help="batch of seed 004's throughput estimate")  # fmt: skip
+    p.add_argument("--epochs", type=parse_count, default=1.0,
+                   help="epochs of seed 004's throughput estimate")  # fmt: skip
+    p.add_argument("--samples-per-second", type=parse_count, default=1000.0,
+                   help="throughput of seed 004's estimate")  # fmt: skip
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
 

@@ -36,11 +36,12 @@ class Workload:
             raise ValueError(
                 f"need 1 <= min_length <= max_length, got {self.min_length}, {self.max_length}"
             )
-        # RandomState(seed) is the generator np.random.seed(seed) resets; the int cast truncates
-        # toward zero before clipping, as in the notebook.
+        # RandomState(seed) is the generator np.random.seed(seed) resets. The notebook truncates
+        # toward zero, then clips to integer bounds >= 1: clipping first gives the same lengths
+        # and never casts a huge draw (--mean-length 1e20) out of int range.
         rng = np.random.RandomState(self.seed)
         raw = rng.normal(loc=self.mean_length, scale=self.std_length, size=self.num_requests)
-        return np.clip(raw.astype(int), self.min_length, self.max_length)
+        return np.clip(raw, self.min_length, self.max_length).astype(int)
 
 
 @dataclass(frozen=True)

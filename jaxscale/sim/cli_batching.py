@@ -2,11 +2,15 @@
 
 import numpy as np
 
+from jaxscale.checks import at_most
+from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
     add_output_flags,
     comma_list,
+    finite_float,
     guarded,
     non_negative_float,
+    non_negative_int,
     overrides,
     positive_int,
 )
@@ -14,29 +18,57 @@ from jaxscale.render import Col, Report
 from jaxscale.sim import batching as bt
 
 FAITHFUL_WHAT = "seed 003 L112's 22.5% static-batch waste for its 8-request example"
+MAX_TOKENS = 400_000  # ~2 s, plot included
+WHY = "every token is a simulated step: a larger workload is slow"
 
 
 def add_command(sim_sub) -> None:
-    p = sim_sub.add_parser(
+    p = add_command_parser(
+        sim_sub,
         "batching",
         help="static vs continuous batching: steps, utilisation, waste, latency",
         description="Seed 000 exercise 3: a queue of requests served by static batches or by "
         "continuous batching (a finished slot is refilled at the next step). Defaults reproduce "
         "its 50-request workload (np.random.seed(42)); also seed 003's 8-request example.",
+        example="jaxscale simulate batching --num-requests 200 --batch-size 16 --plot batch.png",
     )
     w = bt.Workload()
-    p.add_argument("--num-requests", type=positive_int, default=w.num_requests)
+    p.add_argument("--num-requests", type=positive_int, default=w.num_requests,
+                   help="requests in the queue")  # fmt: skip
     p.add_argument("--batch-size", type=positive_int, default=8, help="slots per batch")
-    p.add_argument("--seed", type=int, default=w.seed, help="np.random seed of the workload")
-    p.add_argument("--mean-length", type=float, default=w.mean_length)
-    p.add_argument("--std-length", type=non_negative_float, default=w.std_length)
-    p.add_argument("--min-length", type=positive_int, default=w.min_length)
-    p.add_argument("--max-length", type=positive_int, default=w.max_length)
+    p.add_argument("--seed", type=non_negative_int, default=w.seed,
+                   help="np.random seed of the workload")  # fmt: skip
+    p.add_argument("--mean-length", type=finite_float, default=w.mean_length,
+                   help="mean request length in tokens")  # fmt: skip
+    p.add_argument("--std-length", type=non_negative_float, default=w.std_length,
+                   help="standard deviation of the request length")  # fmt: skip
+    p.add_argument("--min-length", type=positive_int, default=w.min_length,
+                   help="shortest request (lengths are clipped)")  # fmt: skip
+    p.add_argument("--max-length", type=positive_int, default=w.max_length,
+                   help="longest request (lengths are clipped)")  # fmt: skip
     p.add_argument("--lengths", type=comma_list(positive_int),
                    help="explicit request lengths (overrides the generated workload), e.g. "
                    "20,45,200,15,80,150,30,200")  # fmt: skip
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
+
+
+def _lengths(args, workload: bt.Workload) -> np.ndarray:
+    """The request lengths, refused (naming the flags) when the run would take minutes: every
+    token is a simulated slot-step."""
+    if args.lengths:
+        lengths = np.asarray(args.lengths)
+    else:
+        if args.min_length > args.max_length:
+            raise ValueError(f"--min-length {args.min_length} exceeds --max-length "
+                             f"{args.max_length}")  # fmt: skip
+        at_most(MAX_TOKENS, "requests", WHY, num_requests=args.num_requests)
+        lengths = workload.lengths()
+    if (tokens := int(lengths.sum())) > MAX_TOKENS:
+        flags = "--lengths" if args.lengths else "--num-requests, --mean-length, --max-length"
+        raise ValueError(f"{tokens:,} tokens in the workload ({flags}): at most {MAX_TOKENS:,} "
+                         f"({WHY})")  # fmt: skip
+    return lengths
 
 
 def _summary(res: bt.BatchingResult) -> dict:
@@ -58,7 +90,7 @@ COLS = [Col("strategy", "strategy"), Col("total_steps", "steps"),
 
 def run(args) -> int:
     workload = bt.Workload(**overrides(args, bt.Workload))
-    lengths = np.asarray(args.lengths) if args.lengths else workload.lengths()
+    lengths = _lengths(args, workload)
     static = bt.simulate_static(lengths, args.batch_size)
     cont = bt.simulate_continuous(lengths, args.batch_size)
     example = bt.simulate_static(bt.SEED_003_LENGTHS, len(bt.SEED_003_LENGTHS))

@@ -2,6 +2,8 @@
 
 from dataclasses import asdict
 
+from jaxscale.checks import at_most
+from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import add_output_flags, guarded, overrides, positive_float, positive_int
 from jaxscale.render import Col, Report
 from jaxscale.sim import overlap as ov
@@ -10,6 +12,12 @@ from jaxscale.sim import timeline
 BAR_BATCHES = 4  # batches drawn in the timeline bars (seed 002 L8713-8714)
 BAR_CHARS_PER_MS = 2  # L8603
 LAUNCH_BAR_ITERATIONS = 2
+MAX_BAR_CHARS = 160  # a longer bar is drawn at a coarser scale
+# Every op is simulated, in each of the three modes; the per-batch and per-iteration figures
+# settle within a few of each, so these bounds (~1 s each) lose nothing.
+MAX_BATCHES = 10_000
+MAX_LAUNCHES = 20_000
+WHY = "the per-batch and per-iteration figures are the same for longer runs"
 DESCRIBE = {
     "sequential": "S -> C -> P, one after another",
     "overlap": "S(n+1) during C(n); C(n+1) waits for P(n) (seed's model)",
@@ -21,23 +29,32 @@ DESCRIBE = {
 
 
 def add_command(sim_sub) -> None:
-    p = sim_sub.add_parser(
+    p = add_command_parser(
+        sim_sub,
         "overlap",
         help="scheduling-overhead and kernel-launch models on a virtual clock (no sleeping)",
         description="Seed 002 ch10: scheduling_overhead_benchmark.py (sequential vs overlapped "
         "CPU scheduling) and cuda_graph_simple.py --force-cpu (per-kernel launches vs one graph "
         "launch), as event simulations of one CPU and one GPU.",
+        example="jaxscale simulate overlap --batches 20 --compute-ms 10 --plot overlap.png",
     )
     s, launch = ov.SchedulingConfig(), ov.LaunchConfig()
     g = p.add_argument_group("scheduling_overhead_benchmark.py flags")
-    g.add_argument("--batches", "-b", type=positive_int, default=s.batches)
-    g.add_argument("--scheduling-ms", type=positive_float, default=s.scheduling_ms)
-    g.add_argument("--compute-ms", type=positive_float, default=s.compute_ms)
-    g.add_argument("--postprocess-ms", type=positive_float, default=s.postprocess_ms)
+    g.add_argument("--batches", "-b", type=positive_int, default=s.batches,
+                   help=f"batches to serve, at most {MAX_BATCHES:,}")  # fmt: skip
+    g.add_argument("--scheduling-ms", type=positive_float, default=s.scheduling_ms,
+                   help="CPU scheduling time S per batch")  # fmt: skip
+    g.add_argument("--compute-ms", type=positive_float, default=s.compute_ms,
+                   help="GPU compute time C per batch")  # fmt: skip
+    g.add_argument("--postprocess-ms", type=positive_float, default=s.postprocess_ms,
+                   help="CPU postprocessing time P per batch")  # fmt: skip
     g = p.add_argument_group("cuda_graph_simple.py --force-cpu model")
-    g.add_argument("--iterations", type=positive_int, default=launch.iterations)
-    g.add_argument("--kernels", type=positive_int, default=launch.kernels)
-    g.add_argument("--launch-ms", type=positive_float, default=launch.launch_ms)
+    g.add_argument("--iterations", type=positive_int, default=launch.iterations,
+                   help=f"iterations (x --kernels: at most {MAX_LAUNCHES:,})")  # fmt: skip
+    g.add_argument("--kernels", type=positive_int, default=launch.kernels,
+                   help="kernels per iteration")  # fmt: skip
+    g.add_argument("--launch-ms", type=positive_float, default=launch.launch_ms,
+                   help="CPU time of one kernel launch")  # fmt: skip
     g.add_argument("--kernel-compute-ms", type=positive_float, default=launch.compute_ms,
                    help="GPU compute per iteration, all kernels together")  # fmt: skip
     add_output_flags(p, plot=True)
@@ -72,6 +89,8 @@ def _gpu_busy(spans: dict) -> float:
 
 
 def run(args) -> int:
+    at_most(MAX_BATCHES, "batches", WHY, batches=args.batches)
+    at_most(MAX_LAUNCHES, "kernel launches", WHY, iterations=args.iterations, kernels=args.kernels)
     scfg = ov.SchedulingConfig(**overrides(args, ov.SchedulingConfig))
     lcfg = ov.LaunchConfig(args.iterations, args.kernels, args.launch_ms, args.kernel_compute_ms)
     sched = {m: ov.simulate_scheduling(scfg, m) for m in ov.SCHEDULING_MODES}
@@ -80,7 +99,8 @@ def run(args) -> int:
     analysis = ov.scheduling_analysis(scfg)
     shown = min(BAR_BATCHES, args.batches)
     bar_end = {m: s[("P", shown - 1)].end for m, s in sched.items()}
-    bars = {m: ov.bars(s, bar_end[m], BAR_CHARS_PER_MS) for m, s in sched.items()}
+    per_ms = min(BAR_CHARS_PER_MS, MAX_BAR_CHARS / max(bar_end.values()))
+    bars = {m: ov.bars(s, bar_end[m], per_ms) for m, s in sched.items()}
     total = {m: timeline.makespan(s) for m, s in sched.items()}
     srows = [{"mode": m, "total_ms": t, "ms_per_batch": t / args.batches,
               "speedup": total["sequential"] / t, "gpu_busy": _gpu_busy(sched[m]) / t,
@@ -90,7 +110,9 @@ def run(args) -> int:
               "launch_ms_per_iteration": ov.launch_overhead_per_iteration_ms(lcfg, m),
               "speedup": ltotal["eager"] / t} for m, t in ltotal.items()]  # fmt: skip
     lbar_end = {row["mode"]: row["ms_per_iteration"] * LAUNCH_BAR_ITERATIONS for row in lrows}
-    lbars = {m: ov.bars(s, lbar_end[m], 1 / args.launch_ms) for m, s in launch.items()}
+    lper_ms = min(1 / args.launch_ms, MAX_BAR_CHARS / max(lbar_end.values()))
+    lbars = {m: ov.bars(s, lbar_end[m], lper_ms) for m, s in launch.items()}
+    char_ms = args.launch_ms if lper_ms == 1 / args.launch_ms else 1 / lper_ms
     eager, graph = lrows[0], lrows[1]
 
     r = Report("simulate overlap")
@@ -107,7 +129,7 @@ def run(args) -> int:
         f"with overlap the effective overhead is P = {analysis['effective_overhead_ms']:g} ms, "
         f"a {analysis['overhead_reduction']:.0%} reduction (seed's ANALYSIS).",
         "",
-        f"timeline, first {shown} batches ({BAR_CHARS_PER_MS} chars/ms; S schedule, C compute, "
+        f"timeline, first {shown} batches ({per_ms:g} chars/ms; S schedule, C compute, "
         "P postprocess, . idle):",
     )
     _bars(r, bars)
@@ -124,7 +146,7 @@ def run(args) -> int:
         f"{graph['launch_ms_per_iteration']:g} ms per iteration. "
         "'async' hides launches whenever a kernel outlasts a launch.",
         "",
-        f"timeline, first {LAUNCH_BAR_ITERATIONS} iterations (1 char = {args.launch_ms:g} ms; "
+        f"timeline, first {LAUNCH_BAR_ITERATIONS} iterations (1 char = {char_ms:g} ms; "
         "L launch, K kernel):",
     )
     _bars(r, lbars)

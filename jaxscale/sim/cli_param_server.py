@@ -1,58 +1,89 @@
 """`jaxscale simulate param-server`: sync vs stale asynchronous updates (seed 004 §9)."""
 
-import argparse
 import math
 from dataclasses import asdict
 
+from jaxscale.checks import at_most
+from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
     add_output_flags,
+    comma_list,
     guarded,
     non_negative_float,
+    non_negative_int,
     overrides,
     positive_float,
     positive_int,
+    probability,
 )
 from jaxscale.render import Col, Report
 from jaxscale.sim import param_server as ps
 
 CONVERGED_RATIO = 1e-8  # "converged": the gap fell below this fraction of the initial gap
 DEFAULT_SWEEP = (0, 1, 2, 3, 5, 7)
-
-
-def _staleness_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"need non-negative integers, got {text!r}")
-    return values
+# Bounds that keep a run to seconds (the default run: 2,200 gradients, 2e7 multiply-adds).
+MAX_GRADIENTS = 200_000
+MAX_WORK = 2e9
+MAX_DIM = 256
+MAX_SWEEP = 8
+MAX_STALENESS = 64
 
 
 def add_command(sim_sub) -> None:
-    p = sim_sub.add_parser(
+    p = add_command_parser(
+        sim_sub,
         "param-server",
         help="asynchronous parameter server with stale gradients vs synchronous updates",
         description="Seed 004 §9's parameter server as an event simulation on a least-squares "
         "problem: workers pull, compute, push; the server applies each push at once, so "
         "gradients are stale by the updates applied in between.",
+        example="jaxscale simulate param-server --workers 8 --lr 0.3 --staleness-sweep 0,2,4",
     )
     d = ps.ParamServerConfig()
-    p.add_argument("--workers", type=positive_int, default=d.workers, help="W")
+    p.add_argument("--workers", type=positive_int, default=d.workers, help="workers W")
     p.add_argument("--lr", type=positive_float, default=d.lr, help="step size x lambda_max")
     p.add_argument("--updates", type=positive_int, default=d.updates, help="server updates")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
+    p.add_argument("--batch-size", type=non_negative_int, default=d.batch_size,
                    help="rows per gradient (0 = all rows)")  # fmt: skip
-    p.add_argument("--samples", type=positive_int, default=d.samples)
-    p.add_argument("--dim", type=positive_int, default=d.dim)
-    p.add_argument("--noise", type=non_negative_float, default=d.noise)
-    p.add_argument("--jitter", type=non_negative_float, default=d.jitter,
-                   help="worker compute time ~ U(1-j, 1+j)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--staleness-sweep", type=_staleness_list, default=list(DEFAULT_SWEEP),
-                   metavar="TAUS", help="comma-separated staleness values")  # fmt: skip
+    p.add_argument("--samples", type=positive_int, default=d.samples, help="rows n of A")
+    p.add_argument("--dim", type=positive_int, default=d.dim,
+                   help=f"columns d of A (parameters), at most {MAX_DIM}")  # fmt: skip
+    p.add_argument("--noise", type=non_negative_float, default=d.noise, help="label noise std")
+    p.add_argument("--jitter", type=probability, default=d.jitter,
+                   help="worker compute time ~ U(1-j, 1+j), j < 1")  # fmt: skip
+    p.add_argument("--seed", type=non_negative_int, default=d.seed, help="seed of the problem")
+    p.add_argument("--staleness-sweep", type=comma_list(non_negative_int),
+                   default=list(DEFAULT_SWEEP), metavar="TAUS",
+                   help=f"staleness values, comma-separated: at most {MAX_SWEEP}, each at most "
+                   f"{MAX_STALENESS}")  # fmt: skip
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
+
+
+def _check(args) -> None:
+    """The combinations the flags must satisfy, and the bounds that keep a run to seconds."""
+    if args.samples < args.dim:
+        raise ValueError(f"--samples {args.samples} < --dim {args.dim}: the least-squares "
+                         "problem needs samples >= dim for a unique minimiser")  # fmt: skip
+    if args.batch_size > args.samples:
+        raise ValueError(f"--batch-size {args.batch_size} exceeds --samples {args.samples}")
+    if args.jitter >= 1:
+        raise ValueError(f"--jitter must be < 1 (compute times stay positive), got {args.jitter}")
+    sweep = args.staleness_sweep
+    if len(sweep) > MAX_SWEEP or max(sweep) > MAX_STALENESS:
+        raise ValueError(f"--staleness-sweep {','.join(map(str, sweep))}: at most {MAX_SWEEP} "
+                         f"values, each at most {MAX_STALENESS} (the stability root of tau "
+                         "comes from a degree tau+1 polynomial per eigenvalue)")  # fmt: skip
+    at_most(MAX_DIM, "columns", "every eigenvalue of the d x d Hessian is analysed", dim=args.dim)
+    grads = args.updates * (args.workers + 1 + len(sweep))  # sync, async, the sweep's runs
+    work = grads * args.samples * args.dim
+    if grads > MAX_GRADIENTS or work > MAX_WORK:
+        raise ValueError(
+            f"--updates {args.updates} x (--workers {args.workers} + 1 + {len(sweep)} "
+            f"--staleness-sweep values) = {grads:,} gradients of --samples {args.samples} x "
+            f"--dim {args.dim}: at most {MAX_GRADIENTS:,} gradients and {MAX_WORK:.0e} "
+            "multiply-adds (a longer run takes minutes)"
+        )
 
 
 def _status(run: ps.RunResult) -> str:
@@ -95,6 +126,7 @@ SWEEP_COLS = [Col("staleness", "tau"), Col("critical_lr", "stable if lr*lambda <
 
 
 def run(args) -> int:
+    _check(args)
     cfg = ps.ParamServerConfig(**overrides(args, ps.ParamServerConfig))
     problem = ps.make_problem(cfg)
     eig = problem.hessian_eigenvalues()

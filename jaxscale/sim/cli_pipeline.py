@@ -1,6 +1,14 @@
 """`jaxscale simulate pipeline`: GPipe, 1F1B and interleaved schedules (seed 002 ch7, 004 §6)."""
 
-from jaxscale.cliutil import add_output_flags, guarded, positive_float, positive_int
+from jaxscale.checks import at_most
+from jaxscale.cliutil import add_command as add_command_parser
+from jaxscale.cliutil import (
+    add_output_flags,
+    guarded,
+    hidden_alias,
+    positive_float,
+    positive_int,
+)
 from jaxscale.render import Col, Report, grid
 from jaxscale.sim import pipeline as pp
 from jaxscale.sim import pipeline_seed
@@ -9,27 +17,55 @@ FAITHFUL_WHAT = (
     "pipeline_schedule_viz.py's printout: naive bubble (P-1)M/(PM+P-1) (68.6% for P4 M8) and its "
     "formula-placed 1F1B grid (seed 002 L5437-5548)"
 )
-SEED_BUBBLE_TABLE_STAGES = 4  # the seed's table ignores --stages (L5614)
+SEED_BUBBLE_TABLE_STAGES = 4  # the seed's table ignores --pp (L5614)
+# A run simulates every (stage, microbatch, chunk) op of each schedule, and the bubble table up to
+# 64 microbatches on every stage: these bounds keep it to a few seconds.
+MAX_STAGES = 256
+MAX_STAGE_MICROBATCHES = 16384
+WHY = "a larger pipeline is slow to simulate and too large to read"
 
 
 def add_command(sim_sub) -> None:
-    p = sim_sub.add_parser(
+    p = add_command_parser(
+        sim_sub,
         "pipeline",
         help="pipeline schedules: makespan, bubble (both conventions), peak activations, grids",
         description="Dependency-driven simulation of GPipe (fill-drain), 1F1B and interleaved "
         "1F1B: each op starts when its inputs exist and its device is free, in the schedule's "
         "per-device order. Flags -s/-m as seed 002's pipeline_schedule_viz.py.",
+        example="jaxscale simulate pipeline --pp 4 --microbatches 8 --plot pipeline.png",
     )
     d = pp.PipelineConfig()
-    p.add_argument("--stages", "-s", type=positive_int, default=d.stages, help="P")
-    p.add_argument("--microbatches", "-m", type=positive_int, default=d.microbatches, help="M")
-    p.add_argument("--schedule", choices=("all",) + pp.SCHEDULES, default="all")
+    a = p.add_argument("--pp", "-s", type=positive_int, default=d.stages,
+                       help=f"pipeline stages P, at most {MAX_STAGES}")  # fmt: skip
+    hidden_alias(p, a, "--stages")
+    p.add_argument("--microbatches", "-m", type=positive_int, default=d.microbatches,
+                   help="microbatches M per step")  # fmt: skip
+    p.add_argument("--schedule", choices=("all",) + pp.SCHEDULES, default="all",
+                   help="the schedule to simulate")  # fmt: skip
     p.add_argument("--virtual-stages", "-v", type=positive_int, default=2,
                    help="model chunks per device for the interleaved schedule")  # fmt: skip
-    p.add_argument("--forward-time", type=positive_float, default=d.forward_time, help="t_F")
-    p.add_argument("--backward-time", type=positive_float, default=d.backward_time, help="t_B")
+    p.add_argument("--forward-time", type=positive_float, default=d.forward_time,
+                   help="t_F, one stage's forward of one microbatch")  # fmt: skip
+    p.add_argument("--backward-time", type=positive_float, default=d.backward_time,
+                   help="t_B, one stage's backward of one microbatch")  # fmt: skip
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
+
+
+def _check(args) -> None:
+    """The schedule's needs, and a bound on the pipeline: a larger one takes minutes to simulate
+    (and its grid and plot are unreadable)."""
+    if args.schedule == "interleaved" and args.virtual_stages < 2:
+        raise ValueError("--schedule interleaved needs --virtual-stages >= 2")
+    if args.schedule == "interleaved" and args.microbatches % args.pp:
+        raise ValueError(f"--schedule interleaved needs --microbatches divisible by --pp "
+                         f"({args.microbatches} % {args.pp} != 0)")  # fmt: skip
+    at_most(MAX_STAGES, "stages", WHY, pp=args.pp)
+    sizes = {"pp": args.pp, "microbatches": args.microbatches}
+    if args.schedule in ("all", "interleaved"):
+        sizes["virtual_stages"] = args.virtual_stages
+    at_most(MAX_STAGE_MICROBATCHES, "stage-microbatches", WHY, **sizes)
 
 
 def _configs(args) -> tuple[list[pp.PipelineConfig], list[str]]:
@@ -37,7 +73,7 @@ def _configs(args) -> tuple[list[pp.PipelineConfig], list[str]]:
     configs, notes = [], []
     for name in names:
         v = args.virtual_stages if name == "interleaved" else 1
-        cfg = pp.PipelineConfig(args.stages, args.microbatches, name, args.forward_time,
+        cfg = pp.PipelineConfig(args.pp, args.microbatches, name, args.forward_time,
                                 args.backward_time, v)  # fmt: skip
         try:
             cfg.validate()
@@ -84,13 +120,13 @@ BUBBLE_COLS = [Col("microbatches", "M"), Col("bubble_s2", "bubble s2", ".1%"),
 
 def _seed_faithful(r: Report, args) -> None:
     """What pipeline_schedule_viz.py prints, defects kept (pipeline_seed)."""
-    seed = pipeline_seed.seed_report(args.stages, args.microbatches)
+    seed = pipeline_seed.seed_report(args.pp, args.microbatches)
     naive, one_f_one_b = seed["naive_bubble"], seed["one_f_one_b_bubble"]
     r.say(
         "seed's NAIVE (fill-drain) schedule:",
         seed["naive_grid"],
         f"Bubble ratio: {naive:.1%}   (the grid's own idle share is "
-        f"{pp.bubble_fraction(args.stages, args.microbatches):.1%})",
+        f"{pp.bubble_fraction(args.pp, args.microbatches):.1%})",
         f"Peak activation memory: {seed['naive_peak_memory']} microbatches worth",
         "",
         "seed's 1F1B schedule (placed by formula; cells overwrite each other):",
@@ -108,16 +144,17 @@ def _seed_faithful(r: Report, args) -> None:
 
 
 def run(args) -> int:
+    _check(args)
     configs, notes = _configs(args)
     results = [pp.simulate(cfg) for cfg in configs]
-    table_stages = SEED_BUBBLE_TABLE_STAGES if args.seed_faithful else args.stages
+    table_stages = SEED_BUBBLE_TABLE_STAGES if args.seed_faithful else args.pp
 
     r = Report("simulate pipeline")
-    r.say(f"jaxscale simulate pipeline — P={args.stages} stages, M={args.microbatches} "
+    r.say(f"jaxscale simulate pipeline — P={args.pp} stages, M={args.microbatches} "
           f"microbatches, t_F={args.forward_time:g}, t_B={args.backward_time:g}")  # fmt: skip
     r.mode(args.seed_faithful, FAITHFUL_WHAT)
     r.say("")
-    r.put(stages=args.stages, microbatches=args.microbatches)
+    r.put(stages=args.pp, microbatches=args.microbatches)
     if args.seed_faithful:
         _seed_faithful(r, args)
     else:
@@ -140,7 +177,7 @@ def run(args) -> int:
     if args.plot:
         from jaxscale.sim import plots
 
-        target = results or [pp.simulate(pp.PipelineConfig(args.stages, args.microbatches, "1f1b"))]
+        target = results or [pp.simulate(pp.PipelineConfig(args.pp, args.microbatches, "1f1b"))]
         r.say(f"\nplot written to {plots.pipeline(target, args.plot)}")
         r.put(plot=args.plot)
     r.emit(args)

@@ -1,9 +1,12 @@
 """`jaxscale simulate speculative`: closed forms, seed 000's sweeps, seed 002's speculative_demo."""
 
+from jaxscale.checks import at_most
+from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
     add_output_flags,
     guarded,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     probability,
@@ -17,33 +20,53 @@ FAITHFUL_WHAT = (
     "token (3.50x), and seed 000's k*T/(k*d+T) perfect-draft speedup"
 )
 SEED_EXAMPLE = "seed 002 L8834-8838 example"  # the row whose printed value is defect 9
+# Bounds that keep a run to seconds: the sweeps draw up to trials x tokens x K numbers at each of
+# six settings (the default: 160,000, under a second); the demo draws per token.
+MAX_DRAWS = 400_000
+MAX_K = 32
+MAX_TARGET_LENGTH = 100_000
+WHY = "a larger run is slow"
 
 
 def add_command(sim_sub) -> None:
-    p = sim_sub.add_parser(
+    p = add_command_parser(
+        sim_sub,
         "speculative",
         help="speculative decoding: closed forms, Monte-Carlo draft/verify, speculative_demo",
         description="Draft K tokens, verify them in one target pass, accept until the first "
         "mismatch. Closed forms (seed 002 ch11), seed 000 exercise 2's K and match-probability "
         "sweeps, and seed 002's speculative_demo.py (Python random).",
+        example="jaxscale simulate speculative -k 4 -a 0.8 --match-prob 0.8 --plot spec.png",
     )
     g = p.add_argument_group("seed 002 speculative_demo.py flags")
     d = demo.DemoConfig()
-    g.add_argument("--draft-length", "-k", type=positive_int, default=d.draft_length)
-    g.add_argument("--target-length", "-n", type=positive_int, default=d.target_length)
-    g.add_argument("--acceptance-rate", "-a", type=probability, default=d.acceptance_rate)
+    g.add_argument("--draft-length", "-k", type=positive_int, default=d.draft_length,
+                   help="draft tokens per round")  # fmt: skip
+    g.add_argument("--target-length", "-n", type=positive_int, default=d.target_length,
+                   help=f"tokens to generate, at most {MAX_TARGET_LENGTH:,}")  # fmt: skip
+    g.add_argument("--acceptance-rate", "-a", type=probability, default=d.acceptance_rate,
+                   help="probability that the target agrees with a draft token")  # fmt: skip
     g.add_argument("--draft-cost", type=non_negative_float, default=d.draft_cost,
                    help="one draft forward relative to one target forward")  # fmt: skip
-    g.add_argument("--seed", type=int, default=d.seed, help="Python random seed of the demo")
+    g.add_argument("--seed", type=non_negative_int, default=d.seed,
+                   help="Python random seed of the demo")  # fmt: skip
     g = p.add_argument_group("seed 000 exercise 2 Monte-Carlo")
     s = sp.SweepConfig()
-    g.add_argument("--match-prob", type=probability, default=s.match_prob)
-    g.add_argument("--total-tokens", type=positive_int, default=s.total_tokens)
-    g.add_argument("--draft-time-ms", type=non_negative_float, default=s.draft_time_ms)
-    g.add_argument("--target-time-ms", type=positive_float, default=s.target_time_ms)
-    g.add_argument("--trials", type=positive_int, default=s.num_trials)
-    g.add_argument("--mc-seed", type=int, default=s.seed, help="np.random seed of the sweeps")
-    g.add_argument("--max-k", type=positive_int, default=max(sp.DRAFT_LENGTHS))
+    g.add_argument("--match-prob", type=probability, default=s.match_prob,
+                   help="probability that a draft token matches")  # fmt: skip
+    g.add_argument("--total-tokens", type=positive_int, default=s.total_tokens,
+                   help="tokens generated per trial")  # fmt: skip
+    g.add_argument("--draft-time-ms", type=non_negative_float, default=s.draft_time_ms,
+                   help="time of one drafted token")  # fmt: skip
+    g.add_argument("--target-time-ms", type=positive_float, default=s.target_time_ms,
+                   help="time of one target pass")  # fmt: skip
+    g.add_argument("--trials", type=positive_int, default=s.num_trials,
+                   help=f"trials per point (x --total-tokens x --max-k: at most "
+                   f"{MAX_DRAWS:,})")  # fmt: skip
+    g.add_argument("--mc-seed", type=non_negative_int, default=s.seed,
+                   help="np.random seed of the sweeps")  # fmt: skip
+    g.add_argument("--max-k", type=positive_int, default=max(sp.DRAFT_LENGTHS),
+                   help=f"largest draft length K of the sweeps, at most {MAX_K}")  # fmt: skip
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -90,6 +113,10 @@ DEMO_COLS = [Col("tokens", "tokens"), Col("target_calls", "target calls"),
 
 
 def run(args) -> int:
+    at_most(MAX_K, "draft tokens", WHY, max_k=args.max_k)
+    at_most(MAX_DRAWS, "draws", WHY, trials=args.trials, total_tokens=args.total_tokens,
+            max_k=args.max_k)  # fmt: skip
+    at_most(MAX_TARGET_LENGTH, "tokens", WHY, target_length=args.target_length)
     cfg = sp.SweepConfig(args.total_tokens, args.match_prob, args.draft_time_ms,
                          args.target_time_ms, args.trials, args.mc_seed)  # fmt: skip
     ks = tuple(range(1, args.max_k + 1))

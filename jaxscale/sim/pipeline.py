@@ -237,11 +237,10 @@ def stage_orders(cfg: PipelineConfig) -> dict[int, list[Op]]:
 def peak_activations(spans: dict, cfg: PipelineConfig) -> tuple:
     """Per device, the most microbatch activations held at once (held from F start to B end)."""
     peaks = []
+    rows = timeline.by_resource(spans)
     for d in range(cfg.stages):
         events = []
-        for span in spans.values():
-            if span.op.resource != d:
-                continue
+        for span in rows.get(d, ()):
             if span.op.key[0] == "F":
                 events.append((span.start, 1, +1))
             else:

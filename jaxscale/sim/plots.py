@@ -47,10 +47,11 @@ def speculative(k_points, mp_sweep, path: str) -> str:
     return path
 
 
-def _gantt(path: str, rows: list, draw, height: tuple, xlabel: str) -> str:
+def _gantt(path: str, rows: list, draw, height: tuple, xlabel: str, top: float = 1.0) -> str:
     """Stacked Gantt panels, one per entry of `rows` (`draw(ax, row)` fills one); the figure is
-    height[0] + height[1] per panel tall."""
-    with figure(path, len(rows), 1, figsize=(12, height[0] + height[1] * len(rows))) as (fig, _):
+    height[0] + height[1] per panel tall; the panels leave the figure above `top` free."""
+    size = (12, height[0] + height[1] * len(rows))
+    with figure(path, len(rows), 1, figsize=size, rect=(0, 0, 1, top)) as (fig, _):
         for ax, row in zip(fig.axes, rows, strict=True):
             draw(ax, row)
             ax.invert_yaxis()
@@ -60,13 +61,20 @@ def _gantt(path: str, rows: list, draw, height: tuple, xlabel: str) -> str:
 
 def pipeline(results, path: str) -> str:
     """One Gantt chart per schedule: forward and backward ops per device over time."""
+    from matplotlib.collections import PolyCollection
 
     def draw(ax, res):
-        for span in res.spans.values():
-            ax.barh(span.op.resource, span.end - span.start, left=span.start, edgecolor="white",
-                    color="#1f77b4" if span.op.key[0] == "F" else "#ff7f0e")  # fmt: skip
         cfg = res.config
-        ax.set_yticks(range(cfg.stages), [f"GPU{d}" for d in range(cfg.stages)])
+        for kind, color in (("F", "#1f77b4"), ("B", "#ff7f0e")):  # one collection each: fast
+            boxes = [[(s.start, d - 0.4), (s.end, d - 0.4), (s.end, d + 0.4), (s.start, d + 0.4)]
+                     for s in res.spans.values() if s.op.key[0] == kind
+                     for d in [s.op.resource]]  # fmt: skip
+            ax.add_collection(PolyCollection(boxes, facecolors=color, edgecolors="white",
+                                             linewidths=1 if len(boxes) < 512 else 0))  # fmt: skip
+        ax.set_xlim(0, res.makespan * 1.05)  # the 5% margin barh would leave
+        ax.set_ylim(-0.5, cfg.stages - 0.5)  # inverted by _gantt: GPU0 on top
+        shown = range(0, cfg.stages, -(-cfg.stages // 16))  # at most 16 labels
+        ax.set_yticks(shown, [f"GPU{d}" for d in shown])
         ax.set_title(
             f"{cfg.schedule}: P={cfg.stages}, M={cfg.microbatches}, makespan "
             f"{res.makespan:g}, bubble {res.bubble_s2:.1%} (blue F, orange B)"
@@ -76,10 +84,14 @@ def pipeline(results, path: str) -> str:
 
 
 TIMELINE_COLORS = {"S": "#1f77b4", "C": "#2ca02c", "P": "#ff7f0e", "L": "#d62728", "K": "#2ca02c"}
+TIMELINE_LEGEND = (("S", "schedule (CPU)"), ("P", "postprocess (CPU)"), ("L", "launch (CPU)"),
+                   ("C", "compute / kernel (GPU)"))  # K is drawn in C's colour  # fmt: skip
 
 
 def timelines(named_spans: dict, path: str) -> str:
-    """CPU/GPU Gantt rows for each named simulation, cut at its end time (overlap command)."""
+    """CPU/GPU Gantt rows for each named simulation, cut at its end time (overlap command), with
+    a legend of the op colours on top."""
+    from matplotlib.patches import Patch
 
     def draw(ax, item):
         name, (spans, end) = item
@@ -89,20 +101,31 @@ def timelines(named_spans: dict, path: str) -> str:
                     linewidth=0.5)  # fmt: skip
         ax.set_yticks([0, 1], ["CPU", "GPU"])
         ax.set(xlim=(0, end), title=name)
+        if ax is ax.figure.axes[0]:
+            handles = [Patch(color=TIMELINE_COLORS[k], label=text) for k, text in TIMELINE_LEGEND]
+            ax.figure.legend(handles=handles, loc="upper center", ncol=4, frameon=False)
 
-    return _gantt(path, list(named_spans.items()), draw, (1.5, 1.4), "ms")
+    return _gantt(path, list(named_spans.items()), draw, (1.5, 1.4), "ms", top=0.97)
 
 
 def param_server(runs, path: str) -> str:
-    """Optimality gap per server update, log scale."""
+    """Optimality gap per server update, log scale. A gap of exactly 0 (converged to rounding)
+    has no place on a log axis: the curve ends there and its label says when. The sync and async
+    runs are drawn wide and pale, the delayed sweep thin and dashed on top, so that curves that
+    coincide (sync and tau=0, async and tau=W-1 with equal compute times) all stay visible."""
     with figure(path) as (fig, ax):
         for label, run in runs.items():
-            gaps = [max(g, 1e-32) for g in run.gaps]
-            ax.semilogy(range(len(gaps)), gaps,
-                        label=label + (" (diverged)" if run.diverged else ""))  # fmt: skip
+            zero = next((i for i, g in enumerate(run.gaps) if not g > 0), None)
+            gaps = [g if g > 0 else float("nan") for g in run.gaps]
+            note = " (diverged)" if run.diverged else ""
+            if zero is not None and not run.diverged:
+                note = f" (gap 0 from update {zero})"
+            style = {"linestyle": "--", "linewidth": 1.2} if run.mode.startswith("delayed") else {
+                "linewidth": 4, "alpha": 0.45}  # fmt: skip
+            ax.semilogy(range(len(gaps)), gaps, label=label + note, **style)
         ax.set(xlabel="server update", ylabel="f(x) - f*",
                title="parameter server: sync vs stale async")  # fmt: skip
-        ax.legend()
+        ax.legend(fontsize=8)
     return path
 
 

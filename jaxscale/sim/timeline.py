@@ -51,25 +51,30 @@ def run(orders: Mapping[Hashable, Sequence[Op]]) -> dict[Hashable, Span]:
             if dep not in all_ops:
                 raise ValueError(f"op {op.key!r} depends on unknown op {dep!r}")
 
+    # An op's start is fixed by its resource's previous op and its dependencies, whatever order
+    # the ops are placed in; a resource whose next op waits on a dependency resumes when it ends.
     done: dict[Hashable, Span] = {}
     head = {resource: 0 for resource in orders}
     free_at = {resource: 0.0 for resource in orders}
-    while len(done) < len(all_ops):
-        progressed = False
-        for resource, ops in orders.items():
-            # Run this resource's ops for as long as their inputs exist.
-            while head[resource] < len(ops):
-                op = ops[head[resource]]
-                if any(dep not in done for dep in op.deps):
-                    break
-                start = max([free_at[resource]] + [done[dep].end for dep in op.deps])
-                done[op.key] = Span(op, start, start + op.duration)
-                free_at[resource] = start + op.duration
-                head[resource] += 1
-                progressed = True
-        if not progressed:
-            stuck = [ops[head[r]].key for r, ops in orders.items() if head[r] < len(ops)]
-            raise ValueError(f"schedule deadlocks: ops {stuck} wait on each other")
+    waiting: dict[Hashable, list] = {}  # op key -> resources whose next op needs it
+    ready = list(orders)
+    while ready:
+        resource = ready.pop()
+        ops = orders[resource]
+        while head[resource] < len(ops):
+            op = ops[head[resource]]
+            missing = next((dep for dep in op.deps if dep not in done), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(resource)
+                break
+            start = max([free_at[resource]] + [done[dep].end for dep in op.deps])
+            done[op.key] = Span(op, start, start + op.duration)
+            free_at[resource] = start + op.duration
+            head[resource] += 1
+            ready.extend(waiting.pop(op.key, ()))
+    if len(done) < len(all_ops):
+        stuck = [ops[head[r]].key for r, ops in orders.items() if head[r] < len(ops)]
+        raise ValueError(f"schedule deadlocks: ops {stuck} wait on each other")
     return done
 
 

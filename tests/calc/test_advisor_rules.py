@@ -267,9 +267,10 @@ def test_seed002_corrected_uses_params_and_micro_batches():
     act = 10 * 1 * 4096 * 8192 / 8 * 20 * 4 * 2 / GB
     assert row.activations_gb == pytest.approx(act, rel=REL)
     assert row.memory_per_gpu_gb == pytest.approx(140 / 32 * 2 + 560 / 32 / 2 + act, rel=REL)
-    # per-GPU volumes: batch 512/2 per replica; DP over the GPU's 70e9/32 parameters
+    # per-GPU volumes: batch 512/2 per replica; 4 all-reduces per layer (forward and backward),
+    # each a ring's 2 * 7/8 of the activation; DP over the GPU's 70e9/32 parameters
     tokens = 256 * 4096
-    assert row.tp_comm_gb == pytest.approx(4 * tokens * 8192 * 2 * 7 / 8 * 20 / GB, rel=REL)
+    assert row.tp_comm_gb == pytest.approx(4 * 2 * tokens * 8192 * 2 * 7 / 8 * 20 / GB, rel=REL)
     assert row.pp_comm_gb == pytest.approx(2 * tokens * 8192 * 2 / GB, rel=REL)
     assert row.dp_comm_gb == pytest.approx(2 * 70e9 / 32 * 2 * 1 / 2 / GB, rel=REL)
     assert r.best is not None and r.best.fits

@@ -151,6 +151,7 @@ def test_rl_transfer_modes(capsys):
         ["rl", "timeline", "-m", "175b"],
         ["rl", "transfer", "--model-size", "-140"],
         ["prefix", "-n", "0"],
+        ["rl", "transfer", "--transfers", "-1"],
     ],
 )
 def test_argparse_rejects_bad_input_with_exit_2(capsys, argv):
@@ -163,9 +164,8 @@ def test_argparse_rejects_bad_input_with_exit_2(capsys, argv):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["kv", "--seed-faithful", "--num-gpus", "8"], "drop --num-gpus"),
-        (["rl", "throughput", "--gen-gpus", "256"], "training GPUs"),
-        (["rl", "transfer", "--transfers", "-1"], "transfers"),
+        (["kv", "--seed-faithful", "--num-gpus", "8"], "drop --gpus"),
+        (["rl", "throughput", "--gen-gpus", "256"], "none of --gpus 256 to train"),
         (["rl", "transfer", "--seed-faithful", "--transfers", "1"], "drop --transfers"),
     ],
 )

@@ -100,11 +100,11 @@ def test_memory_plot(tmp_path, capsys):
     "argv, message",
     [
         (["--model", "gpt-5"], "unknown model 'gpt-5'"),
-        (["--params=-5B"], "must be > 0"),
+        (["--params=-5B"], "> 0"),
         (["--params", "lots"], "not a count"),
-        (["--gpus", "8", "--tp", "3"], "--gpus 8 does not factor into tp=3"),
+        (["--gpus", "8", "--tp", "3"], "--gpus 8 does not factor into --tp 3"),
         (["--gpus", "0"], "must be a positive integer"),
-        (["--params", "7B", "--activations", "simple"], "needs --hidden and --layers"),
+        (["--params", "7B", "--activations", "simple"], "needs --d-model and --layers"),
         (["--scenario", "s4", "--model", "llama-7b"], "cannot be combined"),
     ],
 )
@@ -139,7 +139,7 @@ def test_chinchilla(tmp_path, capsys):
     assert report["models"][0]["optimal_tokens"] == pytest.approx(20e9, rel=REL)
     assert report["actual"][0]["tokens_per_param"] == pytest.approx(100, rel=REL)
     assert run(["calc", "chinchilla", "--params", "7B,0"]) == 2
-    assert "must be > 0" in capsys.readouterr().err
+    assert "> 0" in capsys.readouterr().err
     assert run(["calc", "chinchilla", "--tokens", "1T"]) == 2
 
 

@@ -174,9 +174,9 @@ def test_plot_writes_png(capsys, tmp_path, argv):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["batching", "--min-length", "50", "--max-length", "20"], "min_length"),
+        (["batching", "--min-length", "50", "--max-length", "20"], "--min-length"),
         (["pipeline", "--schedule", "interleaved", "-m", "6"], "divisible"),
-        (["param-server", "--jitter", "1.5"], "jitter"),
+        (["param-server", "--jitter", "1"], "--jitter"),
         (["param-server", "--samples", "4"], "samples"),
     ],
 )
@@ -194,6 +194,7 @@ def test_bad_input_exit_code_2(capsys, argv, needle):
         ["pipeline", "-s", "-4"],
         ["batching", "--batch-size", "0"],
         ["param-server", "--staleness-sweep", "1,-1"],
+        ["param-server", "--jitter", "1.5"],
     ],
 )
 def test_bad_flags_exit_code_2(capsys, argv):
