@@ -101,8 +101,12 @@ def test_corrupt_checkpoint_gives_a_clear_error_and_nothing_changes(tmp_path):
     for p in victims:
         p.write_bytes(b"\x00garbage" * 4)
     before = _snapshot(tmp_path)
-    with pytest.raises(checkpoint.CheckpointError, match="corrupt|unreadable"):
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt|unreadable") as exc:
         _restore(tmp_path, "dp=8")
+    message = str(exc.value)
+    # one line naming the step and what to do, not the storage layer's pages of JSON
+    assert "\n" not in message and len(message) < 400 and f"step {N}" in message
+    assert "delete it, or train from scratch" in message
     assert _snapshot(tmp_path) == before
 
 
