@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # Two workers: the suite is dominated by XLA compiles, which run on one core each.
 WORKERS ?= 2
 
-.PHONY: install test smoke bench lint format clean
+.PHONY: install test test-slow test-all smoke bench lint format clean
 
 install: $(STAMP)
 
@@ -24,7 +24,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+# The suite, under 10 minutes on 2 cores. The few long tests (marked slow: end-to-end runs,
+# multi-process training, the README's commands) are `test-slow`; CI runs both.
 test: install
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) -m slow $(PYTEST_ARGS)
+
+test-all: install
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) $(PYTEST_ARGS)
 
 smoke: install

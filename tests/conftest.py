@@ -13,6 +13,13 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
+# One persistent compilation cache for the session's workers and the subprocesses they start:
+# a program compiled by one (the single-device reference, an experiment's step) is read by the
+# others instead of compiled again. Under .cache/ (ignored by git); CI starts with it empty.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax"),
+)
 
 # the fuzz harness (tests/cli_fuzz.py) is a plain module the fuzz suites import
 sys.path.insert(0, os.path.dirname(__file__))

@@ -80,7 +80,7 @@ def test_remat_cuts_temporaries_below_the_unremat_step():
     assert remat["seed004_sqrtL_ratio"] == pytest.approx(0.5)
 
 
-@pytest.mark.smoke
+@pytest.mark.slow
 def test_bench_command_prints_both_tables_and_writes_json(tmp_path, capsys):
     rc = cli_main(["bench", "--model", "tiny", "--strategies", "auto:dp,manual:zero3",
                    "--steps", "1", "--global-batch", "8", "--seq-len", "16", "--remat-layers", "2",
@@ -98,6 +98,7 @@ def test_bench_command_prints_both_tables_and_writes_json(tmp_path, capsys):
     assert "remat" in data
 
 
+@pytest.mark.slow
 def test_bench_equivalence_catches_a_gradient_scale_bug():
     """The bench's eq column is verify's harness without the first-step gradient: DP with the
     extra pmean (gradients 8x the mean) trains almost alike under Adam and clipping, but its
@@ -112,6 +113,7 @@ def test_bench_equivalence_catches_a_gradient_scale_bug():
     assert row.result.traj_norm_err == pytest.approx(7.0, rel=1e-3)  # 8x the norm: error 7
 
 
+@pytest.mark.smoke
 def test_bench_bad_input_exits_2(capsys):
     assert cli_main(["bench", "--strategies", "auto:nope"]) == 2
     assert "unknown strategy" in capsys.readouterr().err

@@ -68,6 +68,7 @@ def test_checkpoint_from_one_mesh_restores_under_another(tmp_path):
     np.testing.assert_allclose(float(loss_new), float(loss_old), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_manual_strategy_checkpoint_resumes_under_the_auto_path(tmp_path, uninterrupted):
     """Auto and manual states share one structure: ZeRO-3 + TP saves, auto DP x TP resumes, and
     the run ends where the uninterrupted auto DP run ends (to the trajectory tolerance: the

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "05_data_parallel.py"
 
 
+@pytest.mark.slow
 def test_experiment_05_prints_equivalence_sync_memory_and_comm_tables():
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, str(SCRIPT), "--batch", "16"]

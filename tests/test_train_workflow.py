@@ -101,6 +101,7 @@ def test_inputs_that_would_fail_after_training_fail_before(tmp_path, capsys):
     assert not list(tmp_path.glob("**/ckpt"))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_after_a_step_saves_and_exits_130(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxscale", "train", *TINY, "--steps", "100000",
