@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # Two workers: the suite is dominated by XLA compiles, which run on one core each.
 WORKERS ?= 2
 
-.PHONY: install test test-slow test-all smoke bench lint format clean
+.PHONY: install test test-slow test-all smoke bench bench-rl lint format clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ smoke: install
 
 bench: install
 	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS)
+
+# jaxscale's PPO beside rejax's (installed into the venv as the rl-compare extra).
+bench-rl:
+	$(MAKE) install EXTRAS=dev,rl-compare
+	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench rl $(BENCH_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

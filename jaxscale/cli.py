@@ -53,6 +53,7 @@ _OPTIONAL_COMMAND_MODULES = (
     "jaxscale.launch",  # launch -n N -- …
     "jaxscale.lessons.hello",  # hello
     "jaxscale.train.plot",  # plot
+    "jaxscale.rl.cli",  # rl …
 )
 
 

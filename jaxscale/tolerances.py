@@ -22,3 +22,13 @@ BF16_SAME_RTOL, BF16_SAME_ATOL = 1e-2, 1e-3
 MEMORY_RTOL = 0.02  # state and argument bytes per device vs the calculators
 COMM_RTOL = 0.05  # collective bytes per op vs the axis modules' predictions (normalised census)
 FLOPS_RTOL = 0.05  # analytic forward matmul FLOPs vs cost_analysis (layers unrolled)
+
+# RL (jaxscale/rl): CartPole vs gymnasium's float64 step from the same float32 state (absolute,
+# per state component); GAE's scan vs a float64 loop; the seed's GAE table (printed to 4
+# decimals); the data-parallel run vs the single-device one (parameters and per-update metrics
+# after a few updates with sampled actions, so any real difference shows up as a different
+# trajectory, not a rounding error).
+RL_ENV_ATOL = 1e-6
+RL_GAE_ATOL = 1e-5
+SEED_TABLE_ATOL = 1e-4
+RL_DP_ATOL = 1e-5

@@ -1,4 +1,5 @@
-"""`jaxscale bench [meshes|collectives]`: the mesh comparison (default) or collective timings."""
+"""`jaxscale bench [meshes|collectives|rl]`: the mesh comparison (default), collective timings, or
+PPO beside rejax's (`jaxscale.rl.bench`)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
-        "or time collectives ('bench collectives')",
+        "or time collectives ('bench collectives'), or PPO beside rejax ('bench rl')",
         description="The mesh comparison (default): every strategy x mesh compiled, its memory, "
         "FLOPs and collectives measured beside the predictions, and a short trajectory checked "
-        "against one device. 'bench collectives' times each collective over message sizes.",
+        "against one device. 'bench collectives' times each collective over message sizes. "
+        "'bench rl' "
+        "times jaxscale's PPO beside rejax's on CartPole (steps/s, time to 475).",
         epilog="examples:\n  jaxscale bench --model tiny --strategies auto:fsdp,manual:zero3 "
         "--steps 3\n  jaxscale bench --strategies manual:zero3+tp --meshes 'fsdp=2,tp=4;"
         "fsdp=4,tp=2'\n  jaxscale bench --target tpu:v5e:2x4\n  jaxscale bench collectives "
-        "--sizes 1K:16M",
+        "--sizes 1K:16M\n  jaxscale bench rl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("suite", nargs="?", default="meshes", choices=["meshes", "collectives"])
+    p.add_argument("suite", nargs="?", default="meshes", choices=["meshes", "collectives", "rl"])
     p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS),
                    help="model preset (default small)")  # fmt: skip
     p.add_argument("--strategies", default="",
@@ -90,6 +93,10 @@ def _cases(args, n_devices: int):
 
 
 def main(args) -> int:
+    if args.suite == "rl":
+        from jaxscale.rl import bench as rl_bench
+
+        return rl_bench.main(args)
     if args.suite == "collectives":
         from jaxscale.bench import collectives
 

@@ -11,6 +11,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calc", help="analytic calculators from the seeds (instant, no jax)")
     calc_sub = p.add_subparsers(dest="calc_name", required=True, metavar="NAME")
     from jaxscale.calc import (
+        cli_gae,
         cli_serving,
         cli_training_comm,
         cli_training_compute,
@@ -24,3 +25,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    cli_training_comm, cli_training_scaling):  # fmt: skip
         module.add_parser(calc_sub)
     cli_serving.add_commands(calc_sub)
+    cli_gae.add_parser(calc_sub)  # gae (seed 002 ch. 12)

@@ -1,0 +1,153 @@
+"""One training command's work: compile, run every seed, summarise, write metrics and the curve.
+
+Kept apart from `cli.py` so the bench and the experiment call the same code. The whole run is one
+compiled program; the progress bar is fed by a host callback from inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from jaxscale.rl import env as envs
+from jaxscale.rl.config import RLConfig
+
+
+@dataclass(frozen=True)
+class Outcome:
+    cfg: RLConfig
+    seeds: tuple[int, ...]
+    metrics: dict  # name -> [S, n_updates] numpy
+    evals: np.ndarray  # [S, n_chunks]
+    compile_s: float
+    train_s: float
+    devices: int
+
+    @property
+    def threshold(self) -> float:
+        return envs.check_env(self.cfg.env).solved_return
+
+    def eval_steps(self) -> np.ndarray:
+        """Environment steps at each evaluation."""
+        return (np.arange(self.evals.shape[1]) + 1) * self.cfg.batch * self.cfg.eval_every
+
+    def solved_at(self) -> list[int | None]:
+        """Per seed: env steps at the first evaluation whose mean return reached the threshold."""
+        out = []
+        for row in self.evals:
+            hit = np.nonzero(row >= self.threshold)[0]
+            out.append(int(self.eval_steps()[hit[0]]) if hit.size else None)
+        return out
+
+    def summary(self) -> dict:
+        solved = self.solved_at()
+        done = sorted(s for s in solved if s is not None)
+        final = self.evals[:, -1]
+        return {
+            "algo": self.cfg.algo,
+            "env": self.cfg.env,
+            "seeds": len(self.seeds),
+            "env_steps": self.cfg.env_steps,
+            "devices": self.devices,
+            "threshold": self.threshold,
+            "final_eval_return": [float(x) for x in final],
+            "seeds_solved_at_end": int(np.sum(final >= self.threshold)),
+            "solved_at_env_steps": solved,
+            "median_solved_at": int(np.median(done)) if len(done) * 2 > len(solved) else None,
+            "compile_s": round(self.compile_s, 2),
+            "train_s": round(self.train_s, 2),
+            "env_steps_per_s": self.cfg.env_steps * len(self.seeds) / self.train_s,
+        }
+
+
+def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False) -> Outcome:
+    import jax
+
+    from jaxscale.progress import Progress
+    from jaxscale.rl import loop
+
+    ways = 1 if mesh is None else mesh.shape[loop.AXIS]
+    cfg.check(ways)
+    bar = Progress(cfg.n_updates, desc=f"{cfg.algo} {cfg.env}", enabled=progress)
+
+    def tick(i, shard):
+        # called per device (shard_map) and per seed (vmap): advance on shard 0's newest update
+        if np.min(np.asarray(shard)) == 0 and int(np.max(i)) + 1 > bar.n:
+            bar.update(int(np.max(i)) + 1 - bar.n)
+
+    keys = jax.vmap(jax.random.key)(np.asarray(seeds, np.uint32))
+    fn = loop.make_run(cfg, mesh, progress=tick if progress else None)
+    t0 = time.perf_counter()
+    compiled = fn.lower(keys).compile()
+    t1 = time.perf_counter()
+    _, metrics, evals = jax.block_until_ready(compiled(keys))
+    t2 = time.perf_counter()
+    bar.close()
+    metrics = {k: np.asarray(v) for k, v in metrics.items()}
+    return Outcome(cfg, tuple(seeds), metrics, np.asarray(evals), t1 - t0, t2 - t1, ways)
+
+
+def write_metrics(out: Outcome, path: Path) -> Path:
+    """JSON lines: one per update and seed, and one per evaluation and seed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cfg = out.cfg
+    with path.open("w") as f:
+        for s, seed in enumerate(out.seeds):
+            for u in range(cfg.n_updates):
+                rec = {"seed": seed, "update": u + 1, "env_steps": (u + 1) * cfg.batch}
+                rec |= {k: float(v[s, u]) for k, v in out.metrics.items()}
+                f.write(json.dumps(rec) + "\n")
+            for j, steps in enumerate(out.eval_steps()):
+                f.write(
+                    json.dumps(
+                        {
+                            "seed": seed,
+                            "env_steps": int(steps),
+                            "eval_return": float(out.evals[s, j]),
+                        }
+                    )
+                    + "\n"
+                )
+    return path
+
+
+def plot_curves(runs: dict[str, Outcome], path: Path) -> Path:
+    """Return vs environment steps: each run's mean over seeds of the training episodes' return
+    (line, min-max band over seeds) and of the evaluations (markers)."""
+    from jaxscale.render import figure
+
+    with figure(path, figsize=(9, 5), dpi=110) as (fig, ax):
+        for i, (label, out) in enumerate(runs.items()):
+            color = f"C{i}"
+            x = (np.arange(out.cfg.n_updates) + 1) * out.cfg.batch
+            r = out.metrics["episode_return"]  # NaN in updates where no episode ended
+            seen = ~np.all(np.isnan(r), axis=0)
+            x, r = x[seen], r[:, seen]
+            ax.plot(
+                x,
+                np.nanmean(r, 0),
+                color=color,
+                linewidth=1.2,
+                label=f"{label}: training episodes (mean of {len(out.seeds)} seeds)",
+            )
+            ax.fill_between(x, np.nanmin(r, 0), np.nanmax(r, 0), color=color, alpha=0.15)
+            if not np.all(np.isnan(out.evals)):
+                ax.plot(
+                    out.eval_steps(),
+                    out.evals.mean(0),
+                    "o",
+                    color=color,
+                    markersize=4,
+                    label=f"{label}: evaluation",
+                )
+        threshold = next(iter(runs.values())).threshold
+        ax.axhline(threshold, linestyle="--", color="gray", label=f"solved ({threshold:g})")
+        ax.set(
+            xlabel="environment steps", ylabel="episodic return", title="CartPole: learning curves"
+        )
+        ax.legend(fontsize=7, loc="lower right")
+    return path
