@@ -43,7 +43,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),
     "head_dim": (),
     "mlp": ("tensor",),
-    "layers": (),  # the pipeline issue maps this to "pipe"
+    "layers": ("pipe",),  # a pipeline stage is a contiguous slice of the stack
     "norm": (),
     # activations
     "batch": ("data", "fsdp"),  # every data-like axis splits the batch

@@ -41,6 +41,7 @@ class Case:
     grad_accum: int = 1
     optimizer: str = "adamw"  # "sgd": plain SGD without clipping, so a gradient-scale bug shows
     bench: bool = False  # also a row of `make bench`
+    n_layers: int | None = None  # a deeper model than CFG's (pipeline stages slice the layers)
 
     @property
     def mesh(self) -> str:
@@ -51,17 +52,26 @@ class Case:
         extra = "" if self.compute_dtype == "float32" else f" [{self.compute_dtype}]"
         extra += f" accum={self.grad_accum}" if self.grad_accum > 1 else ""
         extra += f" {self.optimizer}" if self.optimizer != "adamw" else ""
+        extra += f" L={self.n_layers}" if self.n_layers else ""
         return self.strategy.label() + extra
 
     def configs(self, cfg: ModelConfig, tcfg: TrainConfig) -> tuple[ModelConfig, TrainConfig]:
         tcfg = tcfg.replace(grad_accum=self.grad_accum, optimizer=self.optimizer)
         if self.optimizer == "sgd":  # no clipping either: the update is the gradient itself
             tcfg = tcfg.replace(grad_clip=0.0, lr=SGD_LR)
+        cfg = cfg.replace(n_layers=self.n_layers) if self.n_layers else cfg
         return cfg.replace(compute_dtype=self.compute_dtype), tcfg
 
 
 def _case(text: str, mesh: str, bench: bool = False, **variant) -> Case:
     return Case(Strategy.parse(text, mesh), bench=bench, **variant)
+
+
+def _pipe(text: str, mesh: str, m: int, layers: int = 8, v: int = 1, bench: bool = False,
+          **variant) -> Case:  # fmt: skip
+    """A pipeline case: M microbatches, a model of `layers` layers (divisible by the stages)."""
+    strategy = Strategy.parse(text, mesh, microbatches=m, virtual_stages=v)
+    return Case(strategy, bench=bench, n_layers=layers, **variant)
 
 
 # Every strategy x mesh the lab checks. `bench=True`: also a row of `make bench`.

@@ -30,7 +30,7 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import MeshSpec, build_mesh, parse_mesh
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
-from jaxscale.parallel import common, tp, zero
+from jaxscale.parallel import common, pp, tp, zero
 from jaxscale.sharding import REPLICATED_RULES, ZERO_RULES, Sharder
 from jaxscale.train import step as train_step
 
@@ -38,8 +38,8 @@ from jaxscale.train import step as train_step
 _DATA = {"dp": 0, "zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _TENSOR = {"tp": "megatron", "tp_sp": "sequence", "tp_gather": "gather_output"}
 _TENSOR_NAME = {mode: name for name, mode in _TENSOR.items()}
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")  # manual, pipe axis (parallel/pp.py)
 _UNBUILT = {
-    "pipe": "needs a pipeline schedule; none is implemented yet",
     "expert": "needs a mixture-of-experts model with expert parallelism; none is implemented yet",
 }
 
@@ -53,11 +53,16 @@ class Strategy:
     zero: int = 0  # manual, data axes: 0 = DP, 1/2/3 = ZeRO stage
     tensor: str | None = None  # manual, tensor axis: megatron | sequence | gather_output
     dp_form: str = "explicit"  # manual DP: parallel/dp.py ("extra_pmean" is the classic bug)
+    schedule: str | None = None  # manual, pipe axis: gpipe | 1f1b | interleaved | zb-h1
+    microbatches: int = 1  # pipeline microbatches M per data shard (the gradient accumulation)
+    virtual_stages: int = 1  # v, model chunks per pipe device (interleaved)
 
     @classmethod
-    def parse(cls, text: str, mesh: str) -> Strategy:
-        """'auto', or 'manual:' + data part (dp, zero1..3) and/or tensor part (tp, tp_sp,
-        tp_gather) joined by '+': 'manual:zero3+tp', 'manual:tp_sp', 'manual:dp'."""
+    def parse(cls, text: str, mesh: str, microbatches: int = 1,
+              virtual_stages: int = 1) -> Strategy:  # fmt: skip
+        """'auto', or 'manual:' + data part (dp, zero1..3), tensor part (tp, tp_sp, tp_gather)
+        and pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) joined by '+':
+        'manual:zero3+tp', 'manual:tp_sp', 'manual:dp+1f1b'."""
         path, _, rest = text.strip().partition(":")
         if path == "auto" and not rest:
             return cls(mesh)
@@ -66,16 +71,20 @@ class Strategy:
                 f"--strategy: unknown strategy {text!r}; write 'auto' or 'manual:' followed by "
                 f"{'/'.join(_DATA)} and/or {'/'.join(_TENSOR)}, e.g. manual:zero3+tp"
             )
-        zero, tensor = 0, None
+        zero, tensor, schedule = 0, None, None
         for part in rest.split("+"):
             if part in _DATA:
                 zero = _DATA[part]
             elif part in _TENSOR:
                 tensor = _TENSOR[part]
+            elif part in _SCHEDULES:
+                schedule = part
             else:
                 raise ValueError(f"--strategy: unknown part {part!r} in {text!r}; data: "
-                                 f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}")  # fmt: skip
-        return cls(mesh, "manual", zero, tensor)
+                                 f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}; "
+                                 f"pipeline: {', '.join(_SCHEDULES)}")  # fmt: skip
+        return cls(mesh, "manual", zero, tensor, schedule=schedule, microbatches=microbatches,
+                   virtual_stages=virtual_stages)  # fmt: skip
 
     def name(self, spec: MeshSpec) -> str:
         """'dp_fsdp_tp' (auto: the mesh's axes), 'zero3+tp_sp' (manual: the choices)."""
@@ -87,6 +96,9 @@ class Strategy:
             parts.append(f"zero{self.zero}" if self.zero else "dp")
         if self.tensor:
             parts.append(_TENSOR_NAME[self.tensor])
+        if self.schedule:
+            v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+            parts.append(f"{self.schedule}(M={self.microbatches}{v})")
         return "+".join(parts) or "single"
 
     def label(self) -> str:
@@ -98,8 +110,12 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
     for axis, why in _UNBUILT.items():
         if spec.size(axis) > 1:
             raise ValueError(f"{_short(axis)}={spec.size(axis)} {why}")
+    pipe = spec.size("pipe")
+    if pipe > 1 and not strategy.schedule:
+        raise ValueError(f"pp={pipe} needs a pipeline schedule: --strategy manual:dp+1f1b "
+                         f"(or {', '.join(_SCHEDULES)}, with --microbatches)")  # fmt: skip
     if strategy.path == "auto":
-        if strategy.zero or strategy.tensor or strategy.dp_form != "explicit":
+        if strategy.zero or strategy.tensor or strategy.dp_form != "explicit" or strategy.schedule:
             raise ValueError(
                 "per-axis choices (ZeRO stage, tensor mode, DP form) are manual; "
                 "the auto path takes its layout from the mesh and the rules"
@@ -119,8 +135,23 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
                          "none (add dp=N or fsdp=N)")  # fmt: skip
     if strategy.zero not in zero.STAGES:
         raise ValueError(f"unknown ZeRO stage {strategy.zero}; choose from {sorted(zero.STAGES)}")
-    if strategy.dp_form != "explicit" and (strategy.zero or t > 1):
+    if strategy.dp_form != "explicit" and (strategy.zero or t > 1 or pipe > 1):
         raise ValueError("DP forms other than 'explicit' are for plain DP (no ZeRO, no tensor)")
+    if strategy.schedule:
+        if pipe == 1:
+            raise ValueError(f"{label} needs a pipe axis: add pp=N to the mesh")
+        if strategy.schedule not in _SCHEDULES:
+            raise ValueError(f"unknown pipeline schedule {strategy.schedule!r}; choose from "
+                             f"{', '.join(_SCHEDULES)}")  # fmt: skip
+        interleaved = strategy.schedule == "interleaved"
+        if strategy.microbatches < 1 or strategy.virtual_stages < 1:
+            raise ValueError("--microbatches and --virtual-stages must be >= 1")
+        if interleaved != (strategy.virtual_stages > 1):
+            raise ValueError("--virtual-stages > 1 is the interleaved schedule's (and it needs "
+                             "at least 2)")  # fmt: skip
+        if interleaved and strategy.microbatches % pipe:
+            raise ValueError(f"the interleaved schedule needs --microbatches divisible by "
+                             f"pp={pipe}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -143,6 +174,7 @@ class Built:
     batch_sharding: NamedSharding
     abstract_state: dict
     predict_comm: Callable  # (cfg, batch, seq_len) -> ({op: bytes per device} | None, why not)
+    plan: pp.Plan | None = None  # the pipeline schedule's static program (manual, pipe axis)
 
     def abstract_args(self, batch: int, seq_len: int):
         state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -163,6 +195,16 @@ def check(strategy: Strategy, tcfg: TrainConfig, n_devices: int) -> MeshSpec:
     except ValueError as e:
         raise ValueError(f"--mesh {strategy.mesh}: {e}") from None
     data_ways = spec.size("data") * spec.size("fsdp")
+    if strategy.schedule:
+        if tcfg.grad_accum != 1:
+            raise ValueError(f"--grad-accum {tcfg.grad_accum}: under a pipeline the microbatches "
+                             "are the gradient accumulation; use --microbatches")  # fmt: skip
+        rows = tcfg.global_batch // data_ways
+        if tcfg.global_batch % data_ways or rows % strategy.microbatches:
+            raise ValueError(f"--global-batch {tcfg.global_batch} does not divide over the "
+                             f"{data_ways} data-parallel shards of {spec} in --microbatches "
+                             f"{strategy.microbatches}")  # fmt: skip
+        return spec
     micro = tcfg.global_batch // tcfg.grad_accum
     if tcfg.global_batch % tcfg.grad_accum or micro % data_ways:
         raise ValueError(f"--global-batch {tcfg.global_batch} does not divide over the "
@@ -177,7 +219,7 @@ def build(strategy: Strategy, cfg: ModelConfig, tcfg: TrainConfig, *, with_grads
     devices = list(jax.devices() if devices is None else devices)
     spec = check(strategy, tcfg, len(devices))
     mesh = build_mesh(spec, devices=devices)
-    ways = {a: spec.size(a) for a in ("data", "fsdp", "tensor")}
+    ways = {a: spec.size(a) for a in ("data", "fsdp", "tensor", "pipe")}
     label = f"{strategy.path}:{strategy.name(spec)}"
     build_fn = _auto if strategy.path == "auto" else _manual
     try:
@@ -217,6 +259,8 @@ def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
 
 def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
     stage, mode = strategy.zero, strategy.tensor
+    if strategy.schedule:
+        pp.check_layers(cfg, ways["pipe"], strategy.virtual_stages)
     axes = common.data_axes(mesh)
     n, t = ways["data"] * ways["fsdp"], ways["tensor"]
     if mode:
@@ -241,10 +285,22 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
     def local_loss(params, batch_BT1):  # this shard's rows; TP's collectives inside
         return pieces.loss(params, batch_BT1, cfg, pc)
 
+    plan = None
+    if strategy.schedule:  # the pipe axis: a schedule replaces the microbatch loop
+        plan = pp.make_plan(ways["pipe"], strategy.microbatches, strategy.schedule,
+                            strategy.virtual_stages)  # fmt: skip
+
+    def local_grads(params, batch_BT1, unreduced):  # this shard's mean loss and gradient
+        if plan is None:
+            return common.accumulate(local_loss, params, batch_BT1, tcfg.grad_accum, axes,
+                                     unreduced)  # fmt: skip
+        return pp.accumulate(params, batch_BT1, plan=plan, cfg=cfg, pc=pc, data_axes=axes,
+                             unreduced=unreduced, zero_specs=z_specs)  # fmt: skip
+
     def loss_and_grads(params, batch_BT1):  # the data axes' reduction around the local loss
         return zero.loss_and_grads(local_loss, params, batch_BT1, stage=stage, zero_specs=z_specs,
-                                   axes=axes, n=n, grad_accum=tcfg.grad_accum,
-                                   dp_form=strategy.dp_form)  # fmt: skip
+                                   axes=axes, n=n, dp_form=strategy.dp_form,
+                                   local=local_grads)  # fmt: skip
 
     schedule = train_step.lr_schedule(tcfg)
     metric_specs = {"loss": P(), "grad_norm": P(), "lr": P()}
@@ -264,6 +320,8 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         return {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state}, metrics
 
     def shard(fn, in_specs, out_specs):
+        if strategy.virtual_stages > 1:  # interleaved: each device's chunks are circular
+            return pp.circular_shard_map(fn, mesh, in_specs, out_specs, strategy.virtual_stages)
         return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
     pspecs = state_specs["params"]
@@ -272,10 +330,18 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         params = model_state.init_params(cfg, tcfg.seed)
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
+    forward_plan = plan and pp.forward_plan(plan)
+
     def mean_loss(params, batch_BT1):  # the forward only; one all-reduce of the scalar
-        return jax.lax.pmean(local_loss(params, batch_BT1), axes)
+        if plan is None:
+            return jax.lax.pmean(local_loss(params, batch_BT1), axes)
+        loss, _ = pp.accumulate(params, batch_BT1, plan=forward_plan, cfg=cfg, pc=pc,
+                                data_axes=axes, unreduced=True)  # fmt: skip
+        return jax.lax.pmean(loss, axes) if axes else loss
 
     def predict(cfg_, batch, seq_len):
+        if plan is not None:
+            return None, "a pipeline's transfers are compared in the pipeline table"
         shape = step_shape(cfg_, batch // n * seq_len)
         any_split = (stage in (2, 3) and n > 1) or t > 1
         return common.add_comm(
@@ -286,7 +352,7 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
 
     return Built(
         strategy, label, mesh, data_ways=n, zero_ways=n if stage else 1, tensor_ways=t,
-        zero_stage=stage,
+        zero_stage=stage, plan=plan,
         init=jax.jit(init, out_shardings=common.named_shardings(mesh, state_specs)),
         step=jax.jit(shard(body, (state_specs, batch_spec), (state_specs, metric_specs)),
                      donate_argnums=0),

@@ -50,13 +50,15 @@ def pieces(pc: Pieces, stage: int, zero_specs, axes) -> Pieces:
                       top_hook=lambda top: gather(top, top_specs))  # fmt: skip
 
 
-def loss_and_grads(loss_fn, params, batch_BT1, *, stage, zero_specs, axes, n, grad_accum,
+def loss_and_grads(loss_fn, params, batch_BT1, *, stage, zero_specs, axes, n, local,
                    dp_form="explicit"):  # fmt: skip
-    """Mean loss and mean gradient over the global batch, in the layout the stage updates in."""
+    """Mean loss and mean gradient over the global batch, in the layout the stage updates in.
+    `local(params, rows, unreduced)` is this shard's mean loss and gradient (the microbatch loop
+    of `common.accumulate`, or a pipeline schedule), unreduced over the data axes or, for
+    ZeRO-3, reduced by autodiff's reduce-scatters."""
     if dp_form != "explicit":  # the teaching forms of plain DP (parallel/dp.py)
         return dp.dp_loss_and_grads(loss_fn, params, batch_BT1, axes, dp_form)
-    unreduced = stage != 3
-    loss, grads = common.accumulate(loss_fn, params, batch_BT1, grad_accum, axes, unreduced)
+    loss, grads = local(params, batch_BT1, stage != 3)
     loss = jax.lax.pmean(loss, axes)  # one all-reduce of the scalar loss
     if stage in (0, 1):
         # all-reduce over the data axes: every device gets the full mean gradient

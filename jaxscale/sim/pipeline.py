@@ -1,9 +1,12 @@
-"""Pipeline-parallel schedules (GPipe, 1F1B, interleaved 1F1B) as dependency-driven simulations.
+"""Pipeline-parallel schedules (GPipe, 1F1B, interleaved 1F1B, ZB-H1) as dependency-driven
+simulations, and the schedule grid the executor (jaxscale/parallel/pp.py) runs.
 
 P devices (stages), M microbatches, t_F and t_B per stage and microbatch. Each device runs its
 ops in the schedule's order; an op starts when its inputs exist and its device is free
 (`jaxscale.sim.timeline`). Data flow: F(j, m) needs F(j-1, m); B(j, m) needs B(j+1, m) and
 F(j, m), over the virtual stages j = chunk * P + device (one chunk per device unless interleaved).
+ZB-H1 (zero bubble, Qi et al. 2023) splits each backward into B (input gradient, needs B(j+1, m))
+and W (weight gradient, needs B(j, m)), each half of t_B, and defers W to fill the bubble.
 
 Two bubble conventions are in use (seed-spec §0.2) and both are exposed:
   "s2": idle / total time        = (P-1) / (v*M + P-1)   shared/seeds/002 L5167
@@ -17,7 +20,7 @@ from jaxscale.checks import positive_fields
 from jaxscale.sim import timeline
 from jaxscale.sim.timeline import Op, Span
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 CONVENTIONS = ("s2", "s4")
 COUNTS = ("stages", "microbatches", "virtual_stages")
 BUBBLE_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # the seed's bubble table (shared/seeds/002 L5619)
@@ -55,7 +58,7 @@ class PipelineResult:
     config: PipelineConfig
     spans: dict = field(repr=False)  # op key -> timeline.Span
     makespan: float  # time until the last backward finishes
-    work_per_stage: float  # busy time of every device: M * (t_F + t_B)
+    work_per_stage: float  # busy time of every device: M * (t_F + t_B) (ZB-H1: B + W = t_B)
     peak_activations: tuple  # per device, in whole-stage microbatch activations (chunks / v)
 
     @property
@@ -127,6 +130,20 @@ def bubble_fraction(
     raise ValueError(f"unknown bubble convention {convention!r}; choose from {CONVENTIONS}")
 
 
+def predicted_bubble(cfg: PipelineConfig, convention: str = "s2") -> float:
+    """The schedule's closed form: (P-1)/(v*M + P-1) ("s2") or (P-1)/(v*M) ("s4") for GPipe, 1F1B
+    and interleaved (v = 1 but for interleaved); ZB-H1 (M >= P): the bubble shrinks to
+    (P-1)(t_F + t_B/2 - t_W) = (P-1) t_F, so idle/total = (P-1) t_F / (M (t_F + t_B) + (P-1) t_F)
+    -- (P-1)/(3M + P-1) for t_B = 2 t_F -- and idle/ideal = (P-1) t_F / (M (t_F + t_B))."""
+    p, m = cfg.stages, cfg.microbatches
+    if cfg.schedule != "zb-h1":
+        return bubble_fraction(p, m, convention, cfg.virtual_stages)
+    idle, work = (p - 1) * cfg.forward_time, m * (cfg.forward_time + cfg.backward_time)
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown bubble convention {convention!r}; choose from {CONVENTIONS}")
+    return idle / (work + idle) if convention == "s2" else idle / work
+
+
 def pipeline_efficiency(
     stages: int, microbatches: int, convention: str = "s2", virtual_stages: int = 1
 ) -> float:
@@ -174,7 +191,14 @@ def _forward(j: int, m: int, cfg: PipelineConfig) -> Op:
 def _backward(j: int, m: int, cfg: PipelineConfig) -> Op:
     v, p = cfg.virtual_stages, cfg.stages
     deps = (("F", j, m),) + ((("B", j + 1, m),) if j < p * v - 1 else ())
-    return Op(("B", j, m), j % p, cfg.backward_time / v, deps, _label("B", j, m, cfg))
+    split = 2 if cfg.schedule == "zb-h1" else 1  # ZB-H1's B is the input-gradient half
+    return Op(("B", j, m), j % p, cfg.backward_time / v / split, deps, _label("B", j, m, cfg))
+
+
+def _weight(j: int, m: int, cfg: PipelineConfig) -> Op:
+    """ZB-H1's W: the weight-gradient half of the backward, needing only B(j, m)."""
+    return Op(("W", j, m), j % cfg.stages, cfg.backward_time / 2, (("B", j, m),),
+              _label("W", j, m, cfg))  # fmt: skip
 
 
 def _label(kind: str, j: int, m: int, cfg: PipelineConfig) -> str:
@@ -218,6 +242,46 @@ def _interleaved(device: int, cfg: PipelineConfig) -> list[Op]:
     return ops
 
 
+def _zero_bubble_h1(cfg: PipelineConfig) -> dict[int, list[Op]]:
+    # Greedy list scheduling on the time grid, per device and tick: a ready B first (it unblocks
+    # the previous stage); else the oldest W once P are pending (bounds the inputs W still
+    # holds); else a ready F while fewer than P-s microbatches wait for their B (1F1B's bound);
+    # else a pending W (deferred W's fill the drain's bubble). With M >= P this reaches the
+    # paper's makespan M (t_F + t_B) + (P-1) t_F; a stage input is held until its W, at most
+    # (P-s) + (P-1) of them on stage s, independent of M.
+    p, m = cfg.stages, cfg.microbatches
+    q = timeline.time_quantum([cfg.forward_time, cfg.backward_time / 2])
+    t_f, t_half = round(cfg.forward_time / q), round(cfg.backward_time / 2 / q)
+    end: dict[tuple, int] = {}
+    orders: dict[int, list[Op]] = {s: [] for s in range(p)}
+    next_f, next_b, pending_w, free = [0] * p, [0] * p, [[] for _ in range(p)], [0] * p
+    tick = 0
+    while any(len(orders[s]) < 3 * m for s in range(p)):
+        for s in range(p):
+            if free[s] > tick:
+                continue
+            b, f = next_b[s], next_f[s]
+            if b < m and end.get(("F", s, b), tick + 1) <= tick and (
+                s == p - 1 or end.get(("B", s + 1, b), tick + 1) <= tick
+            ):
+                op, length, next_b[s] = _backward(s, b, cfg), t_half, b + 1
+                pending_w[s].append(b)
+            elif len(pending_w[s]) >= p:
+                op, length = _weight(s, pending_w[s].pop(0), cfg), t_half
+            elif f < m and f - b < p - s and (
+                s == 0 or end.get(("F", s - 1, f), tick + 1) <= tick
+            ):
+                op, length, next_f[s] = _forward(s, f, cfg), t_f, f + 1
+            elif pending_w[s]:
+                op, length = _weight(s, pending_w[s].pop(0), cfg), t_half
+            else:
+                continue
+            orders[s].append(op)
+            end[op.key] = free[s] = tick + length
+        tick += 1
+    return orders
+
+
 def stage_orders(cfg: PipelineConfig) -> dict[int, list[Op]]:
     """Each device's ops in the schedule's order."""
     cfg.validate()
@@ -231,11 +295,15 @@ def stage_orders(cfg: PipelineConfig) -> dict[int, list[Op]]:
         }
     if cfg.schedule == "1f1b":
         return {s: _one_f_one_b(s, cfg) for s in range(p)}
+    if cfg.schedule == "zb-h1":
+        return _zero_bubble_h1(cfg)
     return {d: _interleaved(d, cfg) for d in range(p)}
 
 
 def peak_activations(spans: dict, cfg: PipelineConfig) -> tuple:
-    """Per device, the most microbatch activations held at once (held from F start to B end)."""
+    """Per device, the most microbatch activations held at once (held from F start to the end of
+    its backward: B, or W under ZB-H1, whose weight gradient still needs the stage input)."""
+    last = "W" if cfg.schedule == "zb-h1" else "B"
     peaks = []
     rows = timeline.by_resource(spans)
     for d in range(cfg.stages):
@@ -243,7 +311,7 @@ def peak_activations(spans: dict, cfg: PipelineConfig) -> tuple:
         for span in rows.get(d, ()):
             if span.op.key[0] == "F":
                 events.append((span.start, 1, +1))
-            else:
+            elif span.op.key[0] == last:
                 events.append((span.end, 0, -1))  # at a tie, a finished backward frees first
         held = peak = 0
         for _, _, delta in sorted(events):

@@ -1,0 +1,377 @@
+"""The pipe axis by hand: a static pipeline schedule executed in one jitted SPMD program.
+
+A stage is a contiguous slice of the stacked layers (`layers` -> `pipe` in the rules table): with
+P devices on the pipe axis and v virtual stages per device, virtual stage j = chunk * P + device
+holds layers [j L/(vP), (j+1) L/(vP)), so device d stores [L/P] layers as v chunks. The embedding
+runs inside the first virtual stage and the final norm, unembedding and loss inside the last, so
+the microbatch's tokens are all the first stage needs and a scalar loss is what the last makes.
+Their parameters are replicated over `pipe` (only the first / last stage touches them) and their
+gradients are summed over `pipe` after the schedule: one all-reduce.
+
+The schedule is the simulator's grid (`jaxscale.sim.pipeline.schedule_grid`, t_B = 2 t_F; ZB-H1's
+B and W each t_F): grid[device][tick] says which op starts where. `Plan` turns it into a static
+program: per tick, each device runs one branch of a `lax.switch` on its pipe index -- idle, F, B
+(input and weight gradients; under ZB-H1 the input gradient only) or W (ZB-H1's weight gradient)
+-- for the first, a middle or the last virtual stage. The tick loop is unrolled, so each tick's
+`ppermute`s name exactly the (source, target) pairs that send then, and the compiled program's
+collective census counts every transfer:
+
+  F(j, m) on device d     sends the stage output [B_m, T, D] to device d+1   (collective-permute)
+  B(j, m) on device d     sends the input gradient [B_m, T, D] to device d-1 (collective-permute)
+
+Interleaving wraps around: device P-1 sends chunk c's output to device 0's chunk c+1.
+
+Backward by recompute: a stage keeps only its inputs (the stash, [v, S, B_m, T, D]) and B / W
+re-run the stage's forward inside `jax.vjp`. The stash has S slots per chunk (microbatch m uses
+slot m mod S), the fewest that the schedule never overwrites while live: M for GPipe, P for
+1F1B. Received gradients wait in a second buffer of the same form. Every buffer has one shape on
+every device (SPMD), so the stash is sized for the busiest stage.
+
+Under `check_vma`, the transpose of a replicated input inserts a psum; inside a branch that only
+some pipe devices take, that would be a collective half the devices never reach. So the
+parameters enter the schedule as *varying* over pipe and the data axes (`pcast`, no data moves)
+and every cross-device sum is written after the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jaxscale.config import ModelConfig
+from jaxscale.model import pieces
+from jaxscale.model.pieces import Pieces
+from jaxscale.parallel import common
+from jaxscale.sim import pipeline as sim
+
+AXIS = "pipe"
+FIRST, MID, LAST = "first", "mid", "last"
+IDLE = ("idle", None)
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # "F", "B" (full backward; input gradient only when `split`), "W"
+    role: str  # FIRST / MID / LAST virtual stage
+    microbatch: int
+    chunk: int
+    stash_slot: int
+    grad_slot: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    index: int  # the grid column
+    ops: tuple  # per device: Op or None (idle)
+    fwd: tuple  # (source, target) pairs sending activations after this tick
+    bwd: tuple  # (source, target) pairs sending input gradients
+    fwd_recv: tuple  # per device: (chunk, slot) the received activation goes to, or None
+    bwd_recv: tuple
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The static program of one schedule: what every device does at every tick."""
+
+    config: sim.PipelineConfig
+    grid: tuple  # the simulator's grid (grid[device][tick] -> Slot | None)
+    ticks: tuple  # the ticks at which some op starts
+    stash_slots: int
+    grad_slots: int
+
+    @property
+    def split(self) -> bool:
+        return self.config.schedule == "zb-h1"
+
+    def occupancy(self) -> dict:
+        """Per device: busy and idle ticks of the executed grid, and the bubble (idle / total)."""
+        rows = [sum(cell is not None for cell in row) for row in self.grid]
+        total = len(self.grid[0])
+        return {"ticks": total, "busy": rows, "idle": [total - b for b in rows],
+                "bubble": (total * len(rows) - sum(rows)) / (total * len(rows))}  # fmt: skip
+
+    def sends(self) -> tuple[int, int]:
+        """(activation sends, gradient sends) per step, summed over devices."""
+        return sum(len(t.fwd) for t in self.ticks), sum(len(t.bwd) for t in self.ticks)
+
+
+def make_plan(stages: int, microbatches: int, schedule: str, virtual_stages: int = 1,
+              grid=None) -> Plan:  # fmt: skip
+    """The executor's program for `schedule`, from the simulator's grid (or a given `grid`, e.g.
+    a deliberately broken one)."""
+    cfg = sim.PipelineConfig(stages, microbatches, schedule, 1.0, 2.0, virtual_stages)
+    if grid is None:
+        grid = sim.schedule_grid(sim.simulate(cfg))
+    grid = tuple(tuple(row) for row in grid)
+    n_virtual = stages * virtual_stages
+    starts = [[c if c is not None and c.first else None for c in row] for row in grid]
+    last_use = "W" if schedule == "zb-h1" else "B"
+    # live intervals (write tick, last read tick) of each buffer entry, per (device, chunk)
+    stash_live: dict = {}
+    grad_live: dict = {}
+    for d in range(stages):
+        for t, s in enumerate(starts[d]):
+            if s is None:
+                continue
+            target = (s.stage + 1) % stages if s.kind == "F" else (s.stage - 1) % stages
+            if s.kind == "F" and s.stage < n_virtual - 1:
+                stash_live.setdefault((target, (s.stage + 1) // stages, s.microbatch), [t, t])
+            if s.kind == "B" and s.stage > 0:
+                grad_live.setdefault((target, (s.stage - 1) // stages, s.microbatch), [t, t])
+    for d in range(stages):
+        for t, s in enumerate(starts[d]):
+            if s is not None and s.kind in ("F", "B", "W"):
+                key = (d, s.stage // stages, s.microbatch)
+                for live in (stash_live, grad_live):
+                    if key in live and (s.kind == last_use or s.kind == "F"):
+                        live[key][1] = max(live[key][1], t)
+    n_stash, n_grad = _slots(stash_live, microbatches), _slots(grad_live, microbatches)
+
+    def role(j):
+        return FIRST if j == 0 else LAST if j == n_virtual - 1 else MID
+
+    ticks = []
+    for t in range(len(grid[0])):
+        ops, fwd, bwd = [], [], []
+        fwd_recv, bwd_recv = [None] * stages, [None] * stages
+        for d in range(stages):
+            s = starts[d][t]
+            if s is None:
+                ops.append(None)
+                continue
+            ops.append(Op(s.kind, role(s.stage), s.microbatch, s.stage // stages,
+                          s.microbatch % n_stash, s.microbatch % n_grad))  # fmt: skip
+            if s.kind == "F" and s.stage < n_virtual - 1:
+                fwd.append((d, (d + 1) % stages))
+                fwd_recv[(d + 1) % stages] = ((s.stage + 1) // stages, s.microbatch % n_stash)
+            if s.kind == "B" and s.stage > 0:
+                bwd.append((d, (d - 1) % stages))
+                bwd_recv[(d - 1) % stages] = ((s.stage - 1) // stages, s.microbatch % n_grad)
+        if any(op is not None for op in ops):
+            ticks.append(Tick(t, tuple(ops), tuple(fwd), tuple(bwd), tuple(fwd_recv),
+                              tuple(bwd_recv)))  # fmt: skip
+    return Plan(cfg, grid, tuple(ticks), n_stash, n_grad)
+
+
+def forward_plan(plan: Plan) -> Plan:
+    """GPipe's forwards alone (the loss without gradients): every F, no B."""
+    cfg = plan.config
+    grid = sim.schedule_grid(sim.simulate(sim.PipelineConfig(
+        cfg.stages, cfg.microbatches, "gpipe", 1.0, 2.0)))  # fmt: skip
+    if cfg.virtual_stages > 1:
+        grid = sim.schedule_grid(sim.simulate(cfg))
+    grid = [[c if c is not None and c.kind == "F" else None for c in row] for row in grid]
+    return make_plan(cfg.stages, cfg.microbatches, cfg.schedule, cfg.virtual_stages, grid)
+
+
+def _slots(live: dict, microbatches: int) -> int:
+    """The fewest slots S such that microbatch m in slot m mod S is never overwritten while live
+    (a write after tick w is read up to tick r; a later write to the slot must come at or after r)."""
+    for n in range(1, microbatches + 1):
+        taken: dict = {}
+        ok = True
+        for (d, c, m), (w, r) in sorted(live.items(), key=lambda kv: kv[1][0]):
+            prev = taken.get((d, c, m % n))
+            if prev is not None and w < prev:
+                ok = False
+                break
+            taken[(d, c, m % n)] = r
+        if ok:
+            return n
+    return microbatches
+
+
+def check_layers(cfg: ModelConfig, stages: int, virtual_stages: int) -> None:
+    if cfg.n_layers % (stages * virtual_stages):
+        raise ValueError(
+            f"n_layers={cfg.n_layers} does not split into {stages} pipeline stages x "
+            f"{virtual_stages} virtual stages (needs a multiple of {stages * virtual_stages})"
+        )
+
+
+def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, data_axes,
+               unreduced: bool, zero_specs=None):  # fmt: skip
+    """Mean loss and gradient of this data shard's rows [B_data, T+1] over the plan's M
+    microbatches, in `common.accumulate`'s contract: unreduced over the data axes (stages 0-2),
+    or reduced as ZeRO-3's autodiff would (sharded leaves reduce-scattered by the transpose of
+    their all-gathers, replicated leaves all-reduced here). Gradient accumulation IS the
+    microbatching: there is no second loop."""
+    p, v, M = plan.config.stages, plan.config.virtual_stages, plan.config.microbatches
+    d = jax.lax.axis_index(AXIS)
+    params = jax.tree.map(lambda x: _vary(x, (AXIS, *data_axes)), params)
+    top, blocks = pieces.split_params(params)
+    blocks_v = jax.tree.map(lambda a: a.reshape(v, a.shape[0] // v, *a.shape[1:]), blocks)
+    B = batch_BT1.shape[0]
+    micro_MBT1 = batch_BT1.reshape(B // M, M, -1).swapaxes(0, 1)  # rows m, m+M, ... = mb m
+    positions_T = jnp.arange(micro_MBT1.shape[2] - 1)
+
+    def stage_fn(role, chunk, top, x_BTD, tokens_BT1):
+        if role == FIRST:
+            x_BTD = pc.embed(pc.top_hook(top), tokens_BT1[:, :-1], cfg, pc)
+        y_BTD = pieces.run_layers(x_BTD, chunk, positions_T, cfg, pc)
+        if role == LAST:
+            return pc.loss(pc.head(pc.top_hook(top), y_BTD, cfg, pc), tokens_BT1[:, 1:])
+        return y_BTD
+
+    def chunk_at(c):
+        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, c, keepdims=False), blocks_v)
+
+    # the buffers' types: what the first stage's forward makes, varying over pipe
+    act = jax.eval_shape(lambda c, t, x: stage_fn(FIRST, c, t, None, x), chunk_at(0), top,
+                         micro_MBT1[0])  # fmt: skip
+    act_axes = _varying(act) | {AXIS}
+    zero_act = _vary(jnp.zeros(act.shape, act.dtype), act_axes)
+    loss_t = jax.eval_shape(lambda c, t, x, tok: stage_fn(LAST, c, t, x, tok), chunk_at(0), top,
+                            zero_act, micro_MBT1[0])  # fmt: skip
+    loss_axes = _varying(loss_t) | {AXIS}
+    carry = {
+        "stash": _vary(jnp.zeros((v, plan.stash_slots, *act.shape), act.dtype), act_axes),
+        "grad": _vary(jnp.zeros((v, plan.grad_slots, *act.shape), act.dtype), act_axes),
+        "g_blocks": jax.tree.map(jnp.zeros_like, blocks_v),
+        "g_top": jax.tree.map(jnp.zeros_like, top),
+        "loss": _vary(jnp.zeros((), jnp.float32), loss_axes),
+    }
+    seed_cot = _vary(jnp.full((), 1.0 / M, jnp.float32), loss_axes)  # d(mean over mbs)/d(loss_m)
+
+    def add_grads(carry, c, g_chunk, g_top):
+        carry = dict(carry)
+        if g_chunk is not None:
+            carry["g_blocks"] = jax.tree.map(lambda acc, g: acc.at[c].add(g), carry["g_blocks"],
+                                             g_chunk)  # fmt: skip
+        if g_top is not None:
+            carry["g_top"] = jax.tree.map(jnp.add, carry["g_top"], g_top)
+        return carry
+
+    def branch(kind, role):
+        def run(carry, mb, c, s_slot, g_slot):
+            if kind == "idle":
+                return carry, zero_act, zero_act
+            tokens = jax.lax.dynamic_index_in_dim(micro_MBT1, mb, keepdims=False)
+            chunk = chunk_at(c)
+            x = zero_act if role == FIRST else carry["stash"][c, s_slot]
+            cot = seed_cot if role == LAST else carry["grad"][c, g_slot]
+
+            def f(chunk, top, x):
+                return stage_fn(role, chunk, top, x, tokens)
+
+            if kind == "F":
+                y = f(chunk, top, x)
+                if role == LAST:
+                    return {**carry, "loss": carry["loss"] + y / M}, zero_act, zero_act
+                return carry, _vary(y, act_axes), zero_act
+            if kind == "W" or (kind == "B" and not plan.split):  # weight gradients (and dx)
+                _, vjp = jax.vjp(f, chunk, top, x)
+                g_chunk, g_top, dx = vjp(cot)
+                carry = add_grads(carry, c, g_chunk, g_top)
+                send = zero_act if kind == "W" or role == FIRST else _vary(dx, act_axes)
+                return carry, zero_act, send
+            if role == FIRST:  # ZB-H1's B on the first stage: no input to send a gradient to
+                return carry, zero_act, zero_act
+            _, vjp = jax.vjp(lambda x: f(chunk, top, x), x)  # ZB-H1's B: the input gradient only
+            (dx,) = vjp(cot)
+            return carry, zero_act, _vary(dx, act_axes)
+
+        return run
+
+    for tick in plan.ticks:
+        kinds = sorted({IDLE if op is None else (op.kind, op.role) for op in tick.ops},
+                       key=str)  # fmt: skip
+        index = {k: i for i, k in enumerate(kinds)}
+
+        def pick(values):  # this device's entry of a per-device static list
+            return jnp.asarray(values, jnp.int32)[d]
+
+        ops = tick.ops
+        args = [pick([index[IDLE if op is None else (op.kind, op.role)] for op in ops])]
+        args += [pick([0 if op is None else getattr(op, f) for op in ops])
+                 for f in ("microbatch", "chunk", "stash_slot", "grad_slot")]  # fmt: skip
+        fns = [branch(*k) for k in kinds]
+        if len(fns) == 1:
+            carry, fwd, bwd = fns[0](carry, *args[1:])
+        else:
+            carry, fwd, bwd = jax.lax.switch(args[0], fns, carry, *args[1:])
+        if tick.fwd:  # collective-permute: stage outputs to the next stage
+            got = jax.lax.ppermute(fwd, AXIS, tick.fwd)
+            carry = {**carry, "stash": _receive(carry["stash"], got, tick.fwd_recv, pick)}
+        if tick.bwd:  # collective-permute: input gradients to the previous stage
+            got = jax.lax.ppermute(bwd, AXIS, tick.bwd)
+            carry = {**carry, "grad": _receive(carry["grad"], got, tick.bwd_recv, pick)}
+
+    g_blocks = jax.tree.map(lambda g: g.reshape(-1, *g.shape[2:]), carry["g_blocks"])
+    # all-reduce over pipe: the embedding's gradient is on the first stage, the head's on the last
+    g_top = jax.lax.psum(carry["g_top"], AXIS)
+    loss = jax.lax.psum(carry["loss"], AXIS)  # all-reduce of the scalar: only the last has it
+    grads = {**g_top, "blocks": g_blocks}
+    if not unreduced and data_axes:  # ZeRO-3: replicated leaves' gradients summed here
+        grads = jax.tree.map(
+            lambda g, s: g if common.sharded_dim(s, data_axes) is not None
+            else jax.lax.psum(g, data_axes), grads, zero_specs)  # fmt: skip
+    return loss, grads
+
+
+def circular_shard_map(fn, mesh, in_specs, out_specs, virtual_stages: int):
+    """`jax.shard_map` for the interleaved schedule: device d must hold the layers of virtual
+    stages d, d+P, ..., but the stored layout (the one every strategy shares, so a checkpoint
+    restores anywhere) gives it a contiguous [L/P] slice. Each leaf split over pipe along
+    `layers` is viewed as [v, P, L/(vP), ...] with P over pipe -- the circular assignment -- and
+    GSPMD moves the layers between the two layouts around the step (an all-to-all of the
+    stage parameters, and of their gradients and optimizer state, each step: the price of
+    keeping one stored layout). Inside, each device sees its v chunks as [v L/(vP), ...]."""
+    v, p = virtual_stages, mesh.shape[AXIS]
+
+    def layered(spec):
+        return isinstance(spec, P) and len(spec) > 0 and spec[0] == AXIS
+
+    def outer_spec(spec):
+        return P(None, AXIS, None, *spec[1:]) if layered(spec) else spec
+
+    def over(fn_leaf, specs, tree):
+        return jax.tree.map(lambda s, x: fn_leaf(x) if layered(s) else x, specs, tree,
+                            is_leaf=lambda s: isinstance(s, P))  # fmt: skip
+
+    def inner(*args):
+        args = over(lambda x: x.reshape(-1, *x.shape[3:]), in_specs, args)
+        out = fn(*args)
+        return over(lambda x: x.reshape(v, 1, x.shape[0] // v, *x.shape[1:]), out_specs, out)
+
+    mapped = jax.shard_map(inner, mesh=mesh, in_specs=jax.tree.map(outer_spec, in_specs,
+                           is_leaf=lambda s: isinstance(s, P)),
+                           out_specs=jax.tree.map(outer_spec, out_specs,
+                                                  is_leaf=lambda s: isinstance(s, P)))  # fmt: skip
+
+    def outer(*args):
+        args = over(lambda x: x.reshape(v, p, x.shape[0] // (v * p), *x.shape[1:]), in_specs,
+                    args)  # fmt: skip
+        return over(lambda x: x.reshape(-1, *x.shape[3:]), out_specs, mapped(*args))
+
+    return outer
+
+
+def _receive(buf, got, recv, pick):
+    """Store a received [B_m, T, D] into buf[chunk, slot] on the devices that receive now."""
+    valid = pick([r is not None for r in recv]).astype(bool)
+    c = pick([0 if r is None else r[0] for r in recv])
+    s = pick([0 if r is None else r[1] for r in recv])
+    return buf.at[c, s].set(jnp.where(valid, got, buf[c, s]))
+
+
+def _varying(aval) -> frozenset:
+    """The manual axes a value varies over (jax 0.10-0.12 keep them in manual_axis_type)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def _vary(x, axes):
+    """pcast `x` to varying over those of `axes` it does not vary over yet (identity forward)."""
+    missing = tuple(a for a in axes if a not in _varying(jax.typeof(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def predict_comm(plan: Plan, act_bytes: float) -> dict:
+    """Bytes of the schedule's transfers, summed over devices: every activation crossing a stage
+    boundary forward and every input gradient crossing it backward, M (vP - 1) of each."""
+    p, v, m = plan.config.stages, plan.config.virtual_stages, plan.config.microbatches
+    return {"collective-permute": 2 * m * (p * v - 1) * act_bytes}
