@@ -169,7 +169,7 @@ def forward_plan(plan: Plan) -> Plan:
 
 def _slots(live: dict, microbatches: int) -> int:
     """The fewest slots S such that microbatch m in slot m mod S is never overwritten while live
-    (a write after tick w is read up to tick r; a later write to the slot must come at or after r)."""
+    (written after tick w, read up to tick r: the slot's next write must come at or after r)."""
     for n in range(1, microbatches + 1):
         taken: dict = {}
         ok = True
@@ -199,7 +199,7 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
     or reduced as ZeRO-3's autodiff would (sharded leaves reduce-scattered by the transpose of
     their all-gathers, replicated leaves all-reduced here). Gradient accumulation IS the
     microbatching: there is no second loop."""
-    p, v, M = plan.config.stages, plan.config.virtual_stages, plan.config.microbatches
+    v, M = plan.config.virtual_stages, plan.config.microbatches
     d = jax.lax.axis_index(AXIS)
     params = jax.tree.map(lambda x: _vary(x, (AXIS, *data_axes)), params)
     top, blocks = pieces.split_params(params)
