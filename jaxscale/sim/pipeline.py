@@ -261,16 +261,16 @@ def _zero_bubble_h1(cfg: PipelineConfig) -> dict[int, list[Op]]:
             if free[s] > tick:
                 continue
             b, f = next_b[s], next_f[s]
-
-            def done(key):
-                return end.get(key, tick + 1) <= tick
-
-            if b < m and done(("F", s, b)) and (s == p - 1 or done(("B", s + 1, b))):
+            if (
+                b < m
+                and _done(end, ("F", s, b), tick)
+                and (s == p - 1 or _done(end, ("B", s + 1, b), tick))
+            ):
                 op, length, next_b[s] = _backward(s, b, cfg), t_half, b + 1
                 pending_w[s].append(b)
             elif len(pending_w[s]) >= p:
                 op, length = _weight(s, pending_w[s].pop(0), cfg), t_half
-            elif f < m and f - b < p - s and (s == 0 or done(("F", s - 1, f))):
+            elif f < m and f - b < p - s and (s == 0 or _done(end, ("F", s - 1, f), tick)):
                 op, length, next_f[s] = _forward(s, f, cfg), t_f, f + 1
             elif pending_w[s]:
                 op, length = _weight(s, pending_w[s].pop(0), cfg), t_half
@@ -280,6 +280,10 @@ def _zero_bubble_h1(cfg: PipelineConfig) -> dict[int, list[Op]]:
             end[op.key] = free[s] = tick + length
         tick += 1
     return orders
+
+
+def _done(end: dict, key: tuple, tick: int) -> bool:
+    return end.get(key, tick + 1) <= tick
 
 
 def stage_orders(cfg: PipelineConfig) -> dict[int, list[Op]]:
