@@ -74,6 +74,8 @@ def _pipe(text: str, mesh: str, m: int, layers: int = 8, v: int = 1, bench: bool
     return Case(strategy, bench=bench, n_layers=layers, **variant)
 
 
+PIPE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
 # Every strategy x mesh the lab checks. `bench=True`: also a row of `make bench`.
 CASES: tuple[Case, ...] = (
     _case("auto", "dp=8", True), _case("auto", "fsdp=8", True), _case("auto", "tp=8", True),
@@ -100,6 +102,18 @@ CASES: tuple[Case, ...] = (
     _case("manual:zero3+tp", "fsdp=4,tp=2", optimizer="sgd"),
     _case("auto", "dp=2,fsdp=2,tp=2", compute_dtype="bfloat16"),
     _case("manual:zero3+tp", "fsdp=4,tp=2", compute_dtype="bfloat16"),
+    # pipelines: every schedule on every pipelined mesh (8 layers; interleaved on pp=8: 16)
+    *(case for sched in PIPE_SCHEDULES for case in (
+        _pipe(f"manual:{sched}", "pp=8", 8, layers=16 if sched == "interleaved" else 8,
+              v=2 if sched == "interleaved" else 1),
+        _pipe(f"manual:dp+{sched}", "pp=2,dp=4", 4, v=2 if sched == "interleaved" else 1,
+              bench=True),
+        _pipe(f"manual:zero3+{sched}", "pp=4,fsdp=2", 4, v=2 if sched == "interleaved" else 1),
+        _pipe(f"manual:tp+{sched}", "pp=2,tp=4", 4, v=2 if sched == "interleaved" else 1),
+        _pipe(f"manual:zero1+tp+{sched}", "pp=2,dp=2,tp=2", 4,
+              v=2 if sched == "interleaved" else 1),
+    )),
+    _pipe("manual:zero1+tp+1f1b", "pp=2,dp=2,tp=2", 4, compute_dtype="bfloat16"),
 )  # fmt: skip
 
 

@@ -19,8 +19,16 @@ def _id(case):
     return f"{case.label}@{case.mesh}"
 
 
+# Pipeline cases compile an unrolled schedule (10-60 s each on 2 cores): three run in the fast
+# suite, one per mesh family and schedule kind; the rest are `slow` (CI runs them too).
+PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4", "manual:tp+gpipe(M=4) L=8@pp=2,tp=4",
+             "manual:zero1+tp+zb-h1(M=4) L=8@pp=2,dp=2,tp=2"}  # fmt: skip
+
+
 def _param(case):
     marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
+    if case.strategy.schedule and _id(case) not in PIPE_FAST:
+        marks.append(pytest.mark.slow)
     return pytest.param(case, id=_id(case), marks=marks)
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxscale.config import ModelConfig
@@ -345,7 +346,13 @@ def circular_shard_map(fn, mesh, in_specs, out_specs, virtual_stages: int):
     def outer(*args):
         args = over(lambda x: x.reshape(v, p, x.shape[0] // (v * p), *x.shape[1:]), in_specs,
                     args)  # fmt: skip
-        return over(lambda x: x.reshape(-1, *x.shape[3:]), out_specs, mapped(*args))
+        out = mapped(*args)
+        # back to the stored layout (contiguous [L/P] per device), pinned: left free, GSPMD may
+        # return the state replicated
+        return jax.tree.map(
+            lambda s, x: jax.lax.with_sharding_constraint(
+                x.reshape(-1, *x.shape[3:]), NamedSharding(mesh, s)) if layered(s) else x,
+            out_specs, out, is_leaf=lambda s: isinstance(s, P))  # fmt: skip
 
     return outer
 

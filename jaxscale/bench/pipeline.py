@@ -1,0 +1,165 @@
+"""The bench's pipeline rows: each schedule compiled and run, measured against its formulas.
+
+For one schedule on one mesh, a row puts side by side
+  bubble        idle ticks / all ticks of the executed plan (the executor runs exactly that grid)
+                vs the closed form (`sim.pipeline.predicted_bubble`), in both seed conventions;
+  permutes      the schedule's collective-permutes in the compiled HLO: their number and the
+                bytes one pipeline moves (each op's buffer x its source->target pairs, divided
+                by the pipeline's replicas over the data and tensor axes) vs 2 M (vP - 1) x one
+                microbatch's activation [B_m, T, D] (each boundary crossed forward and backward);
+  memory        the compiled step's temporaries (`memory_analysis`) and the stash slots;
+  equivalence   the 10-step check against the single-device reference (jaxscale/verify.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from jaxscale import verify
+from jaxscale.analysis.compiled import compile_with_report
+from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.parallel import pp
+from jaxscale.parallel.compose import Strategy, build
+from jaxscale.sim import pipeline as sim
+
+ROWS = (  # (strategy, mesh, microbatches, virtual stages): the bench's pipeline rows
+    ("manual:dp+gpipe", "pp=4,dp=2", 1, 1),  # seed 004's naive model parallelism: M = 1
+    ("manual:dp+gpipe", "pp=4,dp=2", 8, 1),
+    ("manual:dp+1f1b", "pp=4,dp=2", 8, 1),
+    ("manual:dp+interleaved", "pp=4,dp=2", 8, 2),
+    ("manual:dp+zb-h1", "pp=4,dp=2", 8, 1),
+)
+MEMORY_SWEEP = (4, 8, 16)  # M for GPipe vs 1F1B temporaries at fixed P
+MEMORY_MESH = ("pp=2,dp=4", 2)  # mesh and its stage count
+
+
+@dataclass
+class PipeRow:
+    label: str
+    mesh: str
+    schedule: str
+    stages: int
+    microbatches: int
+    virtual_stages: int
+    ticks: int
+    bubble: float  # measured: idle / total ticks of the executed plan
+    bubble_s2: float  # predicted idle / total
+    bubble_s4: float  # predicted idle / ideal
+    permutes: int  # collective-permute instructions in the compiled step
+    permute_bytes: float  # bytes they move, summed over their source->target pairs
+    permute_predicted: float
+    stash_slots: int
+    temp_bytes: float
+    compile_s: float
+    layout_bytes: float = 0.0  # per device: interleaving's moves between layouts (GSPMD's)
+    passed: bool | None = None  # the 10-step equivalence check (None: not run)
+
+    @property
+    def bubble_ok(self) -> bool:
+        return abs(self.bubble - self.bubble_s2) < 1e-9
+
+    @property
+    def permute_ok(self) -> bool:
+        return self.permute_bytes == self.permute_predicted
+
+
+def activation_shape(cfg: ModelConfig, tcfg: TrainConfig, built) -> tuple[tuple, float]:
+    """One microbatch's stage output on one device, [B_m, T, D] in compute dtype (T/t under
+    sequence parallelism), and its bytes."""
+    rows = tcfg.global_batch // built.data_ways // built.strategy.microbatches
+    seq = tcfg.seq_len // (built.tensor_ways if built.strategy.tensor == "sequence" else 1)
+    shape = (rows, seq, cfg.d_model)
+    return shape, float(np.prod(shape)) * np.dtype(cfg.compute_dtype).itemsize
+
+
+def pipe_row(text: str, mesh: str, m: int, v: int, cfg: ModelConfig, tcfg: TrainConfig,
+             ref: verify.Trajectory | None = None) -> PipeRow:  # fmt: skip
+    """Compile (and, given the reference, run and check) one pipeline strategy."""
+    strategy = Strategy.parse(text, mesh, microbatches=m, virtual_stages=v)
+    built = build(strategy, cfg, tcfg, with_grads=ref is not None)
+    with jax.set_mesh(built.mesh):
+        compiled, report = compile_with_report(built.step, *built.abstract_args(
+            tcfg.global_batch, tcfg.seq_len))  # fmt: skip
+    plan = built.plan
+    act_shape, act_bytes = activation_shape(cfg, tcfg, built)
+    # the schedule's transfers carry [B_m, T, D]; any other collective-permute is GSPMD moving
+    # the interleaved schedule's stage parameters between the stored and the circular layout
+    permutes = [c for c in report.collectives if c.op == "collective-permute"
+                and all(dims == act_shape for _, dims in c.shapes)]  # fmt: skip
+    layout = [c for c in report.collectives if c.op in ("collective-permute", "all-to-all")
+              and c not in permutes]  # fmt: skip
+    per_pipeline = plan.config.stages / len(built.mesh.devices.flat)  # replicas over data/tensor
+    occ = plan.occupancy()
+    row = PipeRow(
+        built.label, mesh, strategy.schedule, plan.config.stages, m, v, occ["ticks"],
+        occ["bubble"], sim.predicted_bubble(plan.config, "s2"),
+        sim.predicted_bubble(plan.config, "s4"), len(permutes),
+        per_pipeline * sum(c.bytes_per_device * c.num_groups for c in permutes),
+        pp.predict_comm(plan, act_bytes)["collective-permute"],
+        plan.stash_slots, report.memory.temp, report.compile_s,
+        layout_bytes=sum(c.bytes_per_device * c.num_groups for c in layout)
+        / len(built.mesh.devices.flat),
+    )  # fmt: skip
+    if ref is not None:
+        got = verify.run_built(built, tcfg, step=compiled, initial=ref.initial)
+        row.passed = verify.compare(verify.Case(strategy), got, ref).passed
+    return row
+
+
+def memory_sweep(cfg: ModelConfig, tcfg: TrainConfig, sweep=MEMORY_SWEEP) -> list[dict]:
+    """Compiler temporaries of GPipe and 1F1B as M grows at fixed P (compiled, not run): GPipe
+    stashes all M microbatches' stage inputs, 1F1B at most P."""
+    mesh, p = MEMORY_MESH
+    # one microbatch of 32 rows x 32 tokens per data shard whatever M (the batch grows with M),
+    # 2 layers per stage, each layer rematerialised: the stash of stage inputs, not one
+    # microbatch's working set or the parameters, is what M can move
+    cfg = cfg.replace(n_layers=2 * p, remat=True)
+    out = []
+    for m in sweep:
+        t = tcfg.replace(global_batch=32 * m * 4, seq_len=32)
+        rec = {"microbatches": m}
+        for sched in ("gpipe", "1f1b"):
+            row = pipe_row(f"manual:dp+{sched}", mesh, m, 1, cfg, t)
+            rec[sched] = {"temp_bytes": row.temp_bytes, "stash_slots": row.stash_slots}
+        out.append(rec)
+    return out
+
+
+def format_rows(rows: list[PipeRow]) -> str:
+    head = (f"{'schedule':<28} {'mesh':<10} {'M':>3} {'ticks':>5} {'bubble meas/pred':>17} "
+            f"{'(s4)':>6} {'CP ops':>6} {'CP KiB meas/pred':>17} {'stash':>5} {'temp KiB':>9} "
+            f"{'eq':>3}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        eq = "·" if r.passed is None else "✓" if r.passed else "✗"
+        lines.append(
+            f"{r.label:<28} {r.mesh:<10} {r.microbatches:>3} {r.ticks:>5} "
+            f"{r.bubble:>8.1%}/{r.bubble_s2:<8.1%} {r.bubble_s4:>6.1%} {r.permutes:>6} "
+            f"{r.permute_bytes / 1024:>8.1f}/{r.permute_predicted / 1024:<8.1f} "
+            f"{r.stash_slots:>5} {r.temp_bytes / 1024:>9.1f} {r.layout_bytes / 1024:>9.1f} "
+            f"{eq:>3}"
+        )
+    lines += [
+        "bubble: idle / total ticks of the executed schedule vs (P-1)/(vM+P-1) (ZB-H1: "
+        "(P-1)/(3M+P-1), t_B = 2 t_F);",
+        "(s4): the same idle time over the ideal time, (P-1)/(vM) -- seed 004's convention.",
+        "CP: the schedule's collective-permutes in the compiled step; KiB one pipeline moves vs "
+        "2 M (vP-1) x [B_m, T, D].",
+        "moves: per device, the stage parameters GSPMD moves between the stored and the "
+        "interleaved (circular) layout.",
+    ]
+    return "\n".join(lines)
+
+
+def format_sweep(sweep: list[dict]) -> str:
+    lines = [f"{'M':>3} {'GPipe temp KiB':>15} {'stash':>6} {'1F1B temp KiB':>14} {'stash':>6} "
+             f"{'GPipe/1F1B':>10}"]  # fmt: skip
+    for rec in sweep:
+        g, o = rec["gpipe"], rec["1f1b"]
+        lines.append(f"{rec['microbatches']:>3} {g['temp_bytes'] / 1024:>15.1f} "
+                     f"{g['stash_slots']:>6} {o['temp_bytes'] / 1024:>14.1f} "
+                     f"{o['stash_slots']:>6} {g['temp_bytes'] / o['temp_bytes']:>10.2f}")  # fmt: skip
+    return "\n".join(lines)

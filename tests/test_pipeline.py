@@ -1,0 +1,116 @@
+"""The pipeline executor (jaxscale/parallel/pp.py): its program is the simulator's grid, the
+executed grid has the closed-form bubble, the compiled step moves exactly the predicted
+activations, and a broken schedule is caught by the equivalence check."""
+
+import dataclasses
+
+import pytest
+
+from jaxscale import verify
+from jaxscale.bench import pipeline as bench_pp
+from jaxscale.parallel import pp
+from jaxscale.parallel.compose import Strategy, build
+from jaxscale.sim import pipeline as sim
+
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+CFG = verify.CFG.replace(n_layers=4)
+REFS: dict = {}
+
+
+@pytest.mark.parametrize("schedule, v", SCHEDULES)
+def test_the_executor_runs_the_simulators_grid(schedule, v):
+    plan = pp.make_plan(4, 8, schedule, v)
+    cfg = sim.PipelineConfig(4, 8, schedule, 1.0, 2.0, v)
+    assert plan.grid == tuple(tuple(row) for row in sim.schedule_grid(sim.simulate(cfg)))
+    # every op of the grid is executed once, at the tick it starts
+    ops = [(op.kind, op.microbatch, op.chunk * 4 + d) for t in plan.ticks
+           for d, op in enumerate(t.ops) if op is not None]  # fmt: skip
+    per_mb = 3 if schedule == "zb-h1" else 2  # F, B (, W)
+    assert len(ops) == len(set(ops)) == 8 * 4 * v * per_mb
+
+
+@pytest.mark.parametrize("schedule, v", SCHEDULES)
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 16), (8, 8)])
+def test_executed_bubble_is_the_closed_form(schedule, v, p, m):
+    plan = pp.make_plan(p, m, schedule, v)
+    if schedule == "zb-h1":  # (P-1)/(3M+P-1) with t_B = 2 t_F, the paper's t_F = t_B' = t_W
+        want = (p - 1) / (3 * m + p - 1)
+    else:
+        want = (p - 1) / (v * m + p - 1)
+    assert plan.occupancy()["bubble"] == pytest.approx(want, abs=1e-12)
+    # every activation and every input gradient crosses each of the vP-1 boundaries once
+    assert plan.sends() == (m * (v * p - 1), m * (v * p - 1))
+
+
+def test_stash_is_m_for_gpipe_and_bounded_by_the_stages_for_1f1b():
+    for m in (4, 8, 16):
+        assert pp.make_plan(4, m, "gpipe").stash_slots == m
+        # 1F1B holds P - s microbatches on stage s between F and B; stage 0 stashes nothing
+        # (its input is the tokens), so the busiest stash is stage 1's: its P - 1, plus the next
+        # input, which arrives before a B frees a slot -- P, whatever M
+        assert pp.make_plan(4, m, "1f1b").stash_slots == 4
+
+
+def test_schedules_and_meshes_are_checked():
+    tcfg = verify.TCFG
+    for strategy, fragment in (
+        (Strategy.parse("manual:dp+1f1b", "pp=2,dp=4", microbatches=3), "--microbatches 3"),
+        (Strategy.parse("manual:dp+1f1b", "dp=8"), "needs a pipe axis"),
+        (Strategy.parse("manual:dp+interleaved", "pp=2,dp=4", 4, 1), "--virtual-stages"),
+        (Strategy.parse("manual:dp+interleaved", "pp=4,dp=2", 2, 2), "divisible by pp=4"),
+        (Strategy.parse("auto", "pp=2,dp=4"), "pp=2 needs a pipeline schedule"),
+        (Strategy.parse("manual:dp+1f1b", "pp=4,dp=2", 2), "n_layers=2 does not split"),
+    ):
+        with pytest.raises(ValueError, match=fragment):
+            build(strategy, verify.CFG, tcfg)
+    with pytest.raises(ValueError, match="microbatches are the gradient accumulation"):
+        build(Strategy.parse("manual:dp+1f1b", "pp=2,dp=4", 2), CFG, tcfg.replace(grad_accum=2))
+
+
+def test_compiled_step_moves_exactly_the_predicted_activations():
+    row = bench_pp.pipe_row("manual:dp+1f1b", "pp=2,dp=4", 4, 1, CFG, verify.TCFG)
+    # one collective-permute per tick that sends, forward and backward
+    plan = pp.make_plan(2, 4, "1f1b")
+    assert row.permutes == sum(bool(t.fwd) + bool(t.bwd) for t in plan.ticks)
+    # 2 M (P-1) transfers of [B_m, T, D] = [16/4/4, 32, 64] f32, derived independently
+    assert row.permute_bytes == 2 * 4 * 1 * (1 * 32 * 64 * 4)
+    assert row.bubble == pytest.approx(1 / 5)
+
+
+def _case(text="manual:dp+1f1b", mesh="pp=2,dp=4", m=2):
+    return verify.Case(Strategy.parse(text, mesh, microbatches=m), n_layers=4)
+
+
+def _check_with_plan(monkeypatch, broken):
+    monkeypatch.setattr(pp, "make_plan", lambda *a, **k: broken)
+    case = _case()
+    return verify.check(case, verify.reference_for(case, REFS))
+
+
+def test_a_backward_before_its_input_arrives_is_caught(monkeypatch):
+    good = pp.make_plan(2, 2, "1f1b")
+    grid = [list(row) for row in good.grid]
+    last = grid[1]
+    f0 = next(t for t, c in enumerate(last) if c and c.kind == "F" and c.microbatch == 0)
+    b0 = [t for t, c in enumerate(last) if c and c.kind == "B" and c.microbatch == 0]
+    cells = [last[t] for t in b0] + [last[f0]]
+    for t in (f0, *b0):
+        last[t] = None
+    for t, cell in enumerate(cells):  # B0 at ticks 0-1, before F0 on stage 0 has sent anything
+        last[t] = cell
+    result = _check_with_plan(monkeypatch, pp.make_plan(2, 2, "1f1b", grid=grid))
+    assert result.error is None and result.grads_ok is False and not result.passed
+
+
+def test_a_dropped_ppermute_is_caught(monkeypatch):
+    good = pp.make_plan(2, 2, "1f1b")
+    first_send = next(i for i, t in enumerate(good.ticks) if t.fwd)
+    ticks = list(good.ticks)
+    ticks[first_send] = dataclasses.replace(ticks[first_send], fwd=(), fwd_recv=(None, None))
+    result = _check_with_plan(monkeypatch, dataclasses.replace(good, ticks=tuple(ticks)))
+    assert result.error is None and result.loss_ok is False and not result.passed
+
+
+def test_the_unbroken_plan_passes_the_same_check(monkeypatch):
+    result = _check_with_plan(monkeypatch, pp.make_plan(2, 2, "1f1b"))
+    assert result.passed, verify.format_matrix([result])
