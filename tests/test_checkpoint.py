@@ -15,12 +15,12 @@ N = 3
 TCFG = TrainConfig(steps=2 * N, global_batch=8, seq_len=16, warmup_steps=1, eval_every=0)
 
 
-def _run(mesh, stop_after, ckpt_dir=None, resume=False, strategy="auto"):
+def _run(mesh, stop_after, ckpt_dir=None, resume=False, strategy="auto", cfg=CFG, **pipe):
     """A 2N-step run (its LR schedule spans 2N steps) that stops after `stop_after` steps."""
     setup = RunSetup(mesh=mesh, strategy=strategy, dataset="markov", ckpt_dir=ckpt_dir,
                      resume=resume, progress=False, sample_tokens=0,
-                     stop_after=stop_after)  # fmt: skip
-    return train(CFG, TCFG, setup)
+                     stop_after=stop_after, **pipe)  # fmt: skip
+    return train(cfg, TCFG, setup)
 
 
 def _host(tree):
@@ -79,6 +79,24 @@ def test_manual_strategy_checkpoint_resumes_under_the_auto_path(tmp_path, uninte
     for a, b in zip(jax.tree.leaves(_host(resumed.state)), jax.tree.leaves(uninterrupted),
                     strict=True):  # fmt: skip
         np.testing.assert_allclose(a, b, rtol=0, atol=TRAJ_ATOL)
+
+
+@pytest.mark.slow
+def test_a_pipelined_checkpoint_resumes_under_dp_and_back(tmp_path):
+    """One stored layout for every strategy: a 1F1B run on pp=2 x dp=4 saves, plain DP resumes;
+    DP saves, 1F1B on pp=2 x dp=2 x tp=2 resumes; both end where the uninterrupted DP run ends."""
+    cfg = CFG.replace(n_layers=2)
+    whole = _host(_run("dp=8", 2 * N, cfg=cfg).state)
+    pipe = dict(schedule="1f1b", microbatches=2)
+    _run("pp=2,dp=4", N, tmp_path / "a", strategy="manual:dp", cfg=cfg, **pipe)
+    resumed = [_run("dp=8", 2 * N, tmp_path / "a", resume=True, cfg=cfg)]
+    _run("dp=8", N, tmp_path / "b", cfg=cfg)
+    resumed.append(_run("pp=2,dp=2,tp=2", 2 * N, tmp_path / "b", resume=True,
+                        strategy="manual:dp+tp", cfg=cfg, **pipe))  # fmt: skip
+    for run in resumed:
+        assert run.resumed_from == N
+        for a, b in zip(jax.tree.leaves(_host(run.state)), jax.tree.leaves(whole), strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=TRAJ_ATOL)
 
 
 def _snapshot(directory):

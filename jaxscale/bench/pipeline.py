@@ -161,5 +161,6 @@ def format_sweep(sweep: list[dict]) -> str:
         g, o = rec["gpipe"], rec["1f1b"]
         lines.append(f"{rec['microbatches']:>3} {g['temp_bytes'] / 1024:>15.1f} "
                      f"{g['stash_slots']:>6} {o['temp_bytes'] / 1024:>14.1f} "
-                     f"{o['stash_slots']:>6} {g['temp_bytes'] / o['temp_bytes']:>10.2f}")  # fmt: skip
+                     f"{o['stash_slots']:>6} "
+                     f"{g['temp_bytes'] / o['temp_bytes']:>10.2f}")  # fmt: skip
     return "\n".join(lines)

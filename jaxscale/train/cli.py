@@ -25,10 +25,12 @@ from jaxscale.cliutil import (
 )
 from jaxscale.config import MODEL_PRESETS, ModelConfig, TrainConfig
 
-RUN_FIELDS = ("mesh", "strategy", "data", "prompt", "sample_tokens")
+RUN_FIELDS = ("mesh", "strategy", "schedule", "microbatches", "virtual_stages", "data", "prompt",
+              "sample_tokens")  # fmt: skip
 EXAMPLES = """examples:
   jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --run-dir runs/a
   jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
+  jaxscale train --mesh pp=2,dp=2,tp=2 --strategy manual:dp+tp --schedule 1f1b --microbatches 8
   jaxscale train --run-dir runs/a --resume --steps 600     # continue, on any mesh and strategy
   jaxscale train --config runs/a/config.json --dry-run     # check and print, compile nothing"""
 
@@ -49,6 +51,15 @@ def add_parser(sub) -> None:
                    help="'auto' (jit + the rules table; default) or 'manual:' + dp/zero1/"
                    "zero2/zero3 and/or tp/tp_sp/tp_gather joined by '+', e.g. "
                    "manual:zero3+tp")  # fmt: skip
+    p.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved", "zb-h1"),
+                   help="pipeline schedule over the mesh's pp axis (joins a manual --strategy; "
+                   "with 'auto' the strategy becomes manual:dp), e.g. 1f1b")  # fmt: skip
+    p.add_argument("--microbatches", type=positive_int, default=None,
+                   help="pipeline microbatches per data shard, the gradient accumulation of a "
+                   "pipeline (default 1), e.g. 8")  # fmt: skip
+    p.add_argument("--virtual-stages", type=positive_int, default=None,
+                   help="model chunks per pipeline device, for --schedule interleaved "
+                   "(default 1), e.g. 2")  # fmt: skip
     p.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),
                    help="model preset the model flags modify (default tiny)")  # fmt: skip
     p.add_argument("--data", default=None,
@@ -105,8 +116,9 @@ def resolve(args) -> tuple[ModelConfig, TrainConfig, dict, dict]:
     model = MODEL_PRESETS[args.model or "tiny"].replace(**saved.get("model", {}))
     cfg = build_config(ModelConfig, args, base=model)
     tcfg = build_config(TrainConfig, args, base=TrainConfig(**saved.get("train", {})))
-    run = {"mesh": "dp=-1", "strategy": "auto", "data": "stdlib", "prompt": "def ",
-           "sample_tokens": 48, **saved.get("run", {})}  # fmt: skip
+    run = {"mesh": "dp=-1", "strategy": "auto", "schedule": None, "microbatches": 1,
+           "virtual_stages": 1, "data": "stdlib", "prompt": "def ", "sample_tokens": 48,
+           **saved.get("run", {})}  # fmt: skip
     run.update({k: getattr(args, k) for k in RUN_FIELDS if getattr(args, k) is not None})
     run_dir = Path(args.run_dir) if args.run_dir else None
     paths = {
@@ -154,7 +166,9 @@ def main(args) -> int:
     try:
         cfg, tcfg, run, paths = resolve(args)
         setup = RunSetup(
-            mesh=run["mesh"], strategy=run["strategy"], dataset=run["data"],
+            mesh=run["mesh"], strategy=run["strategy"], schedule=run["schedule"],
+            microbatches=run["microbatches"], virtual_stages=run["virtual_stages"],
+            dataset=run["data"],
             ckpt_dir=paths["ckpt_dir"], resume=args.resume, metrics_path=paths["metrics"],
             prompt=run["prompt"], sample_tokens=run["sample_tokens"],
             progress=not args.no_progress, stop_after=args.stop_after,

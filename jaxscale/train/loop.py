@@ -52,6 +52,9 @@ class RunSetup:
 
     mesh: str = "dp=-1"
     strategy: str = "auto"  # "auto" or "manual:<data>+<tensor>" (jaxscale/parallel/compose.py)
+    schedule: str | None = None  # pipeline schedule over the pp axis (manual strategies)
+    microbatches: int = 1  # pipeline microbatches per data shard
+    virtual_stages: int = 1  # interleaved: model chunks per pipeline device
     dataset: str | None = None  # 'stdlib' (default), 'markov', 'copy', or a text file
     ckpt_dir: str | None = None
     resume: bool = False
@@ -92,7 +95,11 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
         if not 0 < n_prompt < cfg.max_seq:
             raise ValueError(f"--prompt must be 1 to {cfg.max_seq - 1} bytes (the model's "
                              f"max_seq), got {n_prompt}")  # fmt: skip
-    built = build(Strategy.parse(setup.strategy, str(spec)), cfg, tcfg)
+    text = setup.strategy
+    if setup.schedule:  # a pipeline schedule is a manual strategy's pipe part
+        text = ("manual:dp" if text.strip() == "auto" else text) + "+" + setup.schedule
+    built = build(Strategy.parse(text, str(spec), setup.microbatches, setup.virtual_stages), cfg,
+                  tcfg)  # fmt: skip
     end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
     start, notes = _resume_point(setup, end)
     return Plan(built, dataset, start, end, notes)
