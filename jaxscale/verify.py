@@ -67,11 +67,10 @@ def _case(text: str, mesh: str, bench: bool = False, **variant) -> Case:
     return Case(Strategy.parse(text, mesh), bench=bench, **variant)
 
 
-def _pipe(text: str, mesh: str, m: int, layers: int = 8, v: int = 1, bench: bool = False,
-          **variant) -> Case:  # fmt: skip
+def _pipe(text: str, mesh: str, m: int, layers: int = 8, v: int = 1, **variant) -> Case:
     """A pipeline case: M microbatches, a model of `layers` layers (divisible by the stages)."""
     strategy = Strategy.parse(text, mesh, microbatches=m, virtual_stages=v)
-    return Case(strategy, bench=bench, n_layers=layers, **variant)
+    return Case(strategy, n_layers=layers, **variant)
 
 
 PIPE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -106,8 +105,7 @@ CASES: tuple[Case, ...] = (
     *(case for sched in PIPE_SCHEDULES for case in (
         _pipe(f"manual:{sched}", "pp=8", 8, layers=16 if sched == "interleaved" else 8,
               v=2 if sched == "interleaved" else 1),
-        _pipe(f"manual:dp+{sched}", "pp=2,dp=4", 4, v=2 if sched == "interleaved" else 1,
-              bench=True),
+        _pipe(f"manual:dp+{sched}", "pp=2,dp=4", 4, v=2 if sched == "interleaved" else 1),
         _pipe(f"manual:zero3+{sched}", "pp=4,fsdp=2", 4, v=2 if sched == "interleaved" else 1),
         _pipe(f"manual:tp+{sched}", "pp=2,tp=4", 4, v=2 if sched == "interleaved" else 1),
         _pipe(f"manual:zero1+tp+{sched}", "pp=2,dp=2,tp=2", 4,

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxscale.cliutil import positive_int, writable_dir, writable_path
+from jaxscale.cliutil import comma_list, positive_int, writable_dir, writable_path
 from jaxscale.config import MODEL_PRESETS
 
 
@@ -15,19 +15,23 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
-        "or time collectives ('bench collectives'), or PPO beside rejax ('bench rl')",
+        "pipeline schedules against their formulas ('bench pipeline'), time collectives "
+        "('bench collectives'), or PPO beside rejax ('bench rl')",
         description="The mesh comparison (default): every strategy x mesh compiled, its memory, "
         "FLOPs and collectives measured beside the predictions, and a short trajectory checked "
-        "against one device. 'bench collectives' times each collective over message sizes. "
+        "against one device. 'bench pipeline' runs each pipeline schedule: bubble and "
+        "collective-permute bytes against their formulas, temporaries as M grows, the executed "
+        "grids. 'bench collectives' times each collective over message sizes. "
         "'bench rl' "
         "times jaxscale's PPO beside rejax's on CartPole (steps/s, time to 475).",
         epilog="examples:\n  jaxscale bench --model tiny --strategies auto:fsdp,manual:zero3 "
         "--steps 3\n  jaxscale bench --strategies manual:zero3+tp --meshes 'fsdp=2,tp=4;"
         "fsdp=4,tp=2'\n  jaxscale bench --target tpu:v5e:2x4\n  jaxscale bench collectives "
-        "--sizes 1K:16M\n  jaxscale bench rl",
+        "--sizes 1K:16M\n  jaxscale bench pipeline --sweep 4,8,16\n  jaxscale bench rl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("suite", nargs="?", default="meshes", choices=["meshes", "collectives", "rl"])
+    p.add_argument("suite", nargs="?", default="meshes",
+                   choices=["meshes", "pipeline", "collectives", "rl"])  # fmt: skip
     p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS),
                    help="model preset (default small)")  # fmt: skip
     p.add_argument("--strategies", default="",
@@ -62,6 +66,9 @@ def add_parser(sub) -> None:
     p.add_argument("--remat-layers", type=positive_int, default=8,
                    help="layers of the model used for the remat vs sqrt(L) comparison "
                    "(default 8)")  # fmt: skip
+    p.add_argument("--sweep", type=comma_list(positive_int), default=[4, 8],
+                   help="pipeline suite: microbatch counts M at which GPipe's and 1F1B's "
+                   "compiler temporaries are compared (default 4,8), e.g. 4,8,16")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     p.add_argument(
         "--dry-run",
@@ -97,6 +104,10 @@ def main(args) -> int:
         from jaxscale.rl import bench as rl_bench
 
         return rl_bench.main(args)
+    if args.suite == "pipeline":
+        from jaxscale.bench import pipeline
+
+        return pipeline.main(args)
     if args.suite == "collectives":
         from jaxscale.bench import collectives
 

@@ -13,6 +13,7 @@ For one schedule on one mesh, a row puts side by side
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -24,14 +25,16 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.parallel import pp
 from jaxscale.parallel.compose import Strategy, build
 from jaxscale.sim import pipeline as sim
+from jaxscale.sim import timeline
 
 ROWS = (  # (strategy, mesh, microbatches, virtual stages): the bench's pipeline rows
     ("manual:dp+gpipe", "pp=4,dp=2", 1, 1),  # seed 004's naive model parallelism: M = 1
-    ("manual:dp+gpipe", "pp=4,dp=2", 8, 1),
-    ("manual:dp+1f1b", "pp=4,dp=2", 8, 1),
-    ("manual:dp+interleaved", "pp=4,dp=2", 8, 2),
-    ("manual:dp+zb-h1", "pp=4,dp=2", 8, 1),
+    ("manual:dp+gpipe", "pp=4,dp=2", 4, 1),
+    ("manual:dp+1f1b", "pp=4,dp=2", 4, 1),
+    ("manual:dp+interleaved", "pp=4,dp=2", 4, 2),
+    ("manual:dp+zb-h1", "pp=4,dp=2", 4, 1),
 )
+CFG = verify.CFG.replace(n_layers=8)  # 2 layers per stage on pp=4 (1 per virtual stage)
 MEMORY_SWEEP = (4, 8, 16)  # M for GPipe vs 1F1B temporaries at fixed P
 MEMORY_MESH = ("pp=2,dp=4", 2)  # mesh and its stage count
 
@@ -126,6 +129,86 @@ def memory_sweep(cfg: ModelConfig, tcfg: TrainConfig, sweep=MEMORY_SWEEP) -> lis
             rec[sched] = {"temp_bytes": row.temp_bytes, "stash_slots": row.stash_slots}
         out.append(rec)
     return out
+
+
+def executed_result(plan: pp.Plan) -> sim.PipelineResult:
+    """The timeline the executor runs, rebuilt from its ticks alone (each op from the tick it
+    starts for as many ticks as the grid gives it): drawn beside the simulator's, it shows that
+    the program is the schedule."""
+    q = sim.simulate(plan.config).tick  # one grid column in the simulator's time unit
+    spans = {}
+    for tick in plan.ticks:
+        for d, op in enumerate(tick.ops):
+            if op is None:
+                continue
+            row, t = plan.grid[d], tick.index + 1
+            while t < len(row) and row[t] is not None and not row[t].first:
+                t += 1
+            j = op.chunk * plan.config.stages + d
+            key = (op.kind, j, op.microbatch)
+            op_ = timeline.Op(key, d, (t - tick.index) * q)
+            spans[key] = timeline.Span(op_, tick.index * q, t * q)
+    cfg = plan.config
+    return sim.PipelineResult(
+        cfg,
+        spans,
+        timeline.makespan(spans),
+        cfg.microbatches * (cfg.forward_time + cfg.backward_time),
+        (),
+    )
+
+
+def plot_grids(plans: list[pp.Plan], path: str) -> str:
+    """Per schedule, the simulator's timeline above the executor's."""
+    from jaxscale.sim import plots
+
+    results, titles = [], []
+    for plan in plans:
+        results += [sim.simulate(plan.config), executed_result(plan)]
+        titles += ["simulated ", "executed "]
+    return plots.pipeline(results, path, titles)
+
+
+def main(args) -> int:
+    """`jaxscale bench pipeline`: the rows, the GPipe vs 1F1B temporaries, the grids' plot."""
+    import json
+    from pathlib import Path
+
+    from jaxscale.progress import Progress
+
+    tcfg = verify.TCFG
+    sweep = tuple(args.sweep) if args.sweep else ()
+    bar = Progress(len(ROWS) + 1 + len(sweep), desc="bench pipeline", enabled=not args.json)
+    ref = verify.reference(CFG, tcfg)
+    bar.update(1, note="reference")
+    rows = []
+    for text, mesh, m, v in ROWS:
+        rows.append(pipe_row(text, mesh, m, v, CFG, tcfg, ref))
+        bar.update(1, note=f"{rows[-1].label} {mesh}")
+    swept = []
+    for m in sweep:
+        swept += memory_sweep(CFG, tcfg, (m,))
+        bar.update(1, note=f"memory M={m}")
+    bar.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"rows": [dataclasses.asdict(r) | {"bubble_ok": r.bubble_ok,
+                                                "permute_ok": r.permute_ok} for r in rows],
+              "memory_sweep": swept, "mesh_of_sweep": MEMORY_MESH[0]}  # fmt: skip
+    (out / "bench_pipeline.json").write_text(json.dumps(record, indent=1))
+    plans = [pp.make_plan(r.stages, r.microbatches, r.schedule, r.virtual_stages)
+             for r in rows[1:]]  # fmt: skip
+    png = None if args.no_plot else plot_grids(plans, args.plot or str(out / "bench_pipeline.png"))
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(format_rows(rows))
+        if swept:
+            print(f"\nGPipe vs 1F1B compiler temporaries on {MEMORY_MESH[0]}, microbatch fixed:")
+            print(format_sweep(swept))
+        print(f"\nwrote {out / 'bench_pipeline.json'}" + (f", {png}" if png else ""))
+    ok = all(r.bubble_ok and r.permute_ok and r.passed for r in rows)
+    return 0 if ok else 1
 
 
 def format_rows(rows: list[PipeRow]) -> str:

@@ -59,13 +59,16 @@ def _gantt(path: str, rows: list, draw, height: tuple, xlabel: str, top: float =
     return path
 
 
-def pipeline(results, path: str) -> str:
-    """One Gantt chart per schedule: forward and backward ops per device over time."""
+def pipeline(results, path: str, titles=None) -> str:
+    """One Gantt chart per schedule: forward, backward (and ZB-H1's weight-gradient) ops per
+    device over time. `titles`: a prefix per panel (e.g. simulated / executed)."""
     from matplotlib.collections import PolyCollection
+
+    prefix = dict(zip(map(id, results), titles or [""] * len(results), strict=True))
 
     def draw(ax, res):
         cfg = res.config
-        for kind, color in (("F", "#1f77b4"), ("B", "#ff7f0e")):  # one collection each: fast
+        for kind, color in (("F", "#1f77b4"), ("B", "#ff7f0e"), ("W", "#2ca02c")):  # fast
             boxes = [[(s.start, d - 0.4), (s.end, d - 0.4), (s.end, d + 0.4), (s.start, d + 0.4)]
                      for s in res.spans.values() if s.op.key[0] == kind
                      for d in [s.op.resource]]  # fmt: skip
@@ -76,8 +79,8 @@ def pipeline(results, path: str) -> str:
         shown = range(0, cfg.stages, -(-cfg.stages // 16))  # at most 16 labels
         ax.set_yticks(shown, [f"GPU{d}" for d in shown])
         ax.set_title(
-            f"{cfg.schedule}: P={cfg.stages}, M={cfg.microbatches}, makespan "
-            f"{res.makespan:g}, bubble {res.bubble_s2:.1%} (blue F, orange B)"
+            f"{prefix[id(res)]}{cfg.schedule}: P={cfg.stages}, M={cfg.microbatches}, makespan "
+            f"{res.makespan:g}, bubble {res.bubble_s2:.1%} (blue F, orange B, green W)"
         )
 
     return _gantt(path, list(results), draw, (2, 1.6), "time")
