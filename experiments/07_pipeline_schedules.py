@@ -1,4 +1,4 @@
-"""Pipeline schedules: GPipe, 1F1B and interleaved 1F1B (seed 002 ch7, seed 004 §6).
+"""Pipeline schedules: GPipe, 1F1B, interleaved 1F1B and ZB-H1 (seed 002 ch7, seed 004 §6).
 
     .venv/bin/python experiments/07_pipeline_schedules.py --pp 4 --microbatches 8
 
@@ -7,7 +7,10 @@ schedules come from a dependency-driven simulation (jaxscale.sim.pipeline), the 
 (P-1)/(M+P-1) for both GPipe and 1F1B (the seed's naive 68.6% is defect 3), 1F1B holds P-s
 microbatches of activations on stage s where GPipe holds M, and the bubble-vs-microbatch table the
 seed never prints (defect 5) is shown under both conventions, with seed 004's efficiency column.
-Plots: results/07_pipeline_gantt.png, results/07_bubble_vs_microbatches.png.
+The last section prints the real executor's program (jaxscale/parallel/pp.py, the per-device
+ticks of the compiled step) beside the simulator's timeline, ZB-H1 included.
+Plots: results/07_pipeline_gantt.png, results/07_bubble_vs_microbatches.png,
+results/07_executed_grids.png.
 """
 
 import argparse
@@ -92,7 +95,26 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     gantt = plots.pipeline(equal, os.path.join(args.out, "07_pipeline_gantt.png"))
     curve = plots.bubble_curve(p, rows, os.path.join(args.out, "07_bubble_vs_microbatches.png"))
-    print(f"\nplots: {gantt}, {curve}")
+    executed = executor_grids(p, m, v, os.path.join(args.out, "07_executed_grids.png"))
+    print(f"\nplots: {gantt}, {curve}, {executed}")
+
+
+def executor_grids(p: int, m: int, v: int, path: str) -> str:
+    """The real executor's program (jaxscale/parallel/pp.py: what each device starts at each
+    tick of the compiled step, t_B = 2 t_F) beside the simulator's timeline, per schedule."""
+    from jaxscale.bench.pipeline import executed_result, plot_grids
+    from jaxscale.parallel import pp as executor
+
+    plans = [executor.make_plan(p, m, s, v if s == "interleaved" else 1) for s in pp.SCHEDULES
+             if s != "interleaved" or m % p == 0]  # fmt: skip
+    print(f"\n== the executor's program vs the simulator (P={p}, M={m}, t_B = 2 t_F) ==")
+    for plan in plans:
+        run, sim_ = executed_result(plan), pp.simulate(plan.config)
+        occ = plan.occupancy()
+        print(f"{plan.config.schedule:<12} executed makespan {run.makespan:g} (simulated "
+              f"{sim_.makespan:g}), idle ticks per device {occ['idle']}, bubble "
+              f"{occ['bubble']:.1%}, stash slots {plan.stash_slots}")  # fmt: skip
+    return plot_grids(plans, path)
 
 
 if __name__ == "__main__":

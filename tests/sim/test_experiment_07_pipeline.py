@@ -18,5 +18,8 @@ def test_experiment_07_runs(tmp_path):
     assert slow_backward[1:3] == ["24", "25.00%"]
     assert equal[-3:] == ["3", "2", "1"]
     assert "interleaved v=2" in out
-    for name in ("07_pipeline_gantt.png", "07_bubble_vs_microbatches.png"):
+    # the executor's program: ZB-H1 at P=3, M=6 (t_F = B = W = 1) ends at 3M + P - 1 = 20
+    assert "zb-h1        executed makespan 20 (simulated 20)" in out
+    for name in ("07_pipeline_gantt.png", "07_bubble_vs_microbatches.png",
+                 "07_executed_grids.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
