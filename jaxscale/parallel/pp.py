@@ -247,13 +247,13 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
         return carry
 
     def branch(kind, role):
-        def run(carry, mb, c, s_slot, g_slot):
+        def run(carry, x_in, cot_in, mb, c):
             if kind == "idle":
                 return carry, zero_act, zero_act
             tokens = jax.lax.dynamic_index_in_dim(micro_MBT1, mb, keepdims=False)
             chunk = chunk_at(c)
-            x = zero_act if role == FIRST else carry["stash"][c, s_slot]
-            cot = seed_cot if role == LAST else carry["grad"][c, g_slot]
+            x = zero_act if role == FIRST else x_in
+            cot = seed_cot if role == LAST else cot_in
 
             def f(chunk, top, x):
                 return stage_fn(role, chunk, top, x, tokens)
@@ -286,14 +286,21 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
             return jnp.asarray(values, jnp.int32)[d]
 
         ops = tick.ops
-        args = [pick([index[IDLE if op is None else (op.kind, op.role)] for op in ops])]
-        args += [pick([0 if op is None else getattr(op, f) for op in ops])
-                 for f in ("microbatch", "chunk", "stash_slot", "grad_slot")]  # fmt: skip
+        branch_id = pick([index[IDLE if op is None else (op.kind, op.role)] for op in ops])
+        mb, c, s_slot, g_slot = (
+            pick([0 if op is None else getattr(op, f) for op in ops])
+            for f in ("microbatch", "chunk", "stash_slot", "grad_slot")
+        )
+        # the buffers are read here, outside the branches: only the gradient accumulators and
+        # the loss pass through the conditional
+        x_in, cot_in = carry["stash"][c, s_slot], carry["grad"][c, g_slot]
+        small = {k: carry[k] for k in ("g_blocks", "g_top", "loss")}
         fns = [branch(*k) for k in kinds]
         if len(fns) == 1:
-            carry, fwd, bwd = fns[0](carry, *args[1:])
+            small, fwd, bwd = fns[0](small, x_in, cot_in, mb, c)
         else:
-            carry, fwd, bwd = jax.lax.switch(args[0], fns, carry, *args[1:])
+            small, fwd, bwd = jax.lax.switch(branch_id, fns, small, x_in, cot_in, mb, c)
+        carry = {**carry, **small}
         if tick.fwd:  # collective-permute: stage outputs to the next stage
             got = jax.lax.ppermute(fwd, AXIS, tick.fwd)
             carry = {**carry, "stash": _receive(carry["stash"], got, tick.fwd_recv, pick)}

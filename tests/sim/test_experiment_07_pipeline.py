@@ -20,6 +20,5 @@ def test_experiment_07_runs(tmp_path):
     assert "interleaved v=2" in out
     # the executor's program: ZB-H1 at P=3, M=6 (t_F = B = W = 1) ends at 3M + P - 1 = 20
     assert "zb-h1        executed makespan 20 (simulated 20)" in out
-    for name in ("07_pipeline_gantt.png", "07_bubble_vs_microbatches.png",
-                 "07_executed_grids.png"):
+    for name in ("07_pipeline_gantt.png", "07_bubble_vs_microbatches.png", "07_executed_grids.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
