@@ -86,7 +86,16 @@ def pipe_row(text: str, mesh: str, m: int, v: int, cfg: ModelConfig, tcfg: Train
     with jax.set_mesh(built.mesh):
         compiled, report = compile_with_report(built.step, *built.abstract_args(
             tcfg.global_batch, tcfg.seq_len))  # fmt: skip
-    plan = built.plan
+    row = measure(built, report, cfg, tcfg)
+    if ref is not None:
+        got = verify.run_built(built, tcfg, step=compiled, initial=ref.initial)
+        row.passed = verify.compare(verify.Case(strategy), got, ref).passed
+    return row
+
+
+def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
+    """A pipelined strategy's compiled step against its plan and formulas."""
+    plan, strategy = built.plan, built.strategy
     act_shape, act_bytes = activation_shape(cfg, tcfg, built)
     # the schedule's transfers carry [B_m, T, D]; any other collective-permute is GSPMD moving
     # the interleaved schedule's stage parameters between the stored and the circular layout
@@ -94,22 +103,19 @@ def pipe_row(text: str, mesh: str, m: int, v: int, cfg: ModelConfig, tcfg: Train
                 and all(dims == act_shape for _, dims in c.shapes)]  # fmt: skip
     layout = [c for c in report.collectives if c.op in ("collective-permute", "all-to-all")
               and c not in permutes]  # fmt: skip
-    per_pipeline = plan.config.stages / len(built.mesh.devices.flat)  # replicas over data/tensor
+    n = len(built.mesh.devices.flat)
     occ = plan.occupancy()
-    row = PipeRow(
-        built.label, mesh, strategy.schedule, plan.config.stages, m, v, occ["ticks"],
-        occ["bubble"], sim.predicted_bubble(plan.config, "s2"),
-        sim.predicted_bubble(plan.config, "s4"), len(permutes),
-        per_pipeline * sum(c.bytes_per_device * c.num_groups for c in permutes),
+    return PipeRow(
+        built.label, strategy.mesh, strategy.schedule, plan.config.stages,
+        strategy.microbatches, strategy.virtual_stages, occ["ticks"], occ["bubble"],
+        sim.predicted_bubble(plan.config, "s2"), sim.predicted_bubble(plan.config, "s4"),
+        len(permutes),
+        # per pipeline: the pipeline's replicas over the data and tensor axes send the same
+        plan.config.stages / n * sum(c.bytes_per_device * c.num_groups for c in permutes),
         pp.predict_comm(plan, act_bytes)["collective-permute"],
         plan.stash_slots, report.memory.temp, report.compile_s,
-        layout_bytes=sum(c.bytes_per_device * c.num_groups for c in layout)
-        / len(built.mesh.devices.flat),
+        layout_bytes=sum(c.bytes_per_device * c.num_groups for c in layout) / n,
     )  # fmt: skip
-    if ref is not None:
-        got = verify.run_built(built, tcfg, step=compiled, initial=ref.initial)
-        row.passed = verify.compare(verify.Case(strategy), got, ref).passed
-    return row
 
 
 def memory_sweep(cfg: ModelConfig, tcfg: TrainConfig, sweep=MEMORY_SWEEP) -> list[dict]:

@@ -35,16 +35,25 @@ class StateBytes:
 
 
 def predicted_state(built: Built, cfg: ModelConfig) -> StateBytes:
+    """Under a pipeline each device holds 1/P of the layers' parameters (and their gradients and
+    Adam moments) beside the whole embedding, final norm and unembedding."""
     shape = step_shape(cfg, 0)
+    matrix, norm = shape.matrix_params, shape.norm_params
+    if built.plan is not None:  # one layer's parameters from two depths; the rest is outside
+        one, two = step_shape(cfg.replace(n_layers=1), 0), step_shape(cfg.replace(n_layers=2), 0)
+        per_m, per_n = two.matrix_params - one.matrix_params, two.norm_params - one.norm_params
+        p, L = built.plan.config.stages, cfg.n_layers
+        matrix = matrix - per_m * L + per_m * L / p
+        norm = norm - per_n * L + per_n * L / p
     kw = dict(weight_bytes=F32, grad_bytes=F32, optimizer_bytes=2 * F32)
     split = training_memory_per_device(
-        shape.matrix_params,
+        matrix,
         dp=built.zero_ways,
         tp=built.tensor_ways,
         zero_stage=built.zero_stage,
         **kw,
     )
-    whole = training_memory_per_device(shape.norm_params, **kw)
+    whole = training_memory_per_device(norm, **kw)
     return StateBytes(split.weights + whole.weights, split.gradients + whole.gradients,
                       split.optimizer + whole.optimizer)  # fmt: skip
 

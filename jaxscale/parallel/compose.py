@@ -341,7 +341,9 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
 
     def predict(cfg_, batch, seq_len):
         if plan is not None:
-            return None, "a pipeline's transfers are compared in the pipeline table"
+            return None, ("a pipeline's other collectives sit in the schedule's conditionals, "
+                          "where the census counts each branch once; its transfers are "
+                          "compared with their formula instead")  # fmt: skip
         shape = step_shape(cfg_, batch // n * seq_len)
         any_split = (stage in (2, 3) and n > 1) or t > 1
         return common.add_comm(
