@@ -14,6 +14,7 @@ Two bubble conventions are in use (seed-spec §0.2) and both are exposed:
 with v = 1 except for the interleaved schedule (v model chunks per device, Megatron-LM).
 """
 
+import heapq
 from dataclasses import dataclass, field, replace
 
 from jaxscale.checks import positive_fields
@@ -132,7 +133,7 @@ def bubble_fraction(
 
 def predicted_bubble(cfg: PipelineConfig, convention: str = "s2") -> float:
     """The schedule's closed form: (P-1)/(v*M + P-1) ("s2") or (P-1)/(v*M) ("s4") for GPipe, 1F1B
-    and interleaved (v = 1 but for interleaved); ZB-H1 (M >= P): the bubble shrinks to
+    and interleaved (v = 1 but for interleaved); ZB-H1 (M >= P, t_B <= 2 t_F): the bubble is
     (P-1)(t_F + t_B/2 - t_W) = (P-1) t_F, so idle/total = (P-1) t_F / (M (t_F + t_B) + (P-1) t_F)
     -- (P-1)/(3M + P-1) for t_B = 2 t_F -- and idle/ideal = (P-1) t_F / (M (t_F + t_B))."""
     p, m = cfg.stages, cfg.microbatches
@@ -246,15 +247,18 @@ def _zero_bubble_h1(cfg: PipelineConfig) -> dict[int, list[Op]]:
     # Greedy list scheduling on the time grid, per device and tick: a ready B first (it unblocks
     # the previous stage); else the oldest W once P are pending (bounds the inputs W still
     # holds); else a ready F while fewer than P-s microbatches wait for their B (1F1B's bound);
-    # else a pending W (deferred W's fill the drain's bubble). With M >= P this reaches the
-    # paper's makespan M (t_F + t_B) + (P-1) t_F; a stage input is held until its W, at most
-    # (P-s) + (P-1) of them on stage s, independent of M.
+    # else a pending W (deferred W's fill the drain's bubble). With M >= P and t_B <= 2 t_F
+    # (B = W <= F, the paper's setting) this reaches its makespan M (t_F + t_B) + (P-1) t_F;
+    # slower backwards end later. A stage input is held until its W, at most (P-s) + (P-1) of
+    # them on stage s, independent of M.
     p, m = cfg.stages, cfg.microbatches
     q = timeline.time_quantum([cfg.forward_time, cfg.backward_time / 2])
-    t_f, t_half = round(cfg.forward_time / q), round(cfg.backward_time / 2 / q)
+    # whole ticks, at least one (a hostile ratio of times may round a duration to nothing)
+    t_f, t_half = (max(1, round(t / q)) for t in (cfg.forward_time, cfg.backward_time / 2))
     end: dict[tuple, int] = {}
     orders: dict[int, list[Op]] = {s: [] for s in range(p)}
     next_f, next_b, pending_w, free = [0] * p, [0] * p, [[] for _ in range(p)], [0] * p
+    events: list[int] = []  # op end times still ahead: only then can a decision change
     tick = 0
     while any(len(orders[s]) < 3 * m for s in range(p)):
         for s in range(p):
@@ -278,7 +282,12 @@ def _zero_bubble_h1(cfg: PipelineConfig) -> dict[int, list[Op]]:
                 continue
             orders[s].append(op)
             end[op.key] = free[s] = tick + length
-        tick += 1
+            heapq.heappush(events, tick + length)
+        while events and events[0] <= tick:
+            heapq.heappop(events)
+        if not events:
+            raise RuntimeError("ZB-H1 schedule stalled")  # unreachable: some op is always ready
+        tick = heapq.heappop(events)
     return orders
 
 

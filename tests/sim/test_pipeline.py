@@ -221,3 +221,17 @@ def test_seed_naive_grid_places_ops_like_the_gpipe_simulation():
             assert cells[span.op.resource][round(span.start)] == span.op.label
         busy = sum(c != "." for row in cells for c in row)
         assert busy == 2 * p * m
+
+
+@pytest.mark.parametrize("p, m", [(2, 2), (2, 8), (4, 4), (4, 16), (8, 8), (8, 32)])
+@pytest.mark.parametrize("t_b", [0.5, 1.0, 2.0])
+def test_zb_h1_reaches_the_papers_bubble_with_bounded_inputs(p, m, t_b):
+    # Qi et al. 2023: ZB-H1 idles (P-1)(T_F + T_B - T_W) per device, with B and W the two halves
+    # of the backward: (P-1) t_F; derived here from the makespan, not from predicted_bubble
+    res = sim(p, m, "zb-h1", 1.0, t_b)
+    assert res.makespan == pytest.approx(m * (1.0 + t_b) + (p - 1) * 1.0, abs=TOL)
+    assert res.bubble_s2 == pytest.approx(pp.predicted_bubble(res.config), abs=TOL)
+    # a stage input is held from F to W: at most (P - s) + (P - 1) on stage s, whatever M
+    assert all(peak <= (p - s) + (p - 1) for s, peak in enumerate(res.peak_activations))
+    kinds = sorted(span.op.key[0] for span in res.spans.values())
+    assert kinds == ["B"] * (p * m) + ["F"] * (p * m) + ["W"] * (p * m)
