@@ -256,15 +256,15 @@ def run_cases(cases, progress=None, cfg: ModelConfig = CFG, tcfg: TrainConfig = 
 
 
 def format_matrix(results: list[Result]) -> str:
-    head = (f"{'case':<32} {'mesh':<17} {'|dloss|':>9} {'grad/tol':>9} {'traj dloss':>10} "
+    head = (f"{'case':<40} {'mesh':<17} {'|dloss|':>9} {'grad/tol':>9} {'traj dloss':>10} "
             f"{'traj dnorm':>10} {'traj dparam':>11}  ok")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in results:
         if r.error:
-            lines.append(f"{r.label:<32} {r.case.mesh:<17} ✗ {r.error}")
+            lines.append(f"{r.label:<40} {r.case.mesh:<17} ✗ {r.error}")
             continue
         lines.append(
-            f"{r.label:<32} {r.case.mesh:<17} {r.loss_err:9.1e} {r.grad_ratio:9.2f} "
+            f"{r.label:<40} {r.case.mesh:<17} {r.loss_err:9.1e} {r.grad_ratio:9.2f} "
             f"{r.traj_loss_err:10.1e} {r.traj_norm_err:10.1e} {r.traj_param_err:11.1e}  "
             f"{'✓' if r.passed else '✗'}"
         )
@@ -287,9 +287,9 @@ def _grid(results: list[Result]) -> list[str]:
         sizes = tuple(int(p.split("=")[1]) for p in r.case.mesh.split(","))
         shape = "(8,)" if len(sizes) == 1 else str(sizes).replace(" ", "")
         rows.setdefault(r.label, {})[shape] = "✓" if r.passed else "✗"
-    lines = ["", f"{'strategy':<32} " + " ".join(f"{s:>8}" for s in shapes)]
+    lines = ["", f"{'strategy':<40} " + " ".join(f"{s:>8}" for s in shapes)]
     for label, cells in rows.items():
-        lines.append(f"{label:<32} " + " ".join(f"{cells.get(s, '·'):>8}" for s in shapes))
+        lines.append(f"{label:<40} " + " ".join(f"{cells.get(s, '·'):>8}" for s in shapes))
     return lines
 
 
@@ -302,6 +302,8 @@ def as_json(results: list[Result]) -> list[dict]:
         s = r.case.strategy
         out.append({"label": r.label, "path": s.path, "strategy": s.label().split(":")[1],
                     "mesh": s.mesh, "stage": s.zero, "tp_mode": s.tensor,
+                    "schedule": s.schedule, "microbatches": s.microbatches,
+                    "virtual_stages": s.virtual_stages, "n_layers": r.case.n_layers,
                     **{k: getattr(r.case, k) for k in variant},
                     **{k: getattr(r, k) for k in checks}})  # fmt: skip
     return out

@@ -34,7 +34,7 @@ def main(args) -> int:
         print(f"jaxscale verify: error: --only {args.only!r} matches no case", file=sys.stderr)
         return 2
     if args.dry_run:
-        print("\n".join(f"{c.label:<32} {c.mesh}" for c in cases))
+        print("\n".join(f"{c.label:<40} {c.mesh}" for c in cases))
         return 0
     bar = Progress(len(cases), desc="verify", enabled=not args.json)
     results = verify.run_cases(cases, progress=bar)

@@ -125,7 +125,9 @@ def test_train_cli_bad_mesh_exits_2(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mesh", "pp=2,dp=4"], "pp=2 needs a pipeline schedule; none is implemented yet"),
+    (["--mesh", "pp=2,dp=4"], "pp=2 needs a pipeline schedule: --strategy manual:dp+1f1b"),
+    (["--mesh", "pp=2,dp=4", "--schedule", "1f1b", "--microbatches", "3"], "--microbatches 3"),
+    (["--mesh", "dp=8", "--schedule", "gpipe"], "needs a pipe axis: add pp=N"),
     (["--mesh", "ep=2,dp=4"], "ep=2 needs a mixture-of-experts model"),
     (["--mesh", "fsdp=4,tp=2", "--strategy", "manual:zero3"], "tp=2 is unused by manual:zero3"),
     (["--mesh", "tp=8", "--strategy", "manual:zero1+tp"], "shards over the data axes"),
