@@ -218,14 +218,15 @@ def main(args) -> int:
 
 
 def format_rows(rows: list[PipeRow]) -> str:
-    head = (f"{'schedule':<28} {'mesh':<10} {'M':>3} {'ticks':>5} {'bubble meas/pred':>17} "
+    width = max([28] + [len(r.label) for r in rows])
+    head = (f"{'schedule':<{width}} {'mesh':<10} {'M':>3} {'ticks':>5} {'bubble meas/pred':>17} "
             f"{'(s4)':>6} {'CP ops':>6} {'CP KiB meas/pred':>17} {'stash':>5} {'temp KiB':>9} "
-            f"{'eq':>3}")  # fmt: skip
+            f"{'moves KiB':>9} {'eq':>3}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         eq = "·" if r.passed is None else "✓" if r.passed else "✗"
         lines.append(
-            f"{r.label:<28} {r.mesh:<10} {r.microbatches:>3} {r.ticks:>5} "
+            f"{r.label:<{width}} {r.mesh:<10} {r.microbatches:>3} {r.ticks:>5} "
             f"{r.bubble:>8.1%}/{r.bubble_s2:<8.1%} {r.bubble_s4:>6.1%} {r.permutes:>6} "
             f"{r.permute_bytes / 1024:>8.1f}/{r.permute_predicted / 1024:<8.1f} "
             f"{r.stash_slots:>5} {r.temp_bytes / 1024:>9.1f} {r.layout_bytes / 1024:>9.1f} "
