@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from jaxscale import tolerances as tol
 from jaxscale import verify
 from jaxscale.bench import pipeline as bench_pp
 from jaxscale.parallel import pp
@@ -114,3 +115,24 @@ def test_a_dropped_ppermute_is_caught(monkeypatch):
 def test_the_unbroken_plan_passes_the_same_check(monkeypatch):
     result = _check_with_plan(monkeypatch, pp.make_plan(2, 2, "1f1b"))
     assert result.passed, verify.format_matrix([result])
+
+
+@pytest.mark.parametrize("text, m, v", [
+    ("manual:dp+1f1b", 2, 1),
+    pytest.param("manual:dp+interleaved", 2, 2, marks=pytest.mark.slow),
+])  # fmt: skip
+def test_the_forward_only_loss_equals_the_reference(text, m, v):
+    """`Built.loss` (eval) runs the forwards alone: the same loss as one device."""
+    import jax
+
+    from jaxscale.train import step as train_step
+
+    tcfg = verify.TCFG
+    built = build(Strategy.parse(text, "pp=2,dp=4", m, v), CFG, tcfg)
+    params = train_step.init_state(CFG, tcfg)["params"]
+    batch = verify.batches(tcfg, 1)[0]
+    want = float(train_step.loss_fn(params, batch, CFG, None))
+    with jax.set_mesh(built.mesh):
+        got = float(built.loss(jax.device_put(params, built.state_shardings["params"]),
+                               built.put(batch)))  # fmt: skip
+    assert got == pytest.approx(want, rel=tol.RTOL, abs=tol.ATOL)

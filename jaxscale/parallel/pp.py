@@ -109,7 +109,6 @@ def make_plan(stages: int, microbatches: int, schedule: str, virtual_stages: int
     grid = tuple(tuple(row) for row in grid)
     n_virtual = stages * virtual_stages
     starts = [[c if c is not None and c.first else None for c in row] for row in grid]
-    last_use = "W" if schedule == "zb-h1" else "B"
     # live intervals (write tick, last read tick) of each buffer entry, per (device, chunk)
     stash_live: dict = {}
     grad_live: dict = {}
@@ -122,12 +121,12 @@ def make_plan(stages: int, microbatches: int, schedule: str, virtual_stages: int
                 stash_live.setdefault((target, (s.stage + 1) // stages, s.microbatch), [t, t])
             if s.kind == "B" and s.stage > 0:
                 grad_live.setdefault((target, (s.stage - 1) // stages, s.microbatch), [t, t])
-    for d in range(stages):
+    for d in range(stages):  # an entry is read by its F, B and W; live until the last of them
         for t, s in enumerate(starts[d]):
-            if s is not None and s.kind in ("F", "B", "W"):
+            if s is not None:
                 key = (d, s.stage // stages, s.microbatch)
                 for live in (stash_live, grad_live):
-                    if key in live and (s.kind == last_use or s.kind == "F"):
+                    if key in live:
                         live[key][1] = max(live[key][1], t)
     n_stash, n_grad = _slots(stash_live, microbatches), _slots(grad_live, microbatches)
 
@@ -158,14 +157,15 @@ def make_plan(stages: int, microbatches: int, schedule: str, virtual_stages: int
 
 
 def forward_plan(plan: Plan) -> Plan:
-    """GPipe's forwards alone (the loss without gradients): every F, no B."""
+    """The forwards alone (the loss without gradients): GPipe's F ops (the interleaved
+    schedule's own, whose chunks GPipe's grid does not have), no B or W."""
     cfg = plan.config
-    grid = sim.schedule_grid(sim.simulate(sim.PipelineConfig(
-        cfg.stages, cfg.microbatches, "gpipe", 1.0, 2.0)))  # fmt: skip
-    if cfg.virtual_stages > 1:
-        grid = sim.schedule_grid(sim.simulate(cfg))
-    grid = [[c if c is not None and c.kind == "F" else None for c in row] for row in grid]
-    return make_plan(cfg.stages, cfg.microbatches, cfg.schedule, cfg.virtual_stages, grid)
+    if cfg.virtual_stages == 1:
+        cfg = sim.PipelineConfig(cfg.stages, cfg.microbatches, "gpipe", 1.0, 2.0)
+    grid = [[c if c is not None and c.kind == "F" else None for c in row]
+            for row in sim.schedule_grid(sim.simulate(cfg))]  # fmt: skip
+    c = plan.config
+    return make_plan(c.stages, c.microbatches, c.schedule, c.virtual_stages, grid)
 
 
 def _slots(live: dict, microbatches: int) -> int:
