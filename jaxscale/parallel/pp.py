@@ -25,7 +25,11 @@ Backward by recompute: a stage keeps only its inputs (the stash, [v, S, B_m, T, 
 re-run the stage's forward inside `jax.vjp`. The stash has S slots per chunk (microbatch m uses
 slot m mod S), the fewest that the schedule never overwrites while live: M for GPipe, P for
 1F1B. Received gradients wait in a second buffer of the same form. Every buffer has one shape on
-every device (SPMD), so the stash is sized for the busiest stage.
+every device (SPMD), so the stash is sized for the busiest stage. A transfer is stored at the
+start of the next tick's branch, so each tick is one conditional that takes the previous tick's
+transfers and the gradient accumulators together: the compiler cannot run the sends of later
+ticks ahead of the gradient work and hold their inputs, which is what keeps 1F1B's compiled
+temporaries flat as M grows (`jaxscale bench pipeline` measures it).
 
 Under `check_vma`, the transpose of a replicated input inserts a psum; inside a branch that only
 some pipe devices take, that would be a collective half the devices never reach. So the
@@ -247,9 +251,9 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
         return carry
 
     def branch(kind, role):
-        def run(carry, x_in, cot_in, mb, c):
+        def op(small, x_in, cot_in, mb, c):
             if kind == "idle":
-                return carry, zero_act, zero_act
+                return small, zero_act, zero_act
             tokens = jax.lax.dynamic_index_in_dim(micro_MBT1, mb, keepdims=False)
             chunk = chunk_at(c)
             x = zero_act if role == FIRST else x_in
@@ -261,52 +265,70 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
             if kind == "F":
                 y = f(chunk, top, x)
                 if role == LAST:
-                    return {**carry, "loss": carry["loss"] + y / M}, zero_act, zero_act
-                return carry, _vary(y, act_axes), zero_act
+                    return {**small, "loss": small["loss"] + y / M}, zero_act, zero_act
+                return small, _vary(y, act_axes), zero_act
             if kind == "W" or (kind == "B" and not plan.split):  # weight gradients (and dx)
                 _, vjp = jax.vjp(f, chunk, top, x)
                 g_chunk, g_top, dx = vjp(cot)
-                carry = add_grads(carry, c, g_chunk, g_top)
+                small = add_grads(small, c, g_chunk, g_top)
                 send = zero_act if kind == "W" or role == FIRST else _vary(dx, act_axes)
-                return carry, zero_act, send
+                return small, zero_act, send
             if role == FIRST:  # ZB-H1's B on the first stage: no input to send a gradient to
-                return carry, zero_act, zero_act
+                return small, zero_act, zero_act
             _, vjp = jax.vjp(lambda x: f(chunk, top, x), x)  # ZB-H1's B: the input gradient only
             (dx,) = vjp(cot)
-            return carry, zero_act, _vary(dx, act_axes)
+            return small, zero_act, _vary(dx, act_axes)
+
+        def run(carry, got, where):
+            # last tick's receives are stored here, inside this tick's branch: every tick is then
+            # one conditional that consumes the previous tick's transfers and the accumulators
+            # together, so the compiler cannot run the sends ahead of the gradient work and
+            # hold their inputs (optimisation barriers are dropped on CPU) -- what keeps 1F1B's
+            # temporaries flat in M
+            stash, grad = carry["stash"], carry["grad"]
+            if got["fwd"] is not None:
+                stash = _store(stash, got["fwd"], where["fwd"])
+            if got["bwd"] is not None:
+                grad = _store(grad, got["bwd"], where["bwd"])
+            mb, c, s_slot, g_slot = where["op"]
+            small = {k: carry[k] for k in ("g_blocks", "g_top", "loss")}
+            small, fwd, bwd = op(small, stash[c, s_slot], grad[c, g_slot], mb, c)
+            return {**small, "stash": stash, "grad": grad}, fwd, bwd
 
         return run
 
+    def pick(values):  # this device's entry of a per-device static list
+        return jnp.asarray(values, jnp.int32)[d]
+
+    def receiving(recv):  # (valid, chunk, slot) of what this device stores from a transfer
+        return (pick([r is not None for r in recv]).astype(bool),
+                pick([0 if r is None else r[0] for r in recv]),
+                pick([0 if r is None else r[1] for r in recv]))  # fmt: skip
+
+    got, where = {"fwd": None, "bwd": None}, {"fwd": None, "bwd": None}
     for tick in plan.ticks:
         kinds = sorted({IDLE if op is None else (op.kind, op.role) for op in tick.ops},
                        key=str)  # fmt: skip
         index = {k: i for i, k in enumerate(kinds)}
-
-        def pick(values):  # this device's entry of a per-device static list
-            return jnp.asarray(values, jnp.int32)[d]
-
         ops = tick.ops
         branch_id = pick([index[IDLE if op is None else (op.kind, op.role)] for op in ops])
-        mb, c, s_slot, g_slot = (
+        where = {**where, "op": tuple(
             pick([0 if op is None else getattr(op, f) for op in ops])
-            for f in ("microbatch", "chunk", "stash_slot", "grad_slot")
-        )
-        # the buffers are read here, outside the branches: only the gradient accumulators and
-        # the loss pass through the conditional
-        x_in, cot_in = carry["stash"][c, s_slot], carry["grad"][c, g_slot]
-        small = {k: carry[k] for k in ("g_blocks", "g_top", "loss")}
+            for f in ("microbatch", "chunk", "stash_slot", "grad_slot"))}  # fmt: skip
         fns = [branch(*k) for k in kinds]
         if len(fns) == 1:
-            small, fwd, bwd = fns[0](small, x_in, cot_in, mb, c)
+            carry, fwd, bwd = fns[0](carry, got, where)
         else:
-            small, fwd, bwd = jax.lax.switch(branch_id, fns, small, x_in, cot_in, mb, c)
-        carry = {**carry, **small}
+            carry, fwd, bwd = jax.lax.switch(branch_id, fns, carry, got, where)
+        got = {"fwd": None, "bwd": None}
         if tick.fwd:  # collective-permute: stage outputs to the next stage
-            got = jax.lax.ppermute(fwd, AXIS, tick.fwd)
-            carry = {**carry, "stash": _receive(carry["stash"], got, tick.fwd_recv, pick)}
+            got["fwd"] = jax.lax.ppermute(fwd, AXIS, tick.fwd)
+            where["fwd"] = receiving(tick.fwd_recv)
         if tick.bwd:  # collective-permute: input gradients to the previous stage
-            got = jax.lax.ppermute(bwd, AXIS, tick.bwd)
-            carry = {**carry, "grad": _receive(carry["grad"], got, tick.bwd_recv, pick)}
+            got["bwd"] = jax.lax.ppermute(bwd, AXIS, tick.bwd)
+            where["bwd"] = receiving(tick.bwd_recv)
+    # the schedule ends on the first stage's backward, which sends nothing: no receive is left
+    assert all(v is None for v in got.values()), "the plan's last tick sends"
 
     g_blocks = jax.tree.map(lambda g: g.reshape(-1, *g.shape[2:]), carry["g_blocks"])
     # all-reduce over pipe: the embedding's gradient is on the first stage, the head's on the last
@@ -364,11 +386,9 @@ def circular_shard_map(fn, mesh, in_specs, out_specs, virtual_stages: int):
     return outer
 
 
-def _receive(buf, got, recv, pick):
-    """Store a received [B_m, T, D] into buf[chunk, slot] on the devices that receive now."""
-    valid = pick([r is not None for r in recv]).astype(bool)
-    c = pick([0 if r is None else r[0] for r in recv])
-    s = pick([0 if r is None else r[1] for r in recv])
+def _store(buf, got, where):
+    """Store a received [B_m, T, D] into buf[chunk, slot] on the devices that receive it."""
+    valid, c, s = where
     return buf.at[c, s].set(jnp.where(valid, got, buf[c, s]))
 
 
