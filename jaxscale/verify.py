@@ -17,6 +17,7 @@ reported separately, so a test can assert which one a known-bad strategy fails.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import jax
@@ -122,19 +123,23 @@ class Trajectory:
     params: dict  # after the last step
     grads0: dict | None = None  # the first step's gradient (steps compiled with_grads)
     initial: dict | None = None  # the reference's initial state (host arrays), shared by the cases
+    step_ms: tuple[float, ...] = ()  # wall-clock of each step (call to loss on the host)
 
 
 def run(step, state, put, batches) -> Trajectory:
     """Run `step` over `batches` from `state`, recording what the checks compare."""
-    losses, norms, grads0 = [], [], None
+    losses, norms, grads0, times = [], [], None, []
     for batch in batches:
-        state, metrics = step(state, put(batch))
-        losses.append(float(metrics["loss"]))
+        batch = put(batch)
+        t0 = time.perf_counter()
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))  # waits for the step
+        times.append(1e3 * (time.perf_counter() - t0))
         norms.append(float(metrics["grad_norm"]))
         if grads0 is None and "grads" in metrics:
             grads0 = jax.device_get(metrics["grads"])
     return Trajectory(np.asarray(losses), np.asarray(norms), jax.device_get(state["params"]),
-                      grads0)  # fmt: skip
+                      grads0, step_ms=tuple(times))  # fmt: skip
 
 
 def batches(tcfg: TrainConfig, steps: int = TRAJ_STEPS) -> list[np.ndarray]:

@@ -136,3 +136,17 @@ def test_the_forward_only_loss_equals_the_reference(text, m, v):
         got = float(built.loss(jax.device_put(params, built.state_shardings["params"]),
                                built.put(batch)))  # fmt: skip
     assert got == pytest.approx(want, rel=tol.RTOL, abs=tol.ATOL)
+
+
+@pytest.mark.slow
+def test_1f1b_temporaries_stay_flat_as_m_grows_while_gpipes_grow_by_the_stash():
+    """Compiler temporaries (memory_analysis) at M = 4 and 8, one microbatch of 32 rows x 32
+    tokens per data shard: GPipe stashes every microbatch's stage input, so 4 more microbatches
+    add 4 activations [32, 32, 64] f32; 1F1B's stash is P slots whatever M, so doubling M must
+    not add even one activation."""
+    act = 32 * 32 * verify.CFG.d_model * 4
+    (m4, m8) = bench_pp.memory_sweep(verify.CFG, verify.TCFG, (4, 8))
+    gpipe = m8["gpipe"]["temp_bytes"] - m4["gpipe"]["temp_bytes"]
+    one_f_one_b = m8["1f1b"]["temp_bytes"] - m4["1f1b"]["temp_bytes"]
+    assert gpipe >= 4 * act
+    assert abs(one_f_one_b) < act

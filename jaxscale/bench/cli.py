@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
         "--steps",
         type=positive_int,
         default=3,
-        help="timed steps per row, after the checked trajectory (default 3)",
+        help="timed steps per row: the checked trajectory runs one more, untimed (default 3)",
     )
     p.add_argument(
         "--out",

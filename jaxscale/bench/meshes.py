@@ -17,7 +17,6 @@ The layer loop is unrolled so cost_analysis and the census count every layer.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import jax
@@ -33,7 +32,7 @@ from jaxscale.parallel.compose import Strategy, build, check
 from jaxscale.tolerances import MEMORY_RTOL
 from jaxscale.train import step as train_step
 
-TRAJ_STEPS = 3  # steps compared with the reference before timing (warmup 0: real updates)
+DEFAULT_TIMED = 3  # timed steps per row: the checked trajectory's steps after its first
 
 
 @dataclass
@@ -171,40 +170,23 @@ def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_ste
         row.comm_why_not = ("TPU compiler: weights gathered in bf16 (default matmul precision), "
                             "re-gathered for the backward; see the CPU vs TPU table")  # fmt: skip
     if target is None and execute:
-        got = verify.run_built(built, tcfg, TRAJ_STEPS, step=compiled)
+        # the trajectory checked against the reference (real updates) is also what is timed:
+        # all but its first step, which pays the transfers
+        got = verify.run_built(built, tcfg, timed_steps + 1, step=compiled)
         row.result = verify.compare(case, got, reference, built.label)
-        _time(row, built, compiled, tcfg, timed_steps)
+        row.step_ms = list(got.step_ms[1:])
     return row
 
 
-def _time(row: BenchRow, built, compiled, tcfg, timed_steps: int) -> None:
-    """Median of `timed_steps` steps after the trajectory (which warmed the program up)."""
-    batch = built.put(verify.batches(tcfg, 1)[0])
-    with jax.set_mesh(built.mesh):
-        state = built.init()
-        for _ in range(timed_steps + 1):
-            t0 = time.perf_counter()
-            state, metrics = compiled(state, batch)
-            jax.block_until_ready(metrics["loss"])
-            row.step_ms.append(1e3 * (time.perf_counter() - t0))
-    row.step_ms = row.step_ms[1:]  # the first call after init pays the transfers
+def reference(cfg: ModelConfig, tcfg: TrainConfig, steps: int = DEFAULT_TIMED + 1,
+              ) -> tuple[verify.Trajectory, float]:  # fmt: skip
+    """The single-device reference trajectory, and its median step ms after the first step."""
+    traj = verify.reference(cfg, tcfg, steps, with_grads=False)
+    return traj, statistics.median(traj.step_ms[1:]) if steps > 1 else float("nan")
 
 
-def reference(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[verify.Trajectory, float]:
-    """The single-device reference trajectory, and its median step ms (run, not compiled for)."""
-    traj = verify.reference(cfg, tcfg, TRAJ_STEPS, with_grads=False)
-    step = train_step.jit_train_step(cfg, tcfg)
-    batch = verify.batches(tcfg, 1)[0]
-    state, times = train_step.init_state(cfg, tcfg), []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready(metrics["loss"])
-        times.append(1e3 * (time.perf_counter() - t0))
-    return traj, statistics.median(times[1:])
-
-
-def run_bench(cfg: ModelConfig, tcfg: TrainConfig, cases: list[verify.Case], timed_steps: int = 3,
+def run_bench(cfg: ModelConfig, tcfg: TrainConfig, cases: list[verify.Case],
+              timed_steps: int = DEFAULT_TIMED,
               progress=None, target=None) -> tuple[list[BenchRow], float | None]:  # fmt: skip
     """Rows for `cases`, and the reference's step ms (None for an AOT target)."""
     cfg = cfg.replace(unroll_layers=True)
@@ -214,7 +196,7 @@ def run_bench(cfg: ModelConfig, tcfg: TrainConfig, cases: list[verify.Case], tim
 
         devices = aot.target_devices(target)
     else:
-        ref, ref_ms = reference(cfg, tcfg)
+        ref, ref_ms = reference(cfg, tcfg, timed_steps + 1)
         if progress:
             progress.update(1, note="reference")
     rows = []
