@@ -141,6 +141,10 @@ def check_cases(cases: list[verify.Case], tcfg: TrainConfig, n_devices: int) -> 
 def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_steps: int,
                reference, devices=None, target=None, execute=True) -> BenchRow:  # fmt: skip
     n_dev = len(devices) if devices is not None else jax.device_count()
+    runs = target is None and execute
+    if runs and len(reference.losses) != timed_steps + 1:  # final parameters compared
+        raise ValueError(f"reference has {len(reference.losses)} steps; the row runs "
+                         f"{timed_steps + 1} ({timed_steps} timed + 1)")  # fmt: skip
     try:
         built = build(case.strategy, cfg, tcfg, devices=devices)
         comm, why = built.predict_comm(cfg, tcfg.global_batch, tcfg.seq_len)
@@ -169,7 +173,7 @@ def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_ste
         row.comm_predicted = None  # the schedule is the TPU compiler's; see the comparison table
         row.comm_why_not = ("TPU compiler: weights gathered in bf16 (default matmul precision), "
                             "re-gathered for the backward; see the CPU vs TPU table")  # fmt: skip
-    if target is None and execute:
+    if runs:
         # the trajectory checked against the reference (real updates) is also what is timed:
         # all but its first step, which pays the transfers
         got = verify.run_built(built, tcfg, timed_steps + 1, step=compiled)
