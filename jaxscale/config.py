@@ -6,7 +6,8 @@ error names the field first, so the command line can name the flag instead.
 
 Axis alphabet used in names throughout jaxscale (documented once, here):
   B batch, T sequence, D d_model (embed), H query heads, G kv heads, R = H/G heads per kv group,
-  K head_dim, F d_ff (mlp), V vocab, L layers, M microbatches.
+  K head_dim, F d_ff (mlp), V vocab, L layers, M microbatches, E experts, C capacity slots per
+  expert, X = k routing choices per token (top-k).
 """
 
 from __future__ import annotations
@@ -59,6 +60,17 @@ class ModelConfig:
     # The compiler's cost_analysis counts a loop body once, so FLOPs read from a compiled program
     # are per-layer-exact only when the layers are unrolled.
     unroll_layers: bool = opt(False, "unroll the layer scan (exact FLOPs in cost_analysis)")
+    # Mixture of experts (jaxscale/model/moe.py). Routing groups are sequences: capacity, drops
+    # and the balance loss are per sequence, so any split of the batch routes identically.
+    n_experts: int = opt(0, "E, experts per MoE layer; 0: a dense model", "--experts")
+    top_k: int = opt(2, "experts each token is routed to (gates renormalised over them)")
+    capacity_factor: float = opt(1.25, "capacity C = ceil(cf * T * k / E) tokens per expert "
+                                 "and sequence; tokens beyond it are dropped (residual only)")
+    moe_mode: str = opt("capacity", "capacity (drops beyond C) or dropless (no token dropped)",
+                        choices=("capacity", "dropless"))
+    moe_every: int = opt(1, "every n-th layer is MoE (the last of each group of n); 1: all")
+    aux_loss_weight: float = opt(0.01, "Switch load-balancing loss weight (mean over layers)")
+    z_loss_weight: float = opt(1e-3, "router z-loss weight (mean over layers)")
 
     def __post_init__(self):
         _counts(self, ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq"))
@@ -81,10 +93,43 @@ class ModelConfig:
         for name in ("rope_base", "norm_eps"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value}")
+        self._check_moe()
+
+    def _check_moe(self):
+        _counts(self, ("n_experts",), minimum=0)
+        _counts(self, ("top_k", "moe_every"))
+        _require(self.moe_mode in ("capacity", "dropless"),
+                 f"moe_mode must be 'capacity' or 'dropless', got {self.moe_mode!r}")  # fmt: skip
+        for name in ("aux_loss_weight", "z_loss_weight"):
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= 0, f"{name} must be >= 0, got {value}")
+        _require(math.isfinite(self.capacity_factor) and self.capacity_factor > 0,
+                 f"capacity_factor must be > 0, got {self.capacity_factor}")  # fmt: skip
+        if not self.n_experts:
+            return
+        _require(self.top_k <= self.n_experts,
+                 f"top_k={self.top_k} exceeds n_experts={self.n_experts} (a token picks k "
+                 "distinct experts)")  # fmt: skip
+        _require(self.n_layers % self.moe_every == 0,
+                 f"moe_every={self.moe_every} does not divide n_layers={self.n_layers} (the "
+                 "stack scans over groups of moe_every layers, the last of each MoE)")  # fmt: skip
 
     @property
     def head_dim(self) -> int:  # K
         return self.d_model // self.n_heads
+
+    @property
+    def n_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return self.n_layers // self.moe_every if self.n_experts else 0
+
+    def capacity(self, tokens: int) -> int:
+        """Slots per expert for a routing group of `tokens`: ceil(cf * tokens * k / E) in
+        capacity mode (at most `tokens`: an expert takes each token once); `tokens` when
+        dropless, the worst case, which no routing can overflow."""
+        if self.moe_mode == "dropless":
+            return tokens
+        return min(tokens, math.ceil(self.capacity_factor * tokens * self.top_k / self.n_experts))
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)

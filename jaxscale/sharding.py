@@ -1,7 +1,7 @@
 """THE table: logical axis names -> mesh axes. A strategy is a mesh spec plus these rules.
 
 The model names only logical axes. Parameters use `vocab, embed, heads, kv_heads, head_dim, mlp,
-layers, norm`; activations use `batch, seq, act_embed, act_heads, act_kv, act_mlp, act_vocab` (a
+layers, norm, expert`; activations use `batch, seq, act_embed, act_heads, act_kv, act_mlp, act_vocab` (a
 separate name for the activation's embed dimension, because FSDP shards the *parameter's* embed
 dimension while the activation's stays whole).
 
@@ -16,6 +16,7 @@ Which rules apply is decided by which axes the mesh has:
     dp x tp         dp=2,tp=4               both of the above
     fsdp x tp       fsdp=4,tp=2
     dp x fsdp x tp  dp=2,fsdp=2,tp=2
+    ep (experts)    ep=4,dp=2               experts over expert, batch over data and expert
 
 A mesh axis is used at most once per array (the first logical dim that claims it wins), and an
 axis absent from the mesh is simply skipped, so one table serves every mesh.
@@ -23,7 +24,7 @@ axis absent from the mesh is simply skipped, so one table serves every mesh.
 The manual (shard_map) strategies store their parameters by the same table with one rule
 changed: ZERO_RULES shards every leaf's `embed` dimension over all data-like axes at once (what
 ZeRO shards: optimizer state; + gradients; + parameters), REPLICATED_RULES keeps parameters whole
-on every data shard (DP). The pipeline and expert axes get their rules with their strategies.
+on every data shard (DP). The pipeline's layer split is the `layers` rule.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ RULES: dict[str, tuple[str, ...]] = {
     "mlp": ("tensor",),
     "layers": ("pipe",),  # a pipeline stage is a contiguous slice of the stack
     "norm": (),
+    "expert": ("expert",),  # expert parallelism: each device holds E / ep whole experts
     # activations
-    "batch": ("data", "fsdp"),  # every data-like axis splits the batch
+    # every data-like axis splits the batch, and so does the expert axis: outside the experts
+    # its devices are data-parallel (the all-to-alls move tokens to the experts and back)
+    "batch": ("data", "fsdp", "expert"),
     "seq": (),
     "act_embed": (),
     "act_heads": ("tensor",),

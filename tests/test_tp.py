@@ -112,7 +112,7 @@ def _pieces_with_mlp_reduction(reduce):
             h_BTD = pc_.enter(pieces.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps))
             x_BTD = x_BTD + pc_.leave(pieces.attention(h_BTD, p, positions_T, cfg, pc_))
             h_BTD = pc_.enter(pieces.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps))
-            return x_BTD + mlp(h_BTD, p, cfg, pc_)
+            return x_BTD + mlp(h_BTD, p, cfg, pc_), {}
 
         return pc.replace(block=block)
 

@@ -201,7 +201,7 @@ def layer_census(cfg: ModelConfig, mesh, mode: str, grads: bool, batch=4, seq=16
     pc = tensor_parallel.pieces(pieces.DENSE, cfg, mode, AXIS)
 
     def block(x, p):
-        return pieces.block(x, p, positions_T, cfg, pc)
+        return pieces.block(x, p, positions_T, cfg, pc)[0]
 
     def loss(x, p):
         # squared, so the compiler cannot sum before the last collective (a plain sum would let

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxscale.config import ModelConfig
+from jaxscale.model import moe as moe_lib
 
 ACT = ("batch", "seq", "act_embed")  # the residual stream's logical axes
 
@@ -134,11 +135,16 @@ def head(top, x_BTD, cfg: ModelConfig, pc: Pieces):
 
 
 def block(x_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
-    """One pre-norm transformer block on one layer's arrays `p`."""
+    """One pre-norm transformer block on one layer's arrays `p`: (x, statistics), where the
+    statistics are an MoE layer's (jaxscale/model/moe.py) and empty for a dense layer."""
     h_BTD = pc.enter(rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps))
     x_BTD = pc.constrain(x_BTD + pc.leave(attention(h_BTD, p, positions_T, cfg, pc)), ACT)
     h_BTD = pc.enter(rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps))
-    return pc.constrain(x_BTD + pc.leave(pc.mlp(h_BTD, p, cfg, pc)), ACT)
+    if moe_lib.is_moe_layer(p):
+        y_BTD, aux = pc.moe(h_BTD, p, cfg, pc)
+    else:
+        y_BTD, aux = pc.mlp(h_BTD, p, cfg, pc), {}
+    return pc.constrain(x_BTD + pc.leave(y_BTD), ACT), aux
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,10 @@ class Pieces:
     enter(h) / leave(y)     around every column-parallel / row-parallel pair: tensor
                             parallelism's f and g (identity, all-reduce) or sequence
                             parallelism's all-gather and reduce-scatter along T
-    attend, mlp, mlp_act    the attention core, the MLP (MoE swaps it), the MLP activation
+    attend, mlp, mlp_act    the attention core, the MLP, the MLP activation
+    moe, experts, stat      an MoE layer's MLP (moe.moe_mlp), the experts on its dispatch
+                            buffer (expert parallelism's all-to-alls), and the reduction that
+                            makes a routing statistic one value across a tensor group
     embed, head, loss       the two ends (vocab parallelism substitutes all three)
     layer_hook(layer)       runs inside the layer loop before a layer is used (ZeRO-3 gathers
                             that layer's shards there, so only one layer is ever whole)
@@ -162,6 +171,9 @@ class Pieces:
     attend: Callable = attend
     mlp: Callable = mlp
     mlp_act: Callable = _identity
+    moe: Callable = moe_lib.moe_mlp
+    experts: Callable = moe_lib.local_experts
+    stat: Callable = _identity
     block: Callable = block
     embed: Callable = embed
     head: Callable = head
@@ -177,16 +189,42 @@ DENSE = Pieces()
 
 
 def run_layers(x_BTD, layers, positions_T, cfg: ModelConfig, pc: Pieces = DENSE):
-    """Scan `pc.block` over the stacked `layers` (leading axis: this slice of the stack)."""
+    """Scan `pc.block` over the stacked `layers` (leading axis: this slice of the stack).
 
-    def body(x_BTD, layer):
-        return pc.block(x_BTD, pc.layer_hook(layer), positions_T, cfg, pc), None
+    With experts the scan runs over groups of n = moe_every layers, the last of each MoE: a key
+    stacked over all layers gives each layer of the group its slice, the dense MLP's keys (L - L/n
+    layers) the first n - 1, the router's and experts' (L/n) the last. Returns (x, statistics of
+    the MoE layers stacked [L/n, ...]; empty for a dense model)."""
+    n = cfg.moe_every if cfg.n_experts else 1
+    groups = layers["attn_norm_D"].shape[0] // n  # attention and norms stack every layer
+    grouped = {k: v.reshape(groups, v.shape[0] // groups, *v.shape[1:]) for k, v in layers.items()}
+
+    def layer_fn(x_BTD, layer):
+        return pc.block(x_BTD, pc.layer_hook(layer), positions_T, cfg, pc)
 
     if cfg.remat:  # keep only the block inputs; recompute the insides (and their collectives)
-        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-    n = jax.tree.leaves(layers)[0].shape[0]
-    x_BTD, _ = jax.lax.scan(body, x_BTD, layers, unroll=n if cfg.unroll_layers else 1)
-    return x_BTD
+        layer_fn = jax.checkpoint(layer_fn, policy=jax.checkpoint_policies.nothing_saveable)
+
+    def body(x_BTD, group):
+        stats = {}
+        for i in range(n):
+            moe_layer = bool(cfg.n_experts) and i == n - 1
+            layer = {}
+            for k, v in group.items():
+                if k in moe_lib.MOE_KEYS:
+                    if moe_layer:
+                        layer[k] = v[0]
+                elif k not in _MLP_KEYS or not moe_layer:
+                    layer[k] = v[i]
+            x_BTD, aux = layer_fn(x_BTD, layer)
+            stats = aux or stats
+        return x_BTD, stats
+
+    x_BTD, stats = jax.lax.scan(body, x_BTD, grouped, unroll=groups if cfg.unroll_layers else 1)
+    return x_BTD, stats
+
+
+_MLP_KEYS = ("w_up_DF", "w_gate_DF", "w_down_FD")
 
 
 def split_params(params):
@@ -199,14 +237,30 @@ def logits(params, tokens_BT, cfg: ModelConfig, pc: Pieces = DENSE):
     top, layers = split_params(params)
     top = pc.top_hook(top)
     x_BTD = pc.embed(top, tokens_BT, cfg, pc)
-    x_BTD = run_layers(x_BTD, layers, jnp.arange(tokens_BT.shape[1]), cfg, pc)
+    x_BTD, _ = run_layers(x_BTD, layers, jnp.arange(tokens_BT.shape[1]), cfg, pc)
     return pc.head(top, x_BTD, cfg, pc).astype(jnp.float32)
 
 
-def loss(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
-    """Mean next-token loss of a [B, T+1] token window (on a strategy's local rows)."""
+def loss_terms(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
+    """(training loss, its terms) on a [B, T+1] token window (a strategy's local rows).
+
+    The loss is the mean next-token cross-entropy plus, with experts, aux_loss_weight x the
+    load-balancing loss and z_loss_weight x the router z-loss (each a mean over MoE layers).
+    Terms: ce; with experts also aux_loss, z_loss, drop_fraction and expert_load [L/n, E]."""
     top, layers = split_params(params)
     top = pc.top_hook(top)
     x_BTD = pc.embed(top, batch_BT1[:, :-1], cfg, pc)
-    x_BTD = run_layers(x_BTD, layers, jnp.arange(batch_BT1.shape[1] - 1), cfg, pc)
-    return pc.loss(pc.head(top, x_BTD, cfg, pc), batch_BT1[:, 1:])
+    x_BTD, stats = run_layers(x_BTD, layers, jnp.arange(batch_BT1.shape[1] - 1), cfg, pc)
+    ce = pc.loss(pc.head(top, x_BTD, cfg, pc), batch_BT1[:, 1:])
+    if not stats:
+        return ce, {"ce": ce}
+    terms = {"ce": ce, "aux_loss": jnp.mean(stats["aux"]), "z_loss": jnp.mean(stats["z"]),
+             "drop_fraction": jnp.mean(stats["drop"]), "expert_load": stats["load"]}  # fmt: skip
+    total = ce + cfg.aux_loss_weight * terms["aux_loss"] + cfg.z_loss_weight * terms["z_loss"]
+    return total, terms
+
+
+def loss(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
+    """Mean next-token loss of a [B, T+1] token window (on a strategy's local rows), plus the
+    router's losses when the model has experts (`loss_terms`)."""
+    return loss_terms(params, batch_BT1, cfg, pc)[0]

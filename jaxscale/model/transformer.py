@@ -23,6 +23,7 @@ from jaxscale.model.pieces import DENSE, Pieces, logits
 # Per-layer parameter shapes (as functions of the config) and their logical axes.
 # A leading L (layers) axis is added to every entry.
 def layer_param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """One dense layer: attention, norms and the MLP."""
     D, H, G, K, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     layout = {
         "attn_norm_D": ((D,), ("norm",)),
@@ -39,11 +40,44 @@ def layer_param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tup
     return layout
 
 
+MLP_KEYS = ("w_up_DF", "w_gate_DF", "w_down_FD")  # a dense layer's MLP (absent in MoE layers)
+
+
+def moe_param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """One MoE layer's MLP: the router and E experts (each an MLP of cfg.mlp's kind)."""
+    D, F, E = cfg.d_model, cfg.d_ff, cfg.n_experts
+    layout = {
+        "w_router_DE": ((D, E), ("embed", None)),
+        "we_up_EDF": ((E, D, F), ("expert", "embed", "mlp")),
+        "we_down_EFD": ((E, F, D), ("expert", "mlp", "embed")),
+    }
+    if cfg.mlp == "swiglu":
+        layout["we_gate_EDF"] = ((E, D, F), ("expert", "embed", "mlp"))
+    return layout
+
+
+def stacked_param_layout(cfg: ModelConfig) -> dict[str, tuple[int, tuple[int, ...], tuple]]:
+    """name -> (stack size, one layer's shape, its logical axes). Attention and norms stack all
+    L layers; with experts, the dense MLP stacks the L - L/n dense layers and the router and
+    experts the L/n MoE layers (the last of every group of n = moe_every)."""
+    L, L_moe = cfg.n_layers, cfg.n_moe_layers
+    out = {}
+    for name, (shape, logical) in layer_param_layout(cfg).items():
+        count = L - L_moe if name in MLP_KEYS else L
+        if count:
+            out[name] = (count, shape, logical)
+    if L_moe:
+        out.update({k: (L_moe, shape, logical)
+                    for k, (shape, logical) in moe_param_layout(cfg).items()})  # fmt: skip
+    return out
+
+
 # Fan-in for initialisation (std = 1/sqrt(fan_in)); residual outputs are further scaled by
 # 1/sqrt(2L) so the residual stream's variance does not grow with depth.
 _FAN_IN = {"wq_DHK": "D", "wk_DGK": "D", "wv_DGK": "D", "wo_HKD": "HK", "w_up_DF": "D",
-           "w_gate_DF": "D", "w_down_FD": "F"}  # fmt: skip
-_RESIDUAL_OUT = ("wo_HKD", "w_down_FD")
+           "w_gate_DF": "D", "w_down_FD": "F", "w_router_DE": "D", "we_up_EDF": "D",
+           "we_gate_EDF": "D", "we_down_EFD": "F"}  # fmt: skip
+_RESIDUAL_OUT = ("wo_HKD", "w_down_FD", "we_down_EFD")
 
 
 class Blocks(nnx.Module):
@@ -52,8 +86,8 @@ class Blocks(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         dims = {"D": cfg.d_model, "HK": cfg.n_heads * cfg.head_dim, "F": cfg.d_ff}
         dtype = jnp.dtype(cfg.param_dtype)
-        for name, (shape, logical) in layer_param_layout(cfg).items():
-            full = (cfg.n_layers, *shape)
+        for name, (count, shape, logical) in stacked_param_layout(cfg).items():
+            full = (count, *shape)
             if name.endswith("norm_D"):
                 value = jnp.ones(full, dtype)
             else:
@@ -85,5 +119,5 @@ class Transformer(nnx.Module):
         """logits [B, T, V] float32: `pieces.logits` on this module's arrays."""
         params = {name: v[...] for name, v in vars(self).items() if isinstance(v, nnx.Param)}
         params["blocks"] = {name: getattr(self.blocks, name)[...]
-                            for name in layer_param_layout(self.cfg)}  # fmt: skip
+                            for name in stacked_param_layout(self.cfg)}  # fmt: skip
         return logits(params, tokens_BT, self.cfg, pc)

@@ -147,7 +147,7 @@ class StepShape:
     buffer), reduce-scatter its input. Counts are not predicted: XLA combines independent
     collectives into tuple-shaped ones, which changes the count but not the bytes."""
 
-    matrix_params: int  # M: parameters in matrices (each has an embed and a heads/mlp/vocab axis)
+    matrix_params: float  # M: this device's share of the matrices (tensor and expert splits)
     norm_params: int  # Nn: norm scales (replicated by every strategy)
     matrix_leaves: int
     n_layers: int
@@ -155,6 +155,7 @@ class StepShape:
     d_model: int
     qkv_width: int  # (H + 2G) * K: the fused QKV output (gather_output mode)
     d_ff: int
+    shared_matrix_params: float = 0.0  # M's non-expert part (replicated over the expert axis)
 
 
 def add_comm(*parts: dict) -> dict:

@@ -30,7 +30,7 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import MeshSpec, build_mesh, parse_mesh
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
-from jaxscale.parallel import common, pp, tp, zero
+from jaxscale.parallel import common, ep, pp, tp, zero
 from jaxscale.sharding import REPLICATED_RULES, ZERO_RULES, Sharder
 from jaxscale.train import step as train_step
 
@@ -39,9 +39,7 @@ _DATA = {"dp": 0, "zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _TENSOR = {"tp": "megatron", "tp_sp": "sequence", "tp_gather": "gather_output"}
 _TENSOR_NAME = {mode: name for name, mode in _TENSOR.items()}
 _SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")  # manual, pipe axis (parallel/pp.py)
-_UNBUILT = {
-    "expert": "needs a mixture-of-experts model with expert parallelism; none is implemented yet",
-}
+_EXPERT = "ep"  # manual, expert axis (parallel/ep.py): optional, the axis has one use
 
 
 @dataclass(frozen=True)
@@ -79,21 +77,25 @@ class Strategy:
                 tensor = _TENSOR[part]
             elif part in _SCHEDULES:
                 schedule = part
+            elif part == _EXPERT:
+                pass
             else:
                 raise ValueError(f"--strategy: unknown part {part!r} in {text!r}; data: "
                                  f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}; "
-                                 f"pipeline: {', '.join(_SCHEDULES)}")  # fmt: skip
+                                 f"pipeline: {', '.join(_SCHEDULES)}; experts: ep")  # fmt: skip
         return cls(mesh, "manual", zero, tensor, schedule=schedule, microbatches=microbatches,
                    virtual_stages=virtual_stages)  # fmt: skip
 
     def name(self, spec: MeshSpec) -> str:
         """'dp_fsdp_tp' (auto: the mesh's axes), 'zero3+tp_sp' (manual: the choices)."""
         if self.path == "auto":
-            short = {"data": "dp", "fsdp": "fsdp", "tensor": "tp"}
+            short = {"data": "dp", "fsdp": "fsdp", "expert": "ep", "tensor": "tp"}
             return "_".join(short[a] for a, n in spec.axes if n != 1 and a in short) or "single"
         parts = []
         if self.zero or spec.size("data") != 1 or spec.size("fsdp") != 1:
             parts.append(f"zero{self.zero}" if self.zero else "dp")
+        if spec.size("expert") > 1:
+            parts.append(_EXPERT)
         if self.tensor:
             parts.append(_TENSOR_NAME[self.tensor])
         if self.schedule:
@@ -107,9 +109,6 @@ class Strategy:
 
 def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
     """Refuse a mesh axis nothing uses, and a choice whose axis the mesh lacks."""
-    for axis, why in _UNBUILT.items():
-        if spec.size(axis) > 1:
-            raise ValueError(f"{_short(axis)}={spec.size(axis)} {why}")
     pipe = spec.size("pipe")
     if pipe > 1 and not strategy.schedule:
         raise ValueError(f"pp={pipe} needs a pipeline schedule: --strategy manual:dp+1f1b "
@@ -135,7 +134,8 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
                          "none (add dp=N or fsdp=N)")  # fmt: skip
     if strategy.zero not in zero.STAGES:
         raise ValueError(f"unknown ZeRO stage {strategy.zero}; choose from {sorted(zero.STAGES)}")
-    if strategy.dp_form != "explicit" and (strategy.zero or t > 1 or pipe > 1):
+    if strategy.dp_form != "explicit" and (strategy.zero or t > 1 or pipe > 1
+                                           or spec.size("expert") > 1):
         raise ValueError("DP forms other than 'explicit' are for plain DP (no ZeRO, no tensor)")
     if strategy.schedule:
         if pipe == 1:
@@ -161,7 +161,7 @@ class Built:
     strategy: Strategy
     label: str
     mesh: jax.sharding.Mesh
-    data_ways: int  # devices the batch is split over (data x fsdp)
+    data_ways: int  # devices the batch is split over (data x fsdp x expert)
     zero_ways: int  # devices params / grads / optimizer state are split over (per the stage)
     tensor_ways: int
     zero_stage: int
@@ -169,6 +169,7 @@ class Built:
     step: Callable  # jitted (state, batch [B, T+1]) -> (state, {loss, grad_norm, lr[, grads]})
     loss_and_grads: Callable  # jitted (params, batch) -> (mean loss, mean grads in grad layout)
     loss: Callable  # jitted (params, batch) -> mean loss (the forward only)
+    terms: Callable | None  # jitted (params, batch) -> the loss's terms (pieces.loss_terms)
     state_shardings: dict
     grad_shardings: dict  # the layout gradients have when the optimizer sees them
     batch_sharding: NamedSharding
@@ -194,7 +195,7 @@ def check(strategy: Strategy, tcfg: TrainConfig, n_devices: int) -> MeshSpec:
         check_axes(strategy, spec)
     except ValueError as e:
         raise ValueError(f"--mesh {strategy.mesh}: {e}") from None
-    data_ways = spec.size("data") * spec.size("fsdp")
+    data_ways = spec.size("data") * spec.size("fsdp") * spec.size("expert")
     if strategy.schedule:
         if tcfg.grad_accum != 1:
             raise ValueError(f"--grad-accum {tcfg.grad_accum}: under a pipeline the microbatches "
@@ -219,30 +220,47 @@ def build(strategy: Strategy, cfg: ModelConfig, tcfg: TrainConfig, *, with_grads
     devices = list(jax.devices() if devices is None else devices)
     spec = check(strategy, tcfg, len(devices))
     mesh = build_mesh(spec, devices=devices)
-    ways = {a: spec.size(a) for a in ("data", "fsdp", "tensor", "pipe")}
+    ways = {a: spec.size(a) for a in ("data", "fsdp", "tensor", "pipe", "expert")}
     label = f"{strategy.path}:{strategy.name(spec)}"
     build_fn = _auto if strategy.path == "auto" else _manual
     try:
+        check_model(strategy, cfg, ways)
         return build_fn(strategy, label, mesh, ways, cfg, tcfg, with_grads)
     except ValueError as e:  # a model dimension that does not split over this mesh
         raise ValueError(f"--mesh {strategy.mesh} ({label}): {e}") from None
+
+
+def check_model(strategy: Strategy, cfg: ModelConfig, ways: dict) -> None:
+    """The checks that need the model: experts against the expert axis and the composition."""
+    if ways["expert"] > 1:
+        ep.check(cfg, ways["expert"], schedule=strategy.schedule)
+    if cfg.n_experts and strategy.schedule:
+        raise ValueError("a mixture-of-experts model under a pipeline schedule is not "
+                         "implemented (the routing losses would have to cross the stages)")
+    if cfg.n_experts and strategy.tensor == "gather_output":
+        raise ValueError("tp_gather is seed 004's dense-MLP composition; an MoE model's experts "
+                         "split F as megatron does: use manual:tp")  # fmt: skip
 
 
 def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
     sharder = Sharder(mesh)
     state_sh = train_step.state_shardings(cfg, tcfg, sharder)
     batch_sh = train_step.batch_sharding(sharder)
-    plain = ways["fsdp"] == 1 and ways["tensor"] == 1
+    plain = ways["fsdp"] == 1 and ways["tensor"] == 1 and ways["expert"] == 1
     why = "GSPMD chooses its own collectives here; the manual row states the schedule"
 
     def predict(cfg_, batch, seq_len):  # auto DP: GSPMD's all-reduce is the textbook one
         if not plain:
             return None, why
         shape = step_shape(cfg_, batch // ways["data"] * seq_len)
-        return zero.predict_comm(shape, n=ways["data"], t=1, stage=0), None
+        return zero.predict_comm(shape, n=ways["data"], stage=0), None
+
+    def terms(params, batch_BT1):
+        return pieces.loss_terms(params, batch_BT1, cfg, train_step.auto_pieces(sharder))[1]
 
     return Built(
-        strategy, label, mesh, data_ways=ways["data"] * ways["fsdp"], zero_ways=ways["fsdp"],
+        strategy, label, mesh, data_ways=ways["data"] * ways["fsdp"] * ways["expert"],
+        zero_ways=ways["fsdp"],
         tensor_ways=ways["tensor"], zero_stage=3 if ways["fsdp"] > 1 else 0,
         init=lambda: train_step.init_state(cfg, tcfg, sharder),
         step=train_step.jit_train_step(cfg, tcfg, sharder, with_grads=with_grads),
@@ -251,6 +269,7 @@ def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
                                in_shardings=(state_sh["params"], batch_sh)),
         loss=jax.jit(lambda p, b: train_step.loss_fn(p, b, cfg, sharder),
                      in_shardings=(state_sh["params"], batch_sh)),
+        terms=jax.jit(terms, in_shardings=(state_sh["params"], batch_sh)),
         state_shardings=state_sh, grad_shardings=state_sh["params"], batch_sharding=batch_sh,
         abstract_state=jax.eval_shape(lambda: train_step.init_state(cfg, tcfg)),
         predict_comm=predict,
@@ -261,8 +280,9 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
     stage, mode = strategy.zero, strategy.tensor
     if strategy.schedule:
         pp.check_layers(cfg, ways["pipe"], strategy.virtual_stages)
-    axes = common.data_axes(mesh)
-    n, t = ways["data"] * ways["fsdp"], ways["tensor"]
+    axes = common.data_axes(mesh)  # the ZeRO group; the batch is also split over `expert`
+    n, t, n_ep = ways["data"] * ways["fsdp"], ways["tensor"], ways["expert"]
+    batch_axes = (*axes, ep.AXIS) if n_ep > 1 else axes
     if mode:
         tp.check_tp_layout(cfg, t, mode=mode, seq_len=tcfg.seq_len)
     dp_specs = common.param_specs(cfg, Sharder(mesh, REPLICATED_RULES))
@@ -273,17 +293,24 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         "params": z_specs if stage == 3 else dp_specs,
         "opt_state": train_step.opt_layout(tx, cfg, dp_specs if stage == 0 else z_specs, P()),
     }
-    batch_spec = P(axes if axes else None, None)
+    batch_spec = P(batch_axes if batch_axes else None, None)
     grad_specs = dp_specs if stage in (0, 1) else z_specs  # the layout the update sees
 
-    # the composition: tensor axis (model pieces), then the data axes (ZeRO-3's gathers)
+    # the composition: tensor axis (model pieces), experts (their all-to-alls), then the data
+    # axes (ZeRO-3's gathers)
     pc = pieces.DENSE
     if mode:
         pc = tp.pieces(pc, cfg, mode)
+    if n_ep > 1:
+        pc = ep.pieces(pc)
     pc = zero.pieces(pc, stage, z_specs, axes)
 
-    def local_loss(params, batch_BT1):  # this shard's rows; TP's collectives inside
-        return pieces.loss(params, batch_BT1, cfg, pc)
+    # this data shard's rows (the mean over the expert axis's shards); TP's collectives inside
+    local_loss = ep.local_loss(lambda params, rows: pieces.loss(params, rows, cfg, pc), n_ep)
+
+    def local_terms(params, batch_BT1):  # the loss's terms, averaged over every batch shard
+        terms = pieces.loss_terms(params, batch_BT1, cfg, pc)[1]
+        return jax.lax.pmean(terms, batch_axes) if batch_axes else terms
 
     plan = None
     if strategy.schedule:  # the pipe axis: a schedule replaces the microbatch loop
@@ -344,22 +371,25 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
             return None, ("a pipeline's other collectives sit in the schedule's conditionals, "
                           "where the census counts each branch once; its transfers are "
                           "compared with their formula instead")  # fmt: skip
-        shape = step_shape(cfg_, batch // n * seq_len)
-        any_split = (stage in (2, 3) and n > 1) or t > 1
+        rows = batch // (n * n_ep)
+        shape = step_shape(cfg_, rows * seq_len, t=t, ep=n_ep)
+        any_split = (stage in (2, 3) and n > 1) or t > 1 or n_ep > 1
         return common.add_comm(
-            zero.predict_comm(shape, n=n, t=t, stage=stage),
+            zero.predict_comm(shape, n=n, stage=stage),
             tp.predict_comm(shape, t=t, mode=mode, norm_grads_elsewhere=stage == 3 and n > 1),
+            ep.predict_comm(shape, cfg_, ep=n_ep, rows_local=rows, seq_len=seq_len, t=t),
             common.norm_comm(shape, any_split),
         ), None  # fmt: skip
 
     return Built(
-        strategy, label, mesh, data_ways=n, zero_ways=n if stage else 1, tensor_ways=t,
+        strategy, label, mesh, data_ways=n * n_ep, zero_ways=n if stage else 1, tensor_ways=t,
         zero_stage=stage, plan=plan,
         init=jax.jit(init, out_shardings=common.named_shardings(mesh, state_specs)),
         step=jax.jit(shard(body, (state_specs, batch_spec), (state_specs, metric_specs)),
                      donate_argnums=0),
         loss_and_grads=jax.jit(shard(loss_and_grads, (pspecs, batch_spec), (P(), grad_specs))),
         loss=jax.jit(shard(mean_loss, (pspecs, batch_spec), P())),
+        terms=None if plan else jax.jit(shard(local_terms, (pspecs, batch_spec), P())),
         state_shardings=common.named_shardings(mesh, state_specs),
         grad_shardings=common.named_shardings(mesh, grad_specs),
         batch_sharding=NamedSharding(mesh, batch_spec),
@@ -367,18 +397,22 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
     )  # fmt: skip
 
 
-def step_shape(cfg: ModelConfig, tokens_local: int) -> common.StepShape:
-    """Matrices vs norm scales (by their logical axes), with the shapes the predictions need."""
+def step_shape(cfg: ModelConfig, tokens_local: int, t: int = 1, ep: int = 1) -> common.StepShape:
+    """Matrices vs norm scales (by their logical axes), with the shapes the predictions need.
+    Matrix counts are one device's share on `t` tensor and `ep` expert devices (before ZeRO)."""
     shapes = jax.tree.leaves(model_state.abstract_params(cfg))
     names = jax.tree.leaves(model_state.logical_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
     norm = [s.size for s, nm in zip(shapes, names, strict=True) if "norm" in nm]
-    matrix = [s.size for s, nm in zip(shapes, names, strict=True) if "norm" not in nm]
+    tensor_split = {"heads", "kv_heads", "mlp", "vocab"}
+
+    def local(size, nm):
+        return size / (t if tensor_split & set(nm) else 1) / (ep if "expert" in nm else 1)
+
+    matrix = [(local(s.size, nm), "expert" in nm)
+              for s, nm in zip(shapes, names, strict=True) if "norm" not in nm]  # fmt: skip
     return common.StepShape(
-        matrix_params=sum(matrix), norm_params=sum(norm), matrix_leaves=len(matrix),
+        matrix_params=sum(m for m, _ in matrix), norm_params=sum(norm), matrix_leaves=len(matrix),
         n_layers=cfg.n_layers, tokens_local=tokens_local, d_model=cfg.d_model,
         qkv_width=(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, d_ff=cfg.d_ff,
+        shared_matrix_params=sum(m for m, e in matrix if not e),
     )  # fmt: skip
-
-
-def _short(axis: str) -> str:
-    return {"data": "dp", "pipe": "pp", "fsdp": "fsdp", "expert": "ep", "tensor": "tp"}[axis]

@@ -216,7 +216,7 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
     def stage_fn(role, chunk, top, x_BTD, tokens_BT1):
         if role == FIRST:
             x_BTD = pc.embed(pc.top_hook(top), tokens_BT1[:, :-1], cfg, pc)
-        y_BTD = pieces.run_layers(x_BTD, chunk, positions_T, cfg, pc)
+        y_BTD, _ = pieces.run_layers(x_BTD, chunk, positions_T, cfg, pc)
         if role == LAST:
             return pc.loss(pc.head(pc.top_hook(top), y_BTD, cfg, pc), tokens_BT1[:, 1:])
         return y_BTD

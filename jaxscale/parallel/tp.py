@@ -107,8 +107,12 @@ def pieces(pc: Pieces, cfg: ModelConfig, mode: str = "megatron", axis: str = "te
         return vocab_parallel_embed(top["embed_VD"], tokens_BT, axis, dtype=cdt,
                                     scatter_seq=sequence)  # fmt: skip
 
+    # an MoE layer's routing statistics are computed alike on every device of the group (from
+    # the entered activation, typed varying): one all-reduce makes them one value; F of every
+    # expert is split like the dense MLP's, its partial output summed by `leave`
     pc = pc.replace(enter=enter, leave=leave, embed=embed,
-                    loss=partial(vocab_parallel_cross_entropy, axis=axis))  # fmt: skip
+                    loss=partial(vocab_parallel_cross_entropy, axis=axis),
+                    stat=partial(jax.lax.pmean, axis_name=axis))  # fmt: skip
     if mode == "gather_output":
         pc = pc.replace(attend=partial(_gathered_attend, axis=axis),
                         mlp_act=partial(_gathered_act, axis=axis))  # fmt: skip

@@ -13,7 +13,7 @@ What each device stores and sends per step (P parameters, f32, Adam m and v):
 
 "Sharded" means split along each leaf's `embed` dimension over all data-like axes (ZERO_RULES);
 norm scales have no embed dimension and stay replicated (their gradients are all-reduced).
-Under tensor parallelism M below is the local share of the matrices, M/t.
+Under tensor and expert parallelism M below is this device's share of the matrices.
 """
 
 from __future__ import annotations
@@ -89,11 +89,12 @@ def update(stage: int, tx, grads, opt_state, params, zero_specs, axes):
     return gathered, opt_state
 
 
-def predict_comm(shape: common.StepShape, *, n: int, t: int, stage: int) -> dict:
-    """{op: bytes per device} over the data axes (M = matrix params / t, Nn = norm params)."""
+def predict_comm(shape: common.StepShape, *, n: int, stage: int) -> dict:
+    """{op: bytes per device} over the data axes (M = this device's share of the matrices,
+    `shape.matrix_params`, after the tensor and expert splits; Nn = norm params)."""
     if n == 1:
         return {}
-    M, Nn = shape.matrix_params / t, shape.norm_params
+    M, Nn = shape.matrix_params, shape.norm_params
     out = {"all-reduce": F32}  # the loss pmean
     if stage in (0, 1):
         out["all-reduce"] += F32 * (M + Nn)
