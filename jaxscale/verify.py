@@ -43,6 +43,10 @@ class Case:
     optimizer: str = "adamw"  # "sgd": plain SGD without clipping, so a gradient-scale bug shows
     bench: bool = False  # also a row of `make bench`
     n_layers: int | None = None  # a deeper model than CFG's (pipeline stages slice the layers)
+    model: tuple = ()  # further ModelConfig changes, (field, value) pairs (experts: MOE)
+    # bf16 compared with the same bf16 model on one device (BF16_SAME_*), where bf16 itself
+    # moves a leaf further from f32 than the f32 band allows (an MoE router's gradient)
+    bf16_reference: bool = False
 
     @property
     def mesh(self) -> str:
@@ -54,6 +58,8 @@ class Case:
         extra += f" accum={self.grad_accum}" if self.grad_accum > 1 else ""
         extra += f" {self.optimizer}" if self.optimizer != "adamw" else ""
         extra += f" L={self.n_layers}" if self.n_layers else ""
+        extra += "".join(_SHORT_MODEL[k](v) for k, v in self.model)
+        extra += " vs bf16" if self.bf16_reference else ""
         return self.strategy.label() + extra
 
     def configs(self, cfg: ModelConfig, tcfg: TrainConfig) -> tuple[ModelConfig, TrainConfig]:
@@ -61,11 +67,26 @@ class Case:
         if self.optimizer == "sgd":  # no clipping either: the update is the gradient itself
             tcfg = tcfg.replace(grad_clip=0.0, lr=SGD_LR)
         cfg = cfg.replace(n_layers=self.n_layers) if self.n_layers else cfg
-        return cfg.replace(compute_dtype=self.compute_dtype), tcfg
+        return cfg.replace(compute_dtype=self.compute_dtype, **dict(self.model)), tcfg
 
 
 def _case(text: str, mesh: str, bench: bool = False, **variant) -> Case:
     return Case(Strategy.parse(text, mesh), bench=bench, **variant)
+
+
+# the MoE cases' model: 8 experts, top-2; capacity factor 2 gives C = 16 slots of a 32-token
+# sequence's 64 assignments, which no routing in these runs fills (the tests assert no drops)
+MOE = (("n_experts", 8), ("top_k", 2), ("capacity_factor", 2.0))
+_SHORT_MODEL = {"n_experts": lambda v: f" E={v}", "top_k": lambda v: f" k={v}",
+                "capacity_factor": lambda v: f" cf={v:g}", "moe_mode": lambda v: f" {v}",
+                "moe_every": lambda v: f" every={v}"}  # fmt: skip
+
+
+def _moe(text: str, mesh: str, bench: bool = False, **changes) -> Case:
+    """An MoE case: MOE's model with `changes` to its config (model fields) or the variant."""
+    model = {**dict(MOE), **{k: v for k, v in changes.items() if k in _SHORT_MODEL}}
+    variant = {k: v for k, v in changes.items() if k not in _SHORT_MODEL}
+    return Case(Strategy.parse(text, mesh), bench=bench, model=tuple(model.items()), **variant)
 
 
 def _pipe(text: str, mesh: str, m: int, layers: int = 8, v: int = 1, **variant) -> Case:
@@ -113,6 +134,17 @@ CASES: tuple[Case, ...] = (
               v=2 if sched == "interleaved" else 1),
     )),
     _pipe("manual:zero1+tp+1f1b", "pp=2,dp=2,tp=2", 4, compute_dtype="bfloat16"),
+    # mixture of experts: expert parallelism (all-to-all), TP of experts, and the auto path
+    _moe("manual:ep", "ep=8", True), _moe("manual:dp+ep", "ep=4,dp=2", True),
+    _moe("manual:zero3+ep+tp", "ep=2,fsdp=2,tp=2", True), _moe("manual:tp", "tp=8", True),
+    _moe("auto", "ep=4,dp=2", True), _moe("auto", "ep=8"), _moe("auto", "ep=2,fsdp=2,tp=2"),
+    _moe("manual:zero1+ep", "dp=2,ep=4"), _moe("manual:zero2+ep+tp_sp", "dp=2,ep=2,tp=2"),
+    _moe("manual:ep", "ep=8", moe_mode="dropless"), _moe("auto", "ep=4,dp=2", moe_mode="dropless"),
+    _moe("manual:dp+ep", "ep=4,dp=2", capacity_factor=0.5),  # drops: the same tokens
+    _moe("auto", "ep=8", capacity_factor=0.5), _moe("manual:tp", "tp=8", capacity_factor=0.5),
+    _moe("manual:dp+ep", "ep=4,dp=2", n_experts=4, top_k=1, moe_every=2),  # top-1, every 2nd
+    _moe("manual:ep", "ep=8", grad_accum=2),
+    _moe("manual:dp+ep", "ep=4,dp=2", compute_dtype="bfloat16", bf16_reference=True),
 )  # fmt: skip
 
 
@@ -183,6 +215,8 @@ class Result:
 
     @property
     def loss_ok(self) -> bool:
+        if self.case.bf16_reference:
+            return self.loss_err <= tol.BF16_SAME_ATOL + tol.BF16_SAME_RTOL * self.ref_loss
         if self.bf16:  # relative to the f32 reference's loss
             return self.loss_err <= tol.BF16_LOSS_RTOL * self.ref_loss
         return self.loss_err <= tol.ATOL + tol.RTOL * self.ref_loss
@@ -208,7 +242,7 @@ def compare(case: Case, got: Trajectory, ref: Trajectory, label: str = "") -> Re
     r = Result(case, label or case.label, ref_loss=float(abs(ref.losses[0])))
     r.loss_err = float(abs(got.losses[0] - ref.losses[0]))
     if got.grads0 is not None and ref.grads0 is not None:
-        r.grad_ratio = max(_ratio(g, w, bf16) for g, w in
+        r.grad_ratio = max(_ratio(g, w, bf16, case.bf16_reference) for g, w in
                            zip(jax.tree.leaves(got.grads0), jax.tree.leaves(ref.grads0),
                                strict=True))  # fmt: skip
     n = min(len(got.losses), len(ref.losses))
@@ -222,8 +256,10 @@ def compare(case: Case, got: Trajectory, ref: Trajectory, label: str = "") -> Re
     return r
 
 
-def _ratio(g, r, bf16: bool) -> float:
+def _ratio(g, r, bf16: bool, same: bool = False) -> float:
     g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+    if same:  # bf16 vs bf16 on one device: chex's elementwise rule at the bf16 tolerances
+        return float(np.max(np.abs(g - r) / (tol.BF16_SAME_ATOL + tol.BF16_SAME_RTOL * np.abs(r))))
     if bf16:
         band = tol.BF16_GRAD_RTOL * max(float(np.max(np.abs(r))), 1e-12)
         return float(np.max(np.abs(g - r)) / band)
@@ -242,8 +278,9 @@ def check(case: Case, ref: Trajectory, cfg: ModelConfig = CFG, tcfg: TrainConfig
 
 def reference_for(case: Case, cache: dict, cfg: ModelConfig = CFG,
                   tcfg: TrainConfig = TCFG) -> Trajectory:  # fmt: skip
-    """The f32 single-device reference of the case's training variant, computed once."""
-    ref_case = dataclasses.replace(case, compute_dtype="float32")
+    """The single-device reference of the case's training variant (f32, or the case's own dtype
+    with `bf16_reference`), computed once."""
+    ref_case = case if case.bf16_reference else dataclasses.replace(case, compute_dtype="float32")
     cfg, tcfg = ref_case.configs(cfg, tcfg)
     if (cfg, tcfg) not in cache:
         cache[cfg, tcfg] = reference(cfg, tcfg)
@@ -281,7 +318,9 @@ def format_matrix(results: list[Result]) -> str:
               f"bf16 compute vs the f32 reference: loss within {tol.BF16_LOSS_RTOL:.0%}, "
               f"gradients within {tol.BF16_GRAD_RTOL:.0%} of each leaf's largest entry, "
               f"trajectory {tol.BF16_TRAJ_ATOL:g}, gradient norms "
-              f"{tol.BF16_NORM_RTOL:.0%}."]  # fmt: skip
+              f"{tol.BF16_NORM_RTOL:.0%}. 'vs bf16': against the bf16 model on one device, "
+              f"rtol {tol.BF16_SAME_RTOL:g}, atol {tol.BF16_SAME_ATOL:g} (an MoE router's "
+              "bf16 gradient is itself further from f32 than the f32 band)."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -308,7 +347,7 @@ def as_json(results: list[Result]) -> list[dict]:
         out.append({"label": r.label, "path": s.path, "strategy": s.label().split(":")[1],
                     "mesh": s.mesh, "stage": s.zero, "tp_mode": s.tensor,
                     "schedule": s.schedule, "microbatches": s.microbatches,
-                    "virtual_stages": s.virtual_stages, "n_layers": r.case.n_layers,
+                    "virtual_stages": s.virtual_stages, "n_layers": r.case.n_layers, "model": dict(r.case.model),
                     **{k: getattr(r.case, k) for k in variant},
                     **{k: getattr(r, k) for k in checks}})  # fmt: skip
     return out

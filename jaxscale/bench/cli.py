@@ -166,7 +166,8 @@ def main(args) -> int:
     else:
         from jaxscale.model import counts
 
-        flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len, causal=True)
+        flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len, causal=True,
+                                         executed=False)
         print(report.memory_table(rows, ref_ms, report.mfu_lines(rows, flops, env["device_kind"])))
         print()
         print(report.comm_table(rows))

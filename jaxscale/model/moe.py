@@ -48,8 +48,10 @@ def is_moe_layer(p) -> bool:
 
 def route(h_BTD, w_router_DE, cfg: ModelConfig):
     """(logits [B, T, E] f32, probs [B, T, E], gates [B, T, X], experts [B, T, X] int32)."""
-    logits_BTE = jnp.einsum("btd,de->bte", h_BTD, w_router_DE.astype(h_BTD.dtype))
-    logits_BTE = logits_BTE.astype(jnp.float32)
+    # in f32 even under bf16 compute (Switch's selective precision): a bf16 logit rounds near
+    # ties, and a flipped choice sends the token to another expert
+    f32 = jnp.float32
+    logits_BTE = jnp.einsum("btd,de->bte", h_BTD.astype(f32), w_router_DE.astype(f32))
     probs_BTE = jax.nn.softmax(logits_BTE, axis=-1)
     top_BTX, expert_BTX = jax.lax.top_k(probs_BTE, cfg.top_k)
     gates_BTX = top_BTX / jnp.sum(top_BTX, -1, keepdims=True) if cfg.top_k > 1 else top_BTX
@@ -111,8 +113,10 @@ def moe_mlp(h_BTD, p, cfg: ModelConfig, pc):
     buf_EBCD = buf_EBCD.at[expert_BTX, b_BTX, slot_BTX].add(tokens_BTXD, mode="drop")
     out_EBCD = pc.experts(buf_EBCD, p, cfg)
     out_BTXD = out_EBCD.at[expert_BTX, b_BTX, slot_BTX].get(mode="fill", fill_value=0)
-    weight_BTX = (gates_BTX * kept_BTX).astype(h_BTD.dtype)
-    y_BTD = jnp.einsum("btxd,btx->btd", out_BTXD, weight_BTX)
+    # the combine in f32 too: its transpose is the router's gradient (a sum over D per gate)
+    weight_BTX = gates_BTX * kept_BTX
+    y_BTD = jnp.einsum("btxd,btx->btd", out_BTXD.astype(jnp.float32), weight_BTX)
+    y_BTD = y_BTD.astype(h_BTD.dtype)
     aux = stats(logits_BTE, probs_BTE, expert_BTX, kept_BTX, E)
     return y_BTD, jax.tree.map(pc.stat, aux)
 

@@ -31,6 +31,7 @@ EXAMPLES = """examples:
   jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --run-dir runs/a
   jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
   jaxscale train --mesh pp=2,dp=2,tp=2 --strategy manual:dp+tp --schedule 1f1b --microbatches 8
+  jaxscale train --mesh ep=4,dp=2 --strategy manual:dp+ep --experts 8 --top-k 2   # MoE
   jaxscale train --run-dir runs/a --resume --steps 600     # continue, on any mesh and strategy
   jaxscale train --config runs/a/config.json --dry-run     # check and print, compile nothing"""
 

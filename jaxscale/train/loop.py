@@ -150,7 +150,14 @@ def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup, plan: Plan | Non
             for s in range(start, plan.end):
                 batch = data.global_batch(dataset, built.batch_sharding, tcfg.seed, s,
                                           tcfg.global_batch, tcfg.seq_len)  # fmt: skip
+                terms = None
+                if cfg.n_experts and built.terms is not None and log.logs(s):
+                    # the routing terms of this step's params and batch, read before the step
+                    # donates the state (one forward more on a logged step)
+                    terms = routing_metrics(built.terms(state["params"], batch))
                 state, metrics = built.step(state, batch)
+                if terms is not None:
+                    metrics = {**metrics, **terms}
                 if pending is not None:
                     _record(pending, log, result, bar)
                 pending = (s, metrics)
@@ -216,9 +223,19 @@ def _initial_state(built: Built, setup: RunSetup, meta, plan: Plan, result: Trai
     return state
 
 
+def routing_metrics(terms: dict) -> dict:
+    """An MoE step's loss terms as metrics: ce, aux_loss, z_loss, drop_fraction, the load of
+    every expert [MoE layer][expert] (share of assignments) and its worst max/mean."""
+    load = terms["expert_load"]
+    n_experts = load.shape[-1]
+    return {**{k: v for k, v in terms.items() if k != "expert_load"}, "expert_load": load,
+            "load_max_over_mean": n_experts * load.max()}  # fmt: skip
+
+
 def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> None:
     s, metrics = pending
-    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    values = {k: float(v) if np.ndim(v) == 0 else np.round(np.asarray(v, np.float64), 5).tolist()
+              for k, v in jax.device_get(metrics).items()}  # fmt: skip
     if not math.isfinite(values["loss"]):
         raise NonFiniteLoss(
             f"non-finite loss ({values['loss']}) at step {s}; stopping. Lower --lr, enable "

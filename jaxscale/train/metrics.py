@@ -33,7 +33,7 @@ class MetricsLog:
         self.window: deque = deque(maxlen=tcfg.log_every + 1)  # read times of recent steps
         n = built.mesh.devices.size
         self.model_flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len,
-                                                   causal=True) / n  # fmt: skip
+                                                   causal=True, executed=False) / n  # fmt: skip
         self.device_kind = built.mesh.devices.flat[0].device_kind
 
     def __enter__(self):
@@ -60,11 +60,15 @@ class MetricsLog:
                      "mesh": b.strategy.mesh, "devices": int(b.mesh.devices.size),
                      "device_kind": self.device_kind})  # fmt: skip
 
+    def logs(self, step: int) -> bool:
+        """Whether `step` gets a train record (every log_every steps, and the last)."""
+        return step % self.tcfg.log_every == 0 or step == self.last_step
+
     def train(self, step: int, values: dict) -> dict | None:
         """A train record for `step` every log_every steps and at the last step, else None."""
         now = time.perf_counter()
         self.window.append(now)
-        if step % self.tcfg.log_every and step != self.last_step:
+        if not self.logs(step):
             return None
         record = {"step": step, **values}
         if len(self.window) > 1:
