@@ -1,9 +1,9 @@
 """THE table: logical axis names -> mesh axes. A strategy is a mesh spec plus these rules.
 
 The model names only logical axes. Parameters use `vocab, embed, heads, kv_heads, head_dim, mlp,
-layers, norm, expert`; activations use `batch, seq, act_embed, act_heads, act_kv, act_mlp, act_vocab` (a
-separate name for the activation's embed dimension, because FSDP shards the *parameter's* embed
-dimension while the activation's stays whole).
+layers, norm, expert`; activations use `batch, seq, act_embed, act_heads, act_kv, act_mlp,
+act_vocab` (a separate name for the activation's embed dimension, because FSDP shards the
+*parameter's* embed dimension while the activation's stays whole).
 
 Which rules apply is decided by which axes the mesh has:
 

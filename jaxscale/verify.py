@@ -347,7 +347,8 @@ def as_json(results: list[Result]) -> list[dict]:
         out.append({"label": r.label, "path": s.path, "strategy": s.label().split(":")[1],
                     "mesh": s.mesh, "stage": s.zero, "tp_mode": s.tensor,
                     "schedule": s.schedule, "microbatches": s.microbatches,
-                    "virtual_stages": s.virtual_stages, "n_layers": r.case.n_layers, "model": dict(r.case.model),
+                    "virtual_stages": s.virtual_stages, "n_layers": r.case.n_layers,
+                    "model": dict(r.case.model),
                     **{k: getattr(r.case, k) for k in variant},
                     **{k: getattr(r, k) for k in checks}})  # fmt: skip
     return out
