@@ -64,10 +64,16 @@ class ModelConfig:
     # and the balance loss are per sequence, so any split of the batch routes identically.
     n_experts: int = opt(0, "E, experts per MoE layer; 0: a dense model", "--experts")
     top_k: int = opt(2, "experts each token is routed to (gates renormalised over them)")
-    capacity_factor: float = opt(1.25, "capacity C = ceil(cf * T * k / E) tokens per expert "
-                                 "and sequence; tokens beyond it are dropped (residual only)")
-    moe_mode: str = opt("capacity", "capacity (drops beyond C) or dropless (no token dropped)",
-                        choices=("capacity", "dropless"))
+    capacity_factor: float = opt(
+        1.25,
+        "capacity C = ceil(cf * T * k / E) tokens per expert "
+        "and sequence; tokens beyond it are dropped (residual only)",
+    )
+    moe_mode: str = opt(
+        "capacity",
+        "capacity (drops beyond C) or dropless (no token dropped)",
+        choices=("capacity", "dropless"),
+    )
     moe_every: int = opt(1, "every n-th layer is MoE (the last of each group of n); 1: all")
     aux_loss_weight: float = opt(0.01, "Switch load-balancing loss weight (mean over layers)")
     z_loss_weight: float = opt(1e-3, "router z-loss weight (mean over layers)")

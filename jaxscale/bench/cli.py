@@ -166,8 +166,9 @@ def main(args) -> int:
     else:
         from jaxscale.model import counts
 
-        flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len, causal=True,
-                                         executed=False)
+        flops = counts.train_step_flops(
+            cfg, tcfg.global_batch, tcfg.seq_len, causal=True, executed=False
+        )
         print(report.memory_table(rows, ref_ms, report.mfu_lines(rows, flops, env["device_kind"])))
         print()
         print(report.comm_table(rows))

@@ -134,8 +134,9 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
                          "none (add dp=N or fsdp=N)")  # fmt: skip
     if strategy.zero not in zero.STAGES:
         raise ValueError(f"unknown ZeRO stage {strategy.zero}; choose from {sorted(zero.STAGES)}")
-    if strategy.dp_form != "explicit" and (strategy.zero or t > 1 or pipe > 1
-                                           or spec.size("expert") > 1):
+    if strategy.dp_form != "explicit" and (
+        strategy.zero or t > 1 or pipe > 1 or spec.size("expert") > 1
+    ):
         raise ValueError("DP forms other than 'explicit' are for plain DP (no ZeRO, no tensor)")
     if strategy.schedule:
         if pipe == 1:
@@ -235,8 +236,10 @@ def check_model(strategy: Strategy, cfg: ModelConfig, ways: dict) -> None:
     if ways["expert"] > 1:
         ep.check(cfg, ways["expert"], schedule=strategy.schedule)
     if cfg.n_experts and strategy.schedule:
-        raise ValueError("a mixture-of-experts model under a pipeline schedule is not "
-                         "implemented (the routing losses would have to cross the stages)")
+        raise ValueError(
+            "a mixture-of-experts model under a pipeline schedule is not "
+            "implemented (the routing losses would have to cross the stages)"
+        )
     if cfg.n_experts and strategy.tensor == "gather_output":
         raise ValueError("tp_gather is seed 004's dense-MLP composition; an MoE model's experts "
                          "split F as megatron does: use manual:tp")  # fmt: skip
