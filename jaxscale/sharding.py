@@ -1,7 +1,7 @@
 """THE table: logical axis names -> mesh axes. A strategy is a mesh spec plus these rules.
 
 The model names only logical axes. Parameters use `vocab, embed, heads, kv_heads, head_dim, mlp,
-layers, norm, expert`; activations use `batch, seq, act_embed, act_heads, act_kv, act_mlp,
+layers, norm, expert, router`; activations use `batch, seq, act_embed, act_heads, act_kv, act_mlp,
 act_vocab` (a separate name for the activation's embed dimension, because FSDP shards the
 *parameter's* embed dimension while the activation's stays whole).
 
@@ -47,6 +47,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "layers": ("pipe",),  # a pipeline stage is a contiguous slice of the stack
     "norm": (),
     "expert": ("expert",),  # expert parallelism: each device holds E / ep whole experts
+    "router": (),  # the router's expert dimension: every device routes to all E
     # activations
     # every data-like axis splits the batch, and so does the expert axis: outside the experts
     # its devices are data-parallel (the all-to-alls move tokens to the experts and back)

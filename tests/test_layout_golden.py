@@ -18,8 +18,10 @@ from jaxscale.parallel.compose import build
 
 GOLDEN = Path(__file__).parent / "golden" / "layouts"
 UPDATE = os.environ.get("JAXSCALE_UPDATE_GOLDEN") == "1"
-# one file per strategy x mesh: the f32, AdamW, no-accumulation variant of each
-CASES = {f"{c.label}@{c.mesh}": c for c in verify.CASES if c.label == c.strategy.label()}
+# one file per strategy x mesh: the f32, AdamW, no-accumulation variant of each (dense, and the
+# MoE cases' model)
+CASES = {f"{c.label}@{c.mesh}": c for c in verify.CASES
+         if c.label in (c.strategy.label(), verify.Case(c.strategy, model=verify.MOE).label)}  # fmt: skip
 
 
 def _spec(sharding) -> list:
@@ -27,7 +29,7 @@ def _spec(sharding) -> list:
 
 
 def layout(case: verify.Case) -> dict:
-    built = build(case.strategy, verify.CFG, verify.TCFG)
+    built = build(case.strategy, *case.configs(verify.CFG, verify.TCFG))
     flat = jax.tree_util.tree_flatten_with_path(built.state_shardings["params"])[0]
     grads = jax.tree.leaves(built.grad_shardings)
     return {
@@ -54,7 +56,7 @@ def _dumps(d: dict) -> str:
 
 
 def _path(key: str) -> Path:
-    return GOLDEN / (key.replace(":", "_").replace(",", "_") + ".json")
+    return GOLDEN / (key.replace(":", "_").replace(",", "_").replace(" ", "_") + ".json")
 
 
 @pytest.mark.parametrize("key", sorted(CASES))

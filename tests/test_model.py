@@ -39,10 +39,14 @@ CONFIGS = [
     ModelConfig(n_kv_heads=1, n_layers=3),
     MODEL_PRESETS["small"],
     MODEL_PRESETS["medium"],
+    ModelConfig(n_experts=8, top_k=2),
+    ModelConfig(n_experts=4, top_k=1, n_layers=4, moe_every=2, mlp="gelu"),
 ]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"D{c.d_model}L{c.n_layers}G{c.n_kv_heads}")
+@pytest.mark.parametrize(
+    "cfg", CONFIGS, ids=lambda c: f"D{c.d_model}L{c.n_layers}G{c.n_kv_heads}E{c.n_experts}"
+)
 def test_param_count_analytic_equals_eval_shape(cfg):
     shapes = jax.eval_shape(lambda: ms.init_params(cfg, 0))
     measured = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))

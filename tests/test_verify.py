@@ -25,9 +25,16 @@ PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4", "manual:tp+gpipe(M=4) L=8@pp=2
              "manual:zero1+tp+zb-h1(M=4) L=8@pp=2,dp=2,tp=2"}  # fmt: skip
 
 
+# MoE cases (15-25 s each): EP with DP, EP x ZeRO-3 x TP, and dropping tokens in the fast suite
+MOE_FAST = {"manual:dp+ep E=8 k=2 cf=2@ep=4,dp=2", "manual:zero3+ep+tp E=8 k=2 cf=2@ep=2,fsdp=2,tp=2",
+            "manual:dp+ep E=8 k=2 cf=0.5@ep=4,dp=2"}  # fmt: skip
+
+
 def _param(case):
     marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
     if case.strategy.schedule and _id(case) not in PIPE_FAST:
+        marks.append(pytest.mark.slow)
+    if case.model and _id(case) not in MOE_FAST:
         marks.append(pytest.mark.slow)
     return pytest.param(case, id=_id(case), marks=marks)
 

@@ -47,7 +47,7 @@ def moe_param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple
     """One MoE layer's MLP: the router and E experts (each an MLP of cfg.mlp's kind)."""
     D, F, E = cfg.d_model, cfg.d_ff, cfg.n_experts
     layout = {
-        "w_router_DE": ((D, E), ("embed", None)),
+        "w_router_DE": ((D, E), ("embed", "router")),
         "we_up_EDF": ((E, D, F), ("expert", "embed", "mlp")),
         "we_down_EFD": ((E, F, D), ("expert", "mlp", "embed")),
     }
