@@ -41,6 +41,7 @@ smoke: install
 bench: install
 	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS)
 	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench pipeline
+	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench experts
 
 # jaxscale's PPO beside rejax's (installed into the venv as the rl-compare extra).
 bench-rl:

@@ -15,13 +15,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
-        "pipeline schedules against their formulas ('bench pipeline'), time collectives "
+        "pipeline schedules against their formulas ('bench pipeline'), MoE rows with their "
+        "all-to-alls ('bench experts'), time collectives "
         "('bench collectives'), or PPO beside rejax ('bench rl')",
         description="The mesh comparison (default): every strategy x mesh compiled, its memory, "
         "FLOPs and collectives measured beside the predictions, and a short trajectory checked "
         "against one device. 'bench pipeline' runs each pipeline schedule: bubble and "
         "collective-permute bytes against their formulas, temporaries as M grows, the executed "
-        "grids. 'bench collectives' times each collective over message sizes. "
+        "grids. 'bench experts' runs expert parallelism, TP of experts and the auto path on an "
+        "MoE model: all-to-all bytes against 4 per MoE layer, the seed's EP-vs-TP table. "
+        "'bench collectives' times each collective over message sizes. "
         "'bench rl' "
         "times jaxscale's PPO beside rejax's on CartPole (steps/s, time to 475).",
         epilog="examples:\n  jaxscale bench --model tiny --strategies auto:fsdp,manual:zero3 "
@@ -31,7 +34,7 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("suite", nargs="?", default="meshes",
-                   choices=["meshes", "pipeline", "collectives", "rl"])  # fmt: skip
+                   choices=["meshes", "pipeline", "experts", "collectives", "rl"])  # fmt: skip
     p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS),
                    help="model preset (default small)")  # fmt: skip
     p.add_argument("--strategies", default="",
@@ -108,6 +111,10 @@ def main(args) -> int:
         from jaxscale.bench import pipeline
 
         return pipeline.main(args)
+    if args.suite == "experts":
+        from jaxscale.bench import experts
+
+        return experts.main(args)
     if args.suite == "collectives":
         from jaxscale.bench import collectives
 
