@@ -87,7 +87,8 @@ def a2a(row: meshes.BenchRow) -> tuple[int, float, float]:
 
 def format_rows(rows: list[meshes.BenchRow]) -> str:
     head = (f"{'strategy':<32} {'mesh':<10} {'a2a':>4} {'a2a KiB meas/pred':>19} "
-            f"{'all-reduce KiB meas/pred':>25} {'other KiB':>9} {'comm':>5} {'ms':>7}  eq")  # fmt: skip
+            f"{'all-reduce KiB meas/pred':>25} {'other KiB':>9} {'comm':>5} {'ms':>7}"
+            "  eq")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.report is None:
