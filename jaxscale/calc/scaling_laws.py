@@ -115,10 +115,13 @@ B = 1e9
 # shared/seeds/001_*.txt L200-204, as the seed's code has them (its prose at L161-164 describes
 # GPT-4 without the shared 100B: 8 x 220B = 1.76T total, 220B active; see the seed notes).
 # DeepSeek-V3: 671B total / 37B active (shared/seeds/002_*.txt L5211); the split is solved for its
-# published routing, 256 routed experts with top-8.
+# published routing, 256 routed experts with top-8. Mixtral as seed 003 has it (~47B total,
+# ~13B active, shared/seeds/003_*.txt L25), solved for 8 experts, top-2: the seed 001 preset
+# (5B + 8 x 7B) counts each expert as a whole 7B model.
 MOE_MODELS: dict[str, MoEConfig] = {
     "GPT-4 (rumored)": MoEConfig(100 * B, 8, 220 * B, 1),
     "Mixtral-8x7B": MoEConfig(5 * B, 8, 7 * B, 2),
+    "Mixtral-8x7B (seed 003)": MoEConfig.from_totals(47 * B, 13 * B, 8, 2),
     "Switch-C (Google)": MoEConfig(100 * B, 128, 10 * B, 1),
     "DeepSeek-V3": MoEConfig.from_totals(671 * B, 37 * B, 256, 8),
 }

@@ -158,3 +158,17 @@ def _depth(parents, r):
 def test_importing_comm_does_not_import_jax():
     code = "import sys, jaxscale.calc.comm; assert 'jax' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_moe_layer_volumes_seed_exercise_2():
+    """shared/seeds/002 L5312-5324 (seed-spec Ex2): 64 experts, top-2, h=4096, 4x1024 tokens in
+    bf16: S = 32 MiB; TP 2S = 64 MiB (56 MiB with the ring's 7/8); EP 2kS/N = 2 MiB with N = 64
+    experts, 16 MiB with N = 8 EP ranks."""
+    mib = 2**20
+    v64 = comm.moe_layer_volumes(4 * 1024, 4096, 2, 64)
+    v8 = comm.moe_layer_volumes(4 * 1024, 4096, 2, 8)
+    assert v64["S"] == 32 * mib and v64["tp_2S"] == 64 * mib
+    assert v64["ep_2kS_over_n"] == 2 * mib and v8["ep_2kS_over_n"] == 16 * mib
+    assert v8["tp_2S_ring"] == 56 * mib
+    with pytest.raises(ValueError):
+        comm.moe_layer_volumes(0, 4096, 2, 8)

@@ -74,3 +74,11 @@ def test_moe_bad_input():
         sl.MoEConfig.from_totals(100 * B, 10 * B, 8, 2)  # 2 * 15 > 10
     with pytest.raises(ValueError, match="n_params must be > 0"):
         sl.chinchilla_optimal_tokens(0)
+
+
+def test_mixtral_seed003_totals_and_memory_ratio():
+    # shared/seeds/003 L24-25: ~47B total, ~13B active, "~3.5x more memory" than active
+    m = sl.MOE_MODELS["Mixtral-8x7B (seed 003)"]
+    assert m.total_params == pytest.approx(47 * B, rel=1e-9)
+    assert m.active_params == pytest.approx(13 * B, rel=1e-9)
+    assert round(m.total_params / m.active_params, 1) == 3.6  # the seed rounds to ~3.5x
