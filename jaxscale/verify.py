@@ -145,6 +145,13 @@ CASES: tuple[Case, ...] = (
     _moe("manual:dp+ep", "ep=4,dp=2", n_experts=4, top_k=1, moe_every=2),  # top-1, every 2nd
     _moe("manual:ep", "ep=8", grad_accum=2),
     _moe("manual:dp+ep", "ep=4,dp=2", compute_dtype="bfloat16", bf16_reference=True),
+    # MoE under the pipeline schedules: each stage adds its MoE layers' router losses
+    _pipe("manual:dp+1f1b", "pp=2,dp=4", 4, layers=4, model=MOE),
+    _pipe("manual:ep+gpipe", "pp=2,ep=4", 2, layers=4, model=MOE),
+    _pipe("manual:ep+tp+zb-h1", "pp=2,ep=2,tp=2", 4, layers=4, model=MOE),
+    _pipe("manual:ep+interleaved", "pp=2,ep=4", 2, layers=4, v=2, model=MOE),
+    _pipe("manual:dp+1f1b", "pp=2,dp=4", 4, layers=4,
+          model=tuple({**dict(MOE), "top_k": 1, "moe_every": 2}.items())),
 )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ def test_train_cli_moe_learns_and_logs_routing(tmp_path):
         assert r["loss"] == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_moe_checkpoint_restores_across_meshes(tmp_path):
     tcfg = TrainConfig(steps=6, global_batch=16, seq_len=32, eval_every=0, log_every=1)
     ckpt = str(tmp_path / "ckpt")

@@ -256,8 +256,17 @@ def loss_terms(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
         return ce, {"ce": ce}
     terms = {"ce": ce, "aux_loss": jnp.mean(stats["aux"]), "z_loss": jnp.mean(stats["z"]),
              "drop_fraction": jnp.mean(stats["drop"]), "expert_load": stats["load"]}  # fmt: skip
-    total = ce + cfg.aux_loss_weight * terms["aux_loss"] + cfg.z_loss_weight * terms["z_loss"]
-    return total, terms
+    return ce + router_loss(stats, cfg), terms
+
+
+def router_loss(stats, cfg: ModelConfig):
+    """The router losses added to the training loss: aux_loss_weight x the balance loss and
+    z_loss_weight x the z-loss, each a mean over all L/n MoE layers -- here summed over the
+    layers `stats` holds (all of them, or one pipeline stage's share)."""
+    if not stats:
+        return jnp.zeros((), jnp.float32)
+    per_layer = cfg.aux_loss_weight * stats["aux"] + cfg.z_loss_weight * stats["z"]
+    return jnp.sum(per_layer) / cfg.n_moe_layers
 
 
 def loss(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):

@@ -234,12 +234,8 @@ def build(strategy: Strategy, cfg: ModelConfig, tcfg: TrainConfig, *, with_grads
 def check_model(strategy: Strategy, cfg: ModelConfig, ways: dict) -> None:
     """The checks that need the model: experts against the expert axis and the composition."""
     if ways["expert"] > 1:
-        ep.check(cfg, ways["expert"], schedule=strategy.schedule)
-    if cfg.n_experts and strategy.schedule:
-        raise ValueError(
-            "a mixture-of-experts model under a pipeline schedule is not "
-            "implemented (the routing losses would have to cross the stages)"
-        )
+        ep.check(cfg, ways["expert"])
+
     if cfg.n_experts and strategy.tensor == "gather_output":
         raise ValueError("tp_gather is seed 004's dense-MLP composition; an MoE model's experts "
                          "split F as megatron does: use manual:tp")  # fmt: skip
@@ -325,7 +321,8 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
             return common.accumulate(local_loss, params, batch_BT1, tcfg.grad_accum, axes,
                                      unreduced)  # fmt: skip
         return pp.accumulate(params, batch_BT1, plan=plan, cfg=cfg, pc=pc, data_axes=axes,
-                             unreduced=unreduced, zero_specs=z_specs)  # fmt: skip
+                             unreduced=unreduced, zero_specs=z_specs,
+                             expert_ways=n_ep)  # fmt: skip
 
     def loss_and_grads(params, batch_BT1):  # the data axes' reduction around the local loss
         return zero.loss_and_grads(local_loss, params, batch_BT1, stage=stage, zero_specs=z_specs,
@@ -366,7 +363,7 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         if plan is None:
             return jax.lax.pmean(local_loss(params, batch_BT1), axes)
         loss, _ = pp.accumulate(params, batch_BT1, plan=forward_plan, cfg=cfg, pc=pc,
-                                data_axes=axes, unreduced=True)  # fmt: skip
+                                data_axes=axes, unreduced=True, expert_ways=n_ep)  # fmt: skip
         return jax.lax.pmean(loss, axes) if axes else loss
 
     def predict(cfg_, batch, seq_len):

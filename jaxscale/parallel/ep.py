@@ -35,16 +35,13 @@ from jaxscale.parallel.common import F32, StepShape
 AXIS = "expert"
 
 
-def check(cfg: ModelConfig, ep: int, *, schedule: str | None) -> None:
+def check(cfg: ModelConfig, ep: int) -> None:
     """Raise ValueError for a model or composition the expert axis cannot run."""
     if not cfg.n_experts:
         raise ValueError(f"ep={ep} needs a mixture-of-experts model (--experts E)")
     if cfg.n_experts % ep:
         raise ValueError(f"n_experts={cfg.n_experts} is not divisible by the expert-parallel "
                          f"size ep={ep}")  # fmt: skip
-    if schedule:
-        raise ValueError("expert parallelism under a pipeline schedule is not implemented "
-                         "(the routing statistics would have to cross the stages)")  # fmt: skip
 
 
 def dispatch_experts(buf_EBCD, p, cfg: ModelConfig, *, axis: str = AXIS):

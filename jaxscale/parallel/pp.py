@@ -195,10 +195,15 @@ def check_layers(cfg: ModelConfig, stages: int, virtual_stages: int) -> None:
             f"n_layers={cfg.n_layers} does not split into {stages} pipeline stages x "
             f"{virtual_stages} virtual stages (needs a multiple of {stages * virtual_stages})"
         )
+    per_chunk = cfg.n_layers // (stages * virtual_stages)
+    if cfg.n_experts and per_chunk % cfg.moe_every:
+        raise ValueError(f"a pipeline chunk of {per_chunk} layers does not hold whole groups "
+                         f"of moe_every={cfg.moe_every} (dense layers, then one MoE "
+                         "layer)")  # fmt: skip
 
 
 def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, data_axes,
-               unreduced: bool, zero_specs=None):  # fmt: skip
+               unreduced: bool, zero_specs=None, expert_ways: int = 1):  # fmt: skip
     """Mean loss and gradient of this data shard's rows [B_data, T+1] over the plan's M
     microbatches, in `common.accumulate`'s contract: unreduced over the data axes (stages 0-2),
     or reduced as ZeRO-3's autodiff would (sharded leaves reduce-scattered by the transpose of
@@ -213,25 +218,31 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
     micro_MBT1 = batch_BT1.reshape(B // M, M, -1).swapaxes(0, 1)  # rows m, m+M, ... = mb m
     positions_T = jnp.arange(micro_MBT1.shape[2] - 1)
 
+    moe = bool(cfg.n_experts)
+
     def stage_fn(role, chunk, top, x_BTD, tokens_BT1):
+        """The stage's output (the loss on the last stage) and, with experts, its share of the
+        router losses (`pieces.router_loss` of its MoE layers)."""
         if role == FIRST:
             x_BTD = pc.embed(pc.top_hook(top), tokens_BT1[:, :-1], cfg, pc)
-        y_BTD, _ = pieces.run_layers(x_BTD, chunk, positions_T, cfg, pc)
+        y_BTD, stats = pieces.run_layers(x_BTD, chunk, positions_T, cfg, pc)
         if role == LAST:
-            return pc.loss(pc.head(pc.top_hook(top), y_BTD, cfg, pc), tokens_BT1[:, 1:])
-        return y_BTD
+            y_BTD = pc.loss(pc.head(pc.top_hook(top), y_BTD, cfg, pc), tokens_BT1[:, 1:])
+        return (y_BTD, pieces.router_loss(stats, cfg)) if moe else y_BTD
 
     def chunk_at(c):
         return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, c, keepdims=False), blocks_v)
 
     # the buffers' types: what the first stage's forward makes, varying over pipe
-    act = jax.eval_shape(lambda c, t, x: stage_fn(FIRST, c, t, None, x), chunk_at(0), top,
-                         micro_MBT1[0])  # fmt: skip
+    act, aux_t = jax.eval_shape(lambda c, t, x: _pair(stage_fn(FIRST, c, t, None, x)),
+                                chunk_at(0), top, micro_MBT1[0])  # fmt: skip
     act_axes = _varying(act) | {AXIS}
     zero_act = _vary(jnp.zeros(act.shape, act.dtype), act_axes)
-    loss_t = jax.eval_shape(lambda c, t, x, tok: stage_fn(LAST, c, t, x, tok), chunk_at(0), top,
-                            zero_act, micro_MBT1[0])  # fmt: skip
-    loss_axes = _varying(loss_t) | {AXIS}
+    loss_t, aux_last = jax.eval_shape(
+        lambda c, t, x, tok: _pair(stage_fn(LAST, c, t, x, tok)), chunk_at(0), top, zero_act,
+        micro_MBT1[0])  # fmt: skip
+    # the loss accumulator takes every stage's router losses too: one type for all of them
+    loss_axes = _varying(loss_t) | {AXIS} | (_varying(aux_t) | _varying(aux_last) if moe else set())
     carry = {
         "stash": _vary(jnp.zeros((v, plan.stash_slots, *act.shape), act.dtype), act_axes),
         "grad": _vary(jnp.zeros((v, plan.grad_slots, *act.shape), act.dtype), act_axes),
@@ -239,7 +250,9 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
         "g_top": jax.tree.map(jnp.zeros_like, top),
         "loss": _vary(jnp.zeros((), jnp.float32), loss_axes),
     }
-    seed_cot = _vary(jnp.full((), 1.0 / M, jnp.float32), loss_axes)  # d(mean over mbs)/d(loss_m)
+    # d(mean over microbatches and the expert axis's shards)/d(loss_m): expert parallelism's
+    # shards are data shards whose non-expert gradients autodiff sums (parallel/ep.py)
+    seed_cot = _vary(jnp.full((), 1.0 / (M * expert_ways), jnp.float32), loss_axes)
 
     def add_grads(carry, c, g_chunk, g_top):
         carry = dict(carry)
@@ -260,10 +273,16 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
             cot = seed_cot if role == LAST else cot_in
 
             def f(chunk, top, x):
-                return stage_fn(role, chunk, top, x, tokens)
+                out = stage_fn(role, chunk, top, x, tokens)
+                if moe:  # (output, router losses), the latter typed as the loss accumulator
+                    return out[0], _vary(out[1], loss_axes)
+                return out
 
+            if moe:  # the router losses' cotangent: every stage's share enters the mean
+                cot = (cot, seed_cot)
             if kind == "F":
-                y = f(chunk, top, x)
+                y, aux = (f(chunk, top, x), 0.0) if not moe else f(chunk, top, x)
+                small = {**small, "loss": small["loss"] + aux / M}
                 if role == LAST:
                     return {**small, "loss": small["loss"] + y / M}, zero_act, zero_act
                 return small, _vary(y, act_axes), zero_act
@@ -334,6 +353,8 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
     # all-reduce over pipe: the embedding's gradient is on the first stage, the head's on the last
     g_top = jax.lax.psum(carry["g_top"], AXIS)
     loss = jax.lax.psum(carry["loss"], AXIS)  # all-reduce of the scalar: only the last has it
+    if expert_ways > 1:  # the mean over the expert axis's shards (one all-reduce of the scalar)
+        loss = jax.lax.psum(loss / expert_ways, "expert")
     grads = {**g_top, "blocks": g_blocks}
     if not unreduced and data_axes:  # ZeRO-3: replicated leaves' gradients summed here
         grads = jax.tree.map(
@@ -390,6 +411,11 @@ def _store(buf, got, where):
     """Store a received [B_m, T, D] into buf[chunk, slot] on the devices that receive it."""
     valid, c, s = where
     return buf.at[c, s].set(jnp.where(valid, got, buf[c, s]))
+
+
+def _pair(out):
+    """(output, router losses) of a stage, the latter zero for a dense model."""
+    return out if isinstance(out, tuple) else (out, jnp.zeros((), jnp.float32))
 
 
 def _varying(aval) -> frozenset:
