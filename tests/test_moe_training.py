@@ -106,3 +106,11 @@ def test_experiment_08_parts_1_to_3():
     assert re.search(r"DeepSeek-V3\s+671\.0\s+37\.0", out)
     assert re.search(r"Mixtral-8x7B \(seed 003\)\s+47\.0\s+13\.0", out)
     assert "(equal)" in out
+
+
+def test_bench_experts_dry_run_lists_the_rows(capsys):
+    from jaxscale.cli import main as cli_main
+
+    assert cli_main(["bench", "experts", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in out] == [[t, m] for t, m in bench_experts.ROWS]

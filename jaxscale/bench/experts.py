@@ -128,6 +128,9 @@ def main(args) -> int:
     from jaxscale.progress import Progress
 
     tcfg = verify.TCFG
+    if args.dry_run:
+        print("\n".join(f"{text:<20} {mesh}" for text, mesh in ROWS))
+        return 0
     bar = Progress(len(ROWS) + 2, desc="bench experts", enabled=not args.json)
     ref, _ = meshes.reference(CFG, tcfg, args.steps + 1)
     bar.update(1, note="reference")
