@@ -108,7 +108,8 @@ def test_slots_follow_the_stated_priority():
 @pytest.mark.parametrize(
     "cfg",
     [CFG.replace(moe_mode="dropless"), CFG.replace(capacity_factor=4.0),
-     CFG.replace(top_k=1, moe_mode="dropless"), CFG.replace(mlp="gelu", moe_mode="dropless")],
+     CFG.replace(top_k=1, moe_mode="dropless"),
+     pytest.param(CFG.replace(mlp="gelu", moe_mode="dropless"), marks=pytest.mark.slow)],
     ids=["dropless", "cf4", "top1", "gelu"],
 )  # fmt: skip
 def test_moe_layer_without_drops_equals_the_per_token_oracle(cfg):
@@ -232,8 +233,8 @@ def _missing_all_to_all(buf_EBCD, p, cfg, *, axis=ep.AXIS):
     return jax.lax.dynamic_update_slice_in_dim(full, out, start, axis=0)
 
 
-@pytest.mark.parametrize("bug", [pytest.param(_buggy_rows, marks=pytest.mark.slow),
-                                 _missing_all_to_all], ids=["rows", "no-a2a"])  # fmt: skip
+@pytest.mark.slow  # each runs a 10-step verify case
+@pytest.mark.parametrize("bug", [_buggy_rows, _missing_all_to_all], ids=["rows", "no-a2a"])
 def test_a_planted_all_to_all_bug_is_caught(monkeypatch, bug):
     case = next(c for c in verify.CASES if c.model and c.mesh == "ep=4,dp=2"
                 and c.strategy.path == "manual" and c.label.endswith("cf=2"))  # fmt: skip

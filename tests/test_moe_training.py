@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CFG = ModelConfig(n_experts=8, top_k=2)
 
 
+@pytest.mark.slow
 def test_train_cli_moe_learns_and_logs_routing(tmp_path):
     metrics = tmp_path / "m.jsonl"
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_DISABLE_MOST_OPTIMIZATIONS": "true"}
@@ -78,6 +79,7 @@ def test_balance_loss_keeps_the_load_in_band_and_its_absence_is_worse():
     assert experts.late(off, "drop").mean() > experts.late(on, "drop").mean()
 
 
+@pytest.mark.slow
 def test_bench_all_to_alls_equal_the_prediction_and_the_seed_table():
     cfg, tcfg = bench_experts.CFG, verify.TCFG
     ref, _ = meshes.reference(cfg, tcfg, 2)

@@ -25,8 +25,9 @@ PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4", "manual:tp+gpipe(M=4) L=8@pp=2
              "manual:zero1+tp+zb-h1(M=4) L=8@pp=2,dp=2,tp=2"}  # fmt: skip
 
 
-# MoE cases (15-25 s each): EP with DP, without and with dropped tokens, in the fast suite
-MOE_FAST = {"manual:dp+ep E=8 k=2 cf=2@ep=4,dp=2", "manual:dp+ep E=8 k=2 cf=0.5@ep=4,dp=2"}
+# MoE cases (15-25 s each) are slow; the fast suite checks the MoE forward sharded
+# (tests/test_moe.py: routing terms and the expert-parallel layer against the reference)
+MOE_FAST: set[str] = set()
 
 
 def _param(case):
