@@ -66,11 +66,18 @@ def test_every_param_has_known_logical_axes_of_matching_rank():
     assert all(axes[0] == "layers" for axes in blocks.values())
 
 
+# D=256, F=1024, T=128: elementwise work (norms, softmax, RoPE) is < 2% of the matmuls. MoE:
+# E=4 experts top-2 at cf 1 (E*C = 2T slots per sequence), every layer or every second.
+_SMALL = MODEL_PRESETS["small"]
+_MOE = _SMALL.replace(n_layers=2, n_experts=4, top_k=2, capacity_factor=1.0)
+
+
 @pytest.mark.smoke
-def test_forward_flops_match_compiled_cost_analysis():
-    # D=256, F=1024, T=128: elementwise work (norms, softmax, RoPE) is < 2% of the matmuls.
+@pytest.mark.parametrize("cfg", [_SMALL, _MOE, _MOE.replace(moe_every=2)],
+                         ids=["dense", "moe", "moe-every-2"])  # fmt: skip
+def test_forward_flops_match_compiled_cost_analysis(cfg):
     # Unrolled, because cost_analysis counts the body of the layer loop once.
-    cfg = MODEL_PRESETS["small"].replace(unroll_layers=True)
+    cfg = cfg.replace(unroll_layers=True)
     B, T = 2, 128
     params = jax.eval_shape(lambda: ms.init_params(cfg, 0))
     tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)

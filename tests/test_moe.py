@@ -19,7 +19,7 @@ from jaxscale.model import counts, moe, pieces
 from jaxscale.model import state as ms
 from jaxscale.parallel import ep
 from jaxscale.parallel.compose import Strategy, build
-from jaxscale.tolerances import ATOL, FLOPS_RTOL, RTOL
+from jaxscale.tolerances import ATOL, RTOL
 
 CFG = ModelConfig(n_experts=8, top_k=2, capacity_factor=2.0)
 
@@ -196,21 +196,6 @@ def test_total_and_active_parameters_equal_eval_shape_and_calc_moe(cfg):
     shared, one_expert = counts.moe_split(cfg)
     calc = MoEConfig(shared, cfg.n_experts, one_expert, cfg.top_k)
     assert (calc.total_params, calc.active_params) == (total, active)
-
-
-@pytest.mark.parametrize("every", [1, 2])
-def test_moe_forward_flops_match_compiled_cost_analysis(every):
-    # D=256, F=1024, T=128 as the dense test; E=4 experts top-2 at cf 1: E*C = 2T slots
-    cfg = ModelConfig(d_model=256, n_layers=2, n_heads=8, n_kv_heads=8, d_ff=1024, max_seq=128,
-                      n_experts=4, top_k=2, capacity_factor=1.0, moe_every=every,
-                      unroll_layers=True)  # fmt: skip
-    B, T = 2, 128
-    params = jax.eval_shape(lambda: ms.init_params(cfg, 0))
-    tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    compiled = jax.jit(lambda p, t: pieces.logits(p, t, cfg)).lower(params, tokens).compile()
-    measured = compiled.cost_analysis()["flops"]
-    predicted = counts.forward_flops(cfg, B, T)
-    assert abs(measured - predicted) / predicted < FLOPS_RTOL, (measured, predicted)
 
 
 def _buggy_rows(buf_EBCD, p, cfg, *, axis=ep.AXIS):

@@ -214,7 +214,7 @@ def run_layers(x_BTD, layers, positions_T, cfg: ModelConfig, pc: Pieces = DENSE)
                 if k in moe_lib.MOE_KEYS:
                     if moe_layer:
                         layer[k] = v[0]
-                elif k not in _MLP_KEYS or not moe_layer:
+                elif k not in MLP_KEYS or not moe_layer:
                     layer[k] = v[i]
             x_BTD, aux = layer_fn(x_BTD, layer)
             stats = aux or stats
@@ -224,7 +224,7 @@ def run_layers(x_BTD, layers, positions_T, cfg: ModelConfig, pc: Pieces = DENSE)
     return x_BTD, stats
 
 
-_MLP_KEYS = ("w_up_DF", "w_gate_DF", "w_down_FD")
+MLP_KEYS = ("w_up_DF", "w_gate_DF", "w_down_FD")  # a dense layer's MLP (absent in MoE layers)
 
 
 def split_params(params):

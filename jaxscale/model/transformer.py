@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxscale.config import ModelConfig
-from jaxscale.model.pieces import DENSE, Pieces, logits
+from jaxscale.model.pieces import DENSE, MLP_KEYS, Pieces, logits
 
 
 # Per-layer parameter shapes (as functions of the config) and their logical axes.
@@ -38,9 +38,6 @@ def layer_param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tup
     if cfg.mlp == "swiglu":
         layout["w_gate_DF"] = ((D, F), ("embed", "mlp"))
     return layout
-
-
-MLP_KEYS = ("w_up_DF", "w_gate_DF", "w_down_FD")  # a dense layer's MLP (absent in MoE layers)
 
 
 def moe_param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
