@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # Two workers: the suite is dominated by XLA compiles, which run on one core each.
 WORKERS ?= 2
 
-.PHONY: install test test-slow test-all smoke bench bench-rl lint format clean
+.PHONY: install test test-slow test-all smoke bench bench-rl notebooks lint format clean
 
 install: $(STAMP)
 
@@ -47,6 +47,10 @@ bench: install
 bench-rl:
 	$(MAKE) install EXTRAS=dev,rl-compare
 	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench rl $(BENCH_ARGS)
+
+# Write each notebooks/*.ipynb (what Colab opens) from its jupytext script, outputs stripped.
+notebooks: install
+	$(PY) -m jupytext --to ipynb notebooks/*.py
 
 lint: install
 	$(PY) -m ruff check .

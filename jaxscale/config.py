@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 _DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("jaxscale", "xla", "cudnn")
 INT_MAX = 2**31 - 1  # steps, sizes and seeds are int32 inside jax
 
 
@@ -60,6 +61,14 @@ class ModelConfig:
     # The compiler's cost_analysis counts a loop body once, so FLOPs read from a compiled program
     # are per-layer-exact only when the layers are unrolled.
     unroll_layers: bool = opt(False, "unroll the layer scan (exact FLOPs in cost_analysis)")
+    attention_impl: str = opt(
+        "jaxscale",
+        "attention core: jaxscale (einsum, any query/key positions), or "
+        "jax.nn.dot_product_attention's xla or cudnn (fused flash attention on NVIDIA GPUs, "
+        "bf16/f16 only)",
+        "--attention",
+        choices=ATTENTION_IMPLS,
+    )
     # Mixture of experts (jaxscale/model/moe.py). Routing groups are sequences: capacity, drops
     # and the balance loss are per sequence, so any split of the batch routes identically.
     n_experts: int = opt(0, "E, experts per MoE layer; 0: a dense model", "--experts")
@@ -96,6 +105,13 @@ class ModelConfig:
         for name in ("compute_dtype", "param_dtype"):
             value = getattr(self, name)
             _require(value in _DTYPES, f"{name} must be one of {_DTYPES}, got {value!r}")
+        _require(
+            self.attention_impl in ATTENTION_IMPLS,
+            f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}",
+        )
+        _require(self.attention_impl != "cudnn" or self.compute_dtype != "float32",
+                 "attention_impl='cudnn' needs compute_dtype bfloat16 or float16 (cuDNN's "
+                 "flash attention has no float32 kernel)")  # fmt: skip
         for name in ("rope_base", "norm_eps"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value}")

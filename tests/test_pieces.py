@@ -128,8 +128,11 @@ def _numpy_forward(p, tokens, cfg: ModelConfig):
 
 
 @pytest.mark.smoke
-def test_whole_forward_equals_a_numpy_transformer():
-    cfg = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2)  # GQA, SwiGLU, untied
+@pytest.mark.parametrize("attention_impl", ["jaxscale", "xla"])
+def test_whole_forward_equals_a_numpy_transformer(attention_impl):
+    """Either attention core (ours, or jax.nn.dot_product_attention's XLA path; its cuDNN path
+    runs on NVIDIA GPUs only, docs/hardware.md) against the same numpy transformer."""
+    cfg = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, attention_impl=attention_impl)
     params = ms.init_params(cfg, 3)
     tokens = jnp.asarray(RNG.integers(0, cfg.vocab, (2, 10)))
     got = jax.jit(lambda p, t: pieces.logits(p, t, cfg))(params, tokens)

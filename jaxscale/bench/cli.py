@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
         "bench",
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
         "pipeline schedules against their formulas ('bench pipeline'), MoE rows with their "
-        "all-to-alls ('bench experts'), time collectives "
+        "all-to-alls ('bench experts'), strong/weak scaling ('bench scaling'), time collectives "
         "('bench collectives'), or PPO beside rejax ('bench rl')",
         description="The mesh comparison (default): every strategy x mesh compiled, its memory, "
         "FLOPs and collectives measured beside the predictions, and a short trajectory checked "
@@ -24,17 +24,21 @@ def add_parser(sub) -> None:
         "collective-permute bytes against their formulas, temporaries as M grows, the executed "
         "grids. 'bench experts' runs expert parallelism, TP of experts and the auto path on an "
         "MoE model: all-to-all bytes against 4 per MoE layer, the seed's EP-vs-TP table. "
+        "'bench scaling' runs one strategy's strong and weak scaling over 1, 2, 4, 8 devices "
+        "against its prediction (calc scaling's efficiencies). "
         "'bench collectives' times each collective over message sizes. "
         "'bench rl' "
         "times jaxscale's PPO beside rejax's on CartPole (steps/s, time to 475).",
         epilog="examples:\n  jaxscale bench --model tiny --strategies auto:fsdp,manual:zero3 "
         "--steps 3\n  jaxscale bench --strategies manual:zero3+tp --meshes 'fsdp=2,tp=4;"
         "fsdp=4,tp=2'\n  jaxscale bench --target tpu:v5e:2x4\n  jaxscale bench collectives "
-        "--sizes 1K:16M\n  jaxscale bench pipeline --sweep 4,8,16\n  jaxscale bench rl",
+        "--sizes 1K:16M\n  jaxscale bench pipeline --sweep 4,8,16\n  "
+        "jaxscale bench scaling --strategies auto:fsdp"
+        "\n  jaxscale bench rl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("suite", nargs="?", default="meshes",
-                   choices=["meshes", "pipeline", "experts", "collectives", "rl"])  # fmt: skip
+    suites = ["meshes", "pipeline", "experts", "scaling", "collectives", "rl"]
+    p.add_argument("suite", nargs="?", default="meshes", choices=suites)
     p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS),
                    help="model preset (default small)")  # fmt: skip
     p.add_argument("--strategies", default="",
@@ -72,6 +76,12 @@ def add_parser(sub) -> None:
     p.add_argument("--sweep", type=comma_list(positive_int), default=[4, 8],
                    help="pipeline suite: microbatch counts M at which GPipe's and 1F1B's "
                    "compiler temporaries are compared (default 4,8), e.g. 4,8,16")  # fmt: skip
+    p.add_argument("--devices", type=comma_list(positive_int), default=None,
+                   help="scaling suite: device counts, starting at 1 (default 1,2,4,... up to "
+                   "the devices there are), e.g. 1,2,4,8")  # fmt: skip
+    p.add_argument("--mode", choices=("strong", "weak", "both"), default="both",
+                   help="scaling suite: strong (global batch fixed), weak (--global-batch per "
+                   "device) or both (default)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     p.add_argument(
         "--dry-run",
@@ -115,6 +125,10 @@ def main(args) -> int:
         from jaxscale.bench import experts
 
         return experts.main(args)
+    if args.suite == "scaling":
+        from jaxscale.bench import scaling
+
+        return scaling.main(args)
     if args.suite == "collectives":
         from jaxscale.bench import collectives
 
@@ -155,7 +169,9 @@ def main(args) -> int:
     env = report.environment(args.target)
     print(f"bench: model {args.model} (d_model {cfg.d_model}, {cfg.n_layers} layers), batch "
           f"{args.global_batch} x seq {args.seq_len}, {env['device_count']} {env['device_kind']} "
-          f"devices, jax {env['jax']}, target {args.target}", file=sys.stderr)  # fmt: skip
+          f"devices, jax {env['jax']}, "
+          f"{'run here' if target is None else f'compiled for {args.target}'}",
+          file=sys.stderr)  # fmt: skip
     if args.dry_run:
         print("\n".join(f"{c.label:<20} {c.mesh}" for c in cases))
         return 0

@@ -101,7 +101,15 @@ def attention(h_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
     q_BTHK = pc.constrain(q_BTHK, ("batch", "seq", "act_heads", None))
     q_BTHK = rope(q_BTHK, positions_T, cfg.rope_base)
     k_BTGK = rope(k_BTGK, positions_T, cfg.rope_base)
-    out_BTHK = pc.attend(q_BTHK, k_BTGK, v_BTGK, positions_T, positions_T)
+    if cfg.attention_impl != "jaxscale" and pc.attend is attend:
+        # The fused kernels know the causal pattern only: queries and keys at the same positions,
+        # true here (both are positions_T). A strategy that substitutes the core (sequence
+        # parallelism's gathered keys) keeps its own.
+        out_BTHK = jax.nn.dot_product_attention(
+            q_BTHK, k_BTGK, v_BTGK, is_causal=True, implementation=cfg.attention_impl
+        )
+    else:
+        out_BTHK = pc.attend(q_BTHK, k_BTGK, v_BTGK, positions_T, positions_T)
     return jnp.einsum("bthk,hkd->btd", out_BTHK, p["wo_HKD"].astype(cdt))
 
 

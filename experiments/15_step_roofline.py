@@ -1,0 +1,101 @@
+"""What limits one training step on this device: the compiled step's FLOPs and bytes against the
+device's roofline, its device-side time, and MFU (docs/hardware.md records the H100 runs).
+
+    python experiments/15_step_roofline.py                       # tiny model, on any backend
+    python experiments/15_step_roofline.py --d-model 1024 --layers 24 --heads 16 --d-ff 3584 \
+        --seq-len 1024 --batch 32 --compute-dtype bfloat16 --attention cudnn     # ~365M, GPU
+
+1. the compiled step: FLOPs and bytes accessed (cost_analysis, layers unrolled so every layer
+   counts), temporaries (memory_analysis);
+2. its roofline floor: max(FLOPs / peak, bytes / HBM bandwidth) from jaxscale/hardware.py, and
+   which side binds (FLOPs: the larger of the compiled and the model count, since XLA:GPU's
+   cost_analysis does not count cuBLAS and cuDNN calls);
+3. the step timed alone (device-side: steps dispatched back to back, one wait at the end), so the
+   gap to `jaxscale train`'s tokens/s is the training loop's host work;
+4. MFU with model FLOPs (jaxscale/model/counts.py: causal attention halved, no remat).
+"""
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+from jaxscale.analysis.compiled import compile_with_report
+from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.devices import mfu
+from jaxscale.hardware import for_device_kind
+from jaxscale.model import counts
+from jaxscale.train import step as st
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=None, help="default: --heads (MHA)")
+    p.add_argument("--d-ff", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--compute-dtype", default="float32")
+    p.add_argument("--param-dtype", default="float32")
+    p.add_argument("--attention", default="jaxscale", choices=("jaxscale", "xla", "cudnn"))
+    p.add_argument("--remat", action="store_true")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    a = p.parse_args()
+    cfg = ModelConfig(d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
+                      n_kv_heads=a.kv_heads or a.heads, d_ff=a.d_ff, max_seq=a.seq_len,
+                      compute_dtype=a.compute_dtype, param_dtype=a.param_dtype,
+                      attention_impl=a.attention, remat=a.remat)  # fmt: skip
+    tcfg = TrainConfig(global_batch=a.batch, seq_len=a.seq_len, warmup_steps=0)
+    kind = jax.devices()[0].device_kind
+    device = for_device_kind(kind)
+    print(f"device {kind}, jax {jax.__version__}; {counts.param_count(cfg) / 1e6:.1f}M params, "
+          f"batch {a.batch} x {a.seq_len}, {a.compute_dtype} compute, {a.param_dtype} params, "
+          f"attention {a.attention}{', remat' if a.remat else ''}")  # fmt: skip
+
+    # 1. the compiled step, every layer unrolled so cost_analysis counts each one
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (a.batch, a.seq_len + 1), np.int32)
+    state = st.init_state(cfg.replace(unroll_layers=True), tcfg)
+    step = st.jit_train_step(cfg.replace(unroll_layers=True), tcfg)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (state, tokens))
+    compiled, rep = compile_with_report(step, *abstract)
+    print(f"compiled in {rep.compile_s:.1f} s: {rep.flops / 1e12:.2f} TFLOP, "
+          f"{rep.bytes_accessed / 1e9:.2f} GB accessed, temporaries "
+          f"{rep.memory.temp / 2**30:.2f} GiB")  # fmt: skip
+
+    # 2. the roofline floor. The FLOPs side uses the larger of the compiled and the model
+    # count: XLA:GPU's cost_analysis leaves out library calls (cuBLAS gemms, cuDNN attention),
+    # so on a GPU the compiled figure can be a small fraction of the work.
+    model = counts.train_step_flops(cfg, a.batch, a.seq_len, causal=True, executed=False)
+    work = max(rep.flops, model)
+    if device is not None and device.flops_per_s and device.hbm_bytes_per_s:
+        t_flops = work / device.flops_per_s
+        t_bytes = rep.bytes_accessed / device.hbm_bytes_per_s
+        bound = "compute" if t_flops >= t_bytes else "memory"
+        print(f"roofline floor: FLOPs {t_flops * 1e3:.1f} ms, bytes {t_bytes * 1e3:.1f} ms "
+              f"({bound}-bound); intensity {work / rep.bytes_accessed:.0f} FLOP/byte vs "
+              f"ridge {device.flops_per_s / device.hbm_bytes_per_s:.0f}")  # fmt: skip
+    else:
+        print("roofline: this device's peak is not in jaxscale/hardware.py")
+
+    # 3. device-side step time: dispatch back to back, wait once
+    state, metrics = compiled(state, tokens)  # warm-up (the first call pays the transfers)
+    jax.block_until_ready(metrics)
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        state, metrics = compiled(state, tokens)
+    jax.block_until_ready(metrics)
+    step_s = (time.perf_counter() - t0) / a.steps
+    print(f"step {step_s * 1e3:.1f} ms, {a.batch * a.seq_len / step_s:,.0f} tokens/s; model "
+          f"{model / 1e12:.2f} TFLOP per step, compiled/model = "
+          f"{rep.flops / model:.2f}")  # fmt: skip
+
+    # 4. MFU (never on CPU: its peak is unknown)
+    value = mfu(model, step_s, kind)
+    print(f"MFU {value:.1%}" if value is not None else "MFU: no peak known for this device")
+
+
+if __name__ == "__main__":
+    main()
