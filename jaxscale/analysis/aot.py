@@ -29,6 +29,7 @@ from math import ceil
 
 import jax
 
+from jaxscale import compat
 from jaxscale.analysis.compiled import CompiledReport, compile_with_report
 from jaxscale.analysis.hlo_text import matching, nbytes
 
@@ -172,9 +173,7 @@ def tpu_estimate_seconds(compiled) -> float | None:
 
     It reads like a roofline over the compiler's FLOPs and HBM bytes; it does not appear to charge
     the interconnect for collectives (anchors F5), so it is a lower bound, not a step time."""
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax returned one dict per program
-        cost = cost[0] if cost else {}
+    cost = compat.cost_analysis(compiled)
     value = cost.get("optimal_seconds")
     return float(value) if value is not None and value > 0 else None
 

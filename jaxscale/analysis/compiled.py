@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from jaxscale import compat
 from jaxscale.analysis import hlo
 from jaxscale.analysis.memory import MemoryReport, memory_report
 
@@ -35,9 +36,7 @@ def compile_with_report(jitted, *abstract_args):
     t0 = time.perf_counter()
     compiled = jitted.lower(*abstract_args).compile()
     compile_s = time.perf_counter() - t0
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax returned one dict per program
-        cost = cost[0] if cost else {}
+    cost = compat.cost_analysis(compiled)
     report = CompiledReport(
         compile_s=compile_s,
         memory=memory_report(compiled),

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxscale import compat
 from jaxscale.config import ModelConfig
 from jaxscale.model import pieces
 from jaxscale.model.pieces import Pieces
@@ -236,13 +237,17 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
     # the buffers' types: what the first stage's forward makes, varying over pipe
     act, aux_t = jax.eval_shape(lambda c, t, x: _pair(stage_fn(FIRST, c, t, None, x)),
                                 chunk_at(0), top, micro_MBT1[0])  # fmt: skip
-    act_axes = _varying(act) | {AXIS}
+    act_axes = compat.varying_axes(act) | {AXIS}
     zero_act = _vary(jnp.zeros(act.shape, act.dtype), act_axes)
     loss_t, aux_last = jax.eval_shape(
         lambda c, t, x, tok: _pair(stage_fn(LAST, c, t, x, tok)), chunk_at(0), top, zero_act,
         micro_MBT1[0])  # fmt: skip
     # the loss accumulator takes every stage's router losses too: one type for all of them
-    loss_axes = _varying(loss_t) | {AXIS} | (_varying(aux_t) | _varying(aux_last) if moe else set())
+    loss_axes = (
+        compat.varying_axes(loss_t)
+        | {AXIS}
+        | (compat.varying_axes(aux_t) | compat.varying_axes(aux_last) if moe else set())
+    )
     carry = {
         "stash": _vary(jnp.zeros((v, plan.stash_slots, *act.shape), act.dtype), act_axes),
         "grad": _vary(jnp.zeros((v, plan.grad_slots, *act.shape), act.dtype), act_axes),
@@ -418,15 +423,9 @@ def _pair(out):
     return out if isinstance(out, tuple) else (out, jnp.zeros((), jnp.float32))
 
 
-def _varying(aval) -> frozenset:
-    """The manual axes a value varies over (jax 0.10-0.12 keep them in manual_axis_type)."""
-    mat = getattr(aval, "manual_axis_type", None)
-    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
-
-
 def _vary(x, axes):
     """pcast `x` to varying over those of `axes` it does not vary over yet (identity forward)."""
-    missing = tuple(a for a in axes if a not in _varying(jax.typeof(x)))
+    missing = tuple(a for a in axes if a not in compat.varying_axes(jax.typeof(x)))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 

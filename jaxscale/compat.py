@@ -1,0 +1,24 @@
+"""Every difference between the supported jax lines, one shim each (pyproject.toml states the
+tested ranges: Python 3.11 resolves jax 0.10.x; Python >= 3.12 resolves jax 0.12.x, what Colab
+runs; a GPU image with jax 0.11.2 ran the suite too, docs/hardware.md). CI runs the whole suite
+on both lines. Code elsewhere calls these instead of testing versions.
+
+One difference needs no shim, only a rule: pass `jax.make_mesh` its shape and axis names
+positionally (the first keyword was renamed between jax 0.10 and 0.12)."""
+
+from __future__ import annotations
+
+
+def cost_analysis(compiled) -> dict:
+    """A compiled program's cost dict: older jax returned a list with one dict per program."""
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    return cost
+
+
+def varying_axes(aval) -> frozenset:
+    """The manual (shard_map) axes a value varies over: jax 0.10-0.12 keep them in the aval's
+    `manual_axis_type.varying`; later lines in `vma`."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
