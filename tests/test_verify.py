@@ -4,12 +4,14 @@ loss, first-step gradients, trajectory) failing for a strategy broken in just th
 
 import json
 
+import numpy as np
 import pytest
 
 from jaxscale import verify
 from jaxscale.cli import main as cli_main
 from jaxscale.parallel import zero
 from jaxscale.parallel.compose import Strategy
+from jaxscale.tolerances import BF16_SAME_ATOL, BF16_SAME_RTOL
 
 SMOKE = {"auto:dp_fsdp_tp@dp=2,fsdp=2,tp=2", "manual:zero3@fsdp=8"}
 REFS: dict = {}  # one single-device reference per training variant, shared by the module
@@ -138,3 +140,16 @@ def test_verify_cli_prints_the_matrix(capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["strategy"], row["mesh"], row["stage"], row["passed"]) == ("zero1", "dp=8", 1, True)
     assert row["loss_ok"] and row["grads_ok"] and row["traj_ok"]
+
+
+def test_the_bf16_same_precision_rule_judges_errors_against_the_f32_twin():
+    """vs-bf16 cases: an element may be wrong by the one-device bf16 run's own error (measured
+    against the f32 model) plus the band, on either side of the true value; no more."""
+    truth = np.array([1.0, 1.0, 1.0])
+    ref = np.array([1.05, 1.0, 0.98])  # the one-device bf16 run's errors: 5%, 0, 2%
+    band = BF16_SAME_ATOL + BF16_SAME_RTOL * np.abs(ref)
+    opposite = np.array([0.95, 1.0, 1.02])  # as far off as the reference, on the other side
+    assert verify._ratio(opposite, ref, True, True, truth) == 0.0
+    assert verify._ratio(opposite, ref, True, True) > 1  # the old rule: |g - r| = 2x the error
+    worse = np.array([1.05, 1.0 + 2 * band[1], 0.98])  # exact where the reference is exact
+    assert verify._ratio(worse, ref, True, True, truth) == pytest.approx(2.0)
