@@ -173,7 +173,32 @@ _ = nb.jaxscale("rl", "ppo", "--seeds", "2", "--out", "results/tour/ppo")
 nb.show("results/tour/ppo/learning_curve.png")
 
 # %% [markdown]
-# ## 10. On a TPU runtime: compile for larger TPU topologies
+# ## 10. Serving the model just trained
+# The checkpoint of section 5, loaded into the continuous-batching engine (paged KV cache,
+# radix prefix cache): three requests at once, the first one's text streamed as its tokens
+# arrive. `jaxscale serve --ckpt-dir runs/tour/checkpoints` serves the same engine over an
+# OpenAI-compatible HTTP API.
+
+# %%
+from jaxscale.serve.cli import load_model  # noqa: E402
+from jaxscale.serve.engine import Engine, EngineConfig  # noqa: E402
+from jaxscale.serve.sampling import SamplingParams  # noqa: E402
+from jaxscale.serve.scheduler import Request  # noqa: E402
+
+cfg, params = load_model("runs/tour/checkpoints")
+engine = Engine(params, cfg, EngineConfig(max_num_seqs=4, page_size=16))
+for i, prompt in enumerate(["def ", "import ", "class "]):
+    engine.add(Request(str(i), list(prompt.encode()), 48, SamplingParams(0.7, seed=i)))
+streamed = []
+while engine.scheduler.has_work():
+    for ev in engine.step():
+        if ev.request_id == "0":
+            streamed.append(ev.text)
+print("def " + "".join(streamed))
+print(f"{engine.steps} engine steps, {engine.compiles} compiled shapes")
+
+# %% [markdown]
+# ## 11. On a TPU runtime: compile for larger TPU topologies
 # Ahead-of-time compilation of the bench's rows for a v5e 2x4 slice, on this one chip's host:
 # memory and collectives from the TPU compiler, nothing executed. Elsewhere this needs the
 # `tpu-aot` extra (libtpu), and the cell says so.

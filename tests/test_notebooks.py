@@ -58,5 +58,7 @@ def test_the_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch):
     for name in ("results/tour/bench_meshes.json", "runs/tour/metrics.jsonl",
                  "results/tour/ppo/learning_curve.png"):  # fmt: skip
         assert (tmp_path / name).exists(), name
+    served = next(t for t in texts if "engine steps" in t)
+    assert served.startswith("def ") and "compiled shapes" in served
     rows = json.loads((tmp_path / "results/tour/bench_meshes.json").read_text())["rows"]
     assert all(r["equivalent"] for r in rows), [r["label"] for r in rows if not r["equivalent"]]

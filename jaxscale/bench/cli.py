@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
         "\n  jaxscale bench rl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    suites = ["meshes", "pipeline", "experts", "scaling", "collectives", "rl"]
+    suites = ["meshes", "pipeline", "experts", "scaling", "serve", "collectives", "rl"]
     p.add_argument("suite", nargs="?", default="meshes", choices=suites)
     p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS),
                    help="model preset (default small)")  # fmt: skip
@@ -82,6 +82,9 @@ def add_parser(sub) -> None:
     p.add_argument("--mode", choices=("strong", "weak", "both"), default="both",
                    help="scaling suite: strong (global batch fixed), weak (--global-batch per "
                    "device) or both (default)")  # fmt: skip
+    p.add_argument("--requests", type=positive_int, default=24,
+                   help="serve suite: requests per load level (default 24)")  # fmt: skip
+    p.add_argument("--no-http", action="store_true", help="serve suite: skip the HTTP runs")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     p.add_argument(
         "--dry-run",
@@ -125,6 +128,10 @@ def main(args) -> int:
         from jaxscale.bench import experts
 
         return experts.main(args)
+    if args.suite == "serve":
+        from jaxscale.bench import serve
+
+        return serve.main(args)
     if args.suite == "scaling":
         from jaxscale.bench import scaling
 

@@ -40,19 +40,21 @@ def rms_norm(x, scale, eps):
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x_BTNK, positions_T, base):
-    """Rotary embedding (rotate-half form) on the last axis of [B, T, N, K] at `positions_T`."""
+def rope(x_BTNK, positions, base):
+    """Rotary embedding (rotate-half form) on the last axis of [B, T, N, K] at `positions`:
+    [T] shared by the rows, or [B, T] per row (a batch of requests at different lengths)."""
     K = x_BTNK.shape[-1]
     inv_freq = base ** (-jnp.arange(0, K, 2, dtype=jnp.float32) / K)
-    angles_TK2 = positions_T[:, None].astype(jnp.float32) * inv_freq[None, :]
-    cos, sin = jnp.cos(angles_TK2)[None, :, None, :], jnp.sin(angles_TK2)[None, :, None, :]
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [T, K/2] or [B, T, K/2]
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # over the N axis
     x1, x2 = jnp.split(x_BTNK.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BTNK.dtype)
 
 
 def attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
-    """Causal GQA attention: query t sees key s iff k_positions[s] <= q_positions[t].
+    """Causal GQA attention: query t sees key s iff k_positions[s] <= q_positions[t]. Query
+    positions may be per row, [B, T] (a batch of requests decoding at different lengths).
 
     The one attention core of training, sequence parallelism, prefill and decode: queries and
     keys carry their own positions, so a KV cache (S slots, unused ones at a position larger than
@@ -63,8 +65,10 @@ def attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
     q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
     scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK).astype(jnp.float32)
     scores_BGRTS = scores_BGRTS * K**-0.5
-    causal_TS = q_positions_T[:, None] >= k_positions_S[None, :]
-    scores_BGRTS = jnp.where(causal_TS, scores_BGRTS, jnp.finfo(jnp.float32).min)
+    causal = q_positions_T[..., :, None] >= k_positions_S[None, :]  # [T, S] or [B, T, S]
+    if causal.ndim == 3:
+        causal = causal[:, None, None]  # [B, 1, 1, T, S] against [B, G, R, T, S]
+    scores_BGRTS = jnp.where(causal, scores_BGRTS, jnp.finfo(jnp.float32).min)
     probs_BGRTS = jax.nn.softmax(scores_BGRTS, axis=-1).astype(q_BTHK.dtype)
     out_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS, v_BSGK)
     return out_BTGRK.reshape(B, T, H, K)
@@ -91,16 +95,27 @@ def cross_entropy(logits_BTV, targets_BT):
 # --- the substitutable pieces -----------------------------------------------------------------
 
 
-def attention(h_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
-    """Q/K/V projections, RoPE, `pc.attend`, output projection. Under tensor parallelism the
-    heads are local shards: no collective until the caller's `pc.leave` (Megatron g)."""
+def qkv(h_BTD, p, positions, cfg: ModelConfig, pc: Pieces):
+    """Q [B, T, H, K], K and V [B, T, G, K] of the normed input, RoPE applied at `positions`
+    ([T], or [B, T] per row). Under tensor parallelism the heads are local shards."""
     cdt = h_BTD.dtype
     q_BTHK = jnp.einsum("btd,dhk->bthk", h_BTD, p["wq_DHK"].astype(cdt))
     k_BTGK = jnp.einsum("btd,dgk->btgk", h_BTD, p["wk_DGK"].astype(cdt))
     v_BTGK = jnp.einsum("btd,dgk->btgk", h_BTD, p["wv_DGK"].astype(cdt))
     q_BTHK = pc.constrain(q_BTHK, ("batch", "seq", "act_heads", None))
-    q_BTHK = rope(q_BTHK, positions_T, cfg.rope_base)
-    k_BTGK = rope(k_BTGK, positions_T, cfg.rope_base)
+    q_BTHK = rope(q_BTHK, positions, cfg.rope_base)
+    return q_BTHK, rope(k_BTGK, positions, cfg.rope_base), v_BTGK
+
+
+def out_proj(out_BTHK, p):
+    """The output projection [B, T, H, K] -> [B, T, D]: row-parallel under tensor parallelism."""
+    return jnp.einsum("bthk,hkd->btd", out_BTHK, p["wo_HKD"].astype(out_BTHK.dtype))
+
+
+def attention(h_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
+    """Q/K/V projections, RoPE, `pc.attend`, output projection. Under tensor parallelism the
+    heads are local shards: no collective until the caller's `pc.leave` (Megatron g)."""
+    q_BTHK, k_BTGK, v_BTGK = qkv(h_BTD, p, positions_T, cfg, pc)
     if cfg.attention_impl != "jaxscale" and pc.attend is attend:
         # The fused kernels know the causal pattern only: queries and keys at the same positions,
         # true here (both are positions_T). A strategy that substitutes the core (sequence
@@ -110,7 +125,7 @@ def attention(h_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
         )
     else:
         out_BTHK = pc.attend(q_BTHK, k_BTGK, v_BTGK, positions_T, positions_T)
-    return jnp.einsum("bthk,hkd->btd", out_BTHK, p["wo_HKD"].astype(cdt))
+    return out_proj(out_BTHK, p)
 
 
 def mlp(h_BTD, p, cfg: ModelConfig, pc: Pieces):

@@ -6,7 +6,15 @@ Each command lives in its own `cli_<name>.py` module exposing `add_command(subpa
 import argparse
 import importlib
 
-COMMANDS = ("batching", "speculative", "pipeline", "overlap", "param_server")  # help order
+COMMANDS = (
+    "server",
+    "batching",
+    "speculative",
+    "json",
+    "pipeline",
+    "overlap",
+    "param_server",
+)  # help order
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

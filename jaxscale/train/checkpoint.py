@@ -168,3 +168,30 @@ def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     line = text[0] if text else type(e).__name__
     return line if len(line) <= 160 else line[:157] + "..."
+
+
+def load_params(directory: str | Path, step: int | None = None):
+    """(model config, parameters on one device) of a training checkpoint, for inference: the
+    config comes from the checkpoint's own record, the optimizer state is read and dropped."""
+    import orbax.checkpoint as ocp
+
+    from jaxscale.train import step as train_step
+
+    path = Path(directory)
+    step = latest_step(path) if path.is_dir() and step is None else step
+    if step is None:
+        raise CheckpointError(f"{path} holds no finished checkpoint")
+    with _manager(path, create=False) as mgr:
+        try:
+            meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as e:
+            _quiet_failed_reads()
+            raise CheckpointError(f"checkpoint {path} step {step} is unreadable "
+                                  f"({_first_line(e)}); {_fix(path, step)}") from e  # fmt: skip
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} step {step} is not a jaxscale checkpoint")
+    cfg, tcfg = ModelConfig(**meta["model"]), TrainConfig(**meta["train"])
+    abstract = jax.eval_shape(lambda: train_step.init_state(cfg, tcfg))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    state, _ = restore(path, jax.tree.map(lambda _: device, abstract), abstract, meta, step)
+    return cfg, state["params"]

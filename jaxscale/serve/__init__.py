@@ -1,0 +1,1 @@
+"""Serving on the real model: sampling and generation with the KV cache."""

@@ -1,0 +1,192 @@
+"""The serving engine: continuous batching over a paged KV cache (jaxscale/serve/scheduler.py
+decides, this module runs the device programs).
+
+Every step runs at most two compiled programs on the page pool: the one-token rows ([B, 1]:
+decode steps, and prompts with one token left) and the prefill chunks ([B, T]); each samples
+the next token of the rows that reached the end of their tokens. Shapes are static: B is rounded
+up to a power of two (up to max_num_seqs) and T to a prefill bucket, padding rows write to page
+0 and are never read, so the number of compiles is bounded by len(batch sizes) x (1 + len(prefill
+buckets)) and reported (`compiles`; `warmup` compiles them all): the JAX form of the seed's
+CUDA-graph lesson.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxscale.config import ModelConfig
+from jaxscale.model import kv_cache
+from jaxscale.serve import sampling
+from jaxscale.serve.pages import NULL_PAGE, PageAllocator
+from jaxscale.serve.prefix_cache import RadixCache
+from jaxscale.serve.scheduler import Request, Scheduler
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 8  # slots: requests running at once
+    max_num_batched_tokens: int = 64  # tokens fed per step (decode tokens + prefill chunks)
+    page_size: int = 16
+    n_pages: int = 64  # the pool, page 0 included (reserved)
+    eos_id: int | None = None
+    prefix_cache: bool = True  # reuse the KV pages of cached prompt prefixes
+    static_batching: bool = False  # admit only into an empty batch (the baseline it improves on)
+
+
+@dataclass
+class Event:
+    """One new token of a request, with its text so far decoded (never a split character)."""
+
+    request_id: str
+    token: int
+    text: str
+    finish_reason: str | None
+
+
+class Detokenizer:
+    """Bytes to text as they arrive: a multi-byte UTF-8 character is held back until its last
+    byte (invalid bytes become U+FFFD); tokens beyond the 256 bytes have no text."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(bytes([token]) if token < 256 else b"")
+
+    def finish(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+def _bucket(n: int, sizes) -> int:
+    for s in sizes:
+        if n <= s:
+            return s
+    raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
+
+
+@partial(jax.jit, static_argnames="cfg", donate_argnames="pool")
+def _run(params, pool, table_BN, tokens_BT, positions_BT, last_B, settings, index_B, cfg):
+    """Feed tokens at positions through the paged cache; sample each row's next token from the
+    logits at its last real token. Returns (pool, tokens [B])."""
+    logits_BTV, cache = kv_cache.forward(params, tokens_BT, positions_BT,
+                                         kv_cache.paged(pool, table_BN), cfg)  # fmt: skip
+    logits_BV = logits_BTV[jnp.arange(tokens_BT.shape[0]), last_B]
+    keys_B = sampling.request_keys(settings["seed"], index_B)
+    tok_B = sampling.sample(logits_BV, keys_B, settings["temperature"], settings["top_k"],
+                            settings["top_p"])  # fmt: skip
+    return {"k": cache["k"], "v": cache["v"]}, tok_B
+
+
+@dataclass
+class Engine:
+    params: dict
+    cfg: ModelConfig
+    ecfg: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self):
+        e, cfg = self.ecfg, self.cfg
+        if cfg.max_seq % e.page_size:
+            raise ValueError(f"page_size {e.page_size} must divide max_seq {cfg.max_seq}")
+        self.n_table = cfg.max_seq // e.page_size
+        self.allocator = PageAllocator(e.n_pages, e.page_size)
+        self.cache = RadixCache(self.allocator) if e.prefix_cache else None
+        self.scheduler = Scheduler(self.allocator, e.max_num_seqs, e.max_num_batched_tokens,
+                                   cfg.max_seq, self.cache, e.static_batching)  # fmt: skip
+        self.pool = kv_cache.init_paged(cfg, e.n_pages, e.page_size)
+        self.batch_sizes = tuple(2**i for i in range((e.max_num_seqs - 1).bit_length() + 1))
+        # prefill chunk lengths: powers of two from 8 up to the first that holds the budget
+        top = (max(e.max_num_batched_tokens, 8) - 1).bit_length()
+        self.buckets = tuple(2**i for i in range(3, top + 1))
+        self.shapes: set[tuple[int, int]] = set()  # (B, T) programs compiled
+        self.texts: dict[str, Detokenizer] = {}
+        self.steps = 0
+
+    @property
+    def compiles(self) -> int:
+        return len(self.shapes)
+
+    def add(self, req: Request) -> None:
+        self.scheduler.add(req)
+        self.texts[req.id] = Detokenizer()
+
+    def _feed(self, rows: list[tuple[Request, int]], T: int, batch: int = 0) -> list[int]:
+        """One program over `rows` (request, tokens fed), padded to a batch size and T."""
+        B = batch or _bucket(len(rows), self.batch_sizes)
+        tokens = np.zeros((B, T), np.int32)
+        positions = np.full((B, T), self.cfg.max_seq, np.int32)  # padding: beyond every table
+        table = np.full((B, self.n_table), NULL_PAGE, np.int32)
+        last = np.zeros(B, np.int32)
+        index = np.zeros(B, np.int32)
+        params = [sampling.SamplingParams(0.0)] * B
+        for b, (req, n) in enumerate(rows):
+            tokens[b, :n] = req.tokens[req.computed : req.computed + n]
+            positions[b, :n] = np.arange(req.computed, req.computed + n)
+            table[b, : len(req.pages)] = req.pages
+            last[b], index[b], params[b] = n - 1, len(req.out), req.sampling
+        self.shapes.add((B, T))
+        self.pool, tok_B = _run(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens),
+                                jnp.asarray(positions), jnp.asarray(last),
+                                sampling.as_arrays(params), jnp.asarray(index),
+                                self.cfg)  # fmt: skip
+        return [int(t) for t in np.asarray(tok_B)[: len(rows)]]
+
+    def step(self) -> list[Event]:
+        """One scheduling step: the decode program, then the prefill program."""
+        plan = self.scheduler.schedule()
+        events = []
+        # one-token feeds (decode steps, and prefills with one token left) share the T = 1
+        # program; longer prefill chunks run in the prefill program
+        ones = [(r, 1) for r in plan.decode] + [(r, n) for r, n in plan.prefill if n == 1]
+        chunks = [(r, n) for r, n in plan.prefill if n > 1]
+        groups = [(ones, 1)]
+        if chunks:
+            groups.append((chunks, _bucket(max(n for _, n in chunks), self.buckets)))
+        for rows, T in groups:
+            if not rows:
+                continue
+            for (req, n), tok in zip(rows, self._feed(rows, T), strict=True):
+                reaches_end = req.computed + n == len(req.tokens)
+                self.scheduler.advance(req, n, tok if reaches_end else None, self.ecfg.eos_id)
+                if reaches_end:
+                    text = self.texts[req.id].push(tok)
+                    if req.done:
+                        text += self.texts.pop(req.id).finish()
+                    events.append(Event(req.id, tok, text, req.finish_reason))
+        self.steps += 1
+        return events
+
+    def warmup(self) -> int:
+        """Compile every shape the engine can run (batch sizes x (decode + prefill buckets)),
+        so no request pays a compile; returns the number of shapes. Padding rows only: they
+        write to page 0 and change nothing."""
+        for B in self.batch_sizes:
+            for T in (1, *self.buckets):
+                self._feed([], T, batch=B)
+        return self.compiles
+
+    def abort(self, request_id: str, reason: str = "abort") -> bool:
+        """Finish a waiting or running request now (a client went away, a stop string matched):
+        its slot and pages are freed. False when no such request is in flight."""
+        for req in [*self.scheduler.running, *self.scheduler.waiting]:
+            if req.id == request_id:
+                self.scheduler.finish(req, reason)
+                self.texts.pop(request_id, None)
+                return True
+        return False
+
+    def run(self, requests: list[Request]) -> dict[str, Request]:
+        """Serve `requests` (all arriving now) to completion; returns them by id."""
+        for r in requests:
+            self.add(r)
+        t0 = time.perf_counter()
+        while self.scheduler.has_work():
+            self.step()
+        self.wall_s = time.perf_counter() - t0
+        return {r.id: r for r in requests}

@@ -1,0 +1,73 @@
+"""Sampling a next token per row: greedy, temperature, top-k and top-p, each row with its own
+settings and its own key, so a request's tokens depend on its seed alone, never on what else is
+in the batch.
+
+Per-request keys: token i of a request with seed s is drawn with fold_in(key(s), i).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 0  # 0: no top-k cut
+    top_p: float = 1.0  # 1: no nucleus cut
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def as_arrays(params: list[SamplingParams]) -> dict:
+    """Per-row arrays of a batch's settings (what `sample` takes)."""
+    return {
+        "temperature": jnp.asarray([p.temperature for p in params], jnp.float32),
+        "top_k": jnp.asarray([p.top_k for p in params], jnp.int32),
+        "top_p": jnp.asarray([p.top_p for p in params], jnp.float32),
+        "seed": jnp.asarray([p.seed for p in params], jnp.uint32),
+    }
+
+
+def request_keys(seeds_B, index):
+    """The key of each row's token number `index` (a scalar or one per row)."""
+    index_B = jnp.broadcast_to(jnp.asarray(index, jnp.uint32), seeds_B.shape)
+    return jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seeds_B, index_B)
+
+
+def filtered_logits(logits_BV, temperature_B, top_k_B, top_p_B):
+    """logits / temperature with everything outside the top-k and the top-p nucleus at -inf.
+    The nucleus is the smallest set of most likely tokens whose probability reaches top_p (after
+    the top-k cut); ties at a cut are kept."""
+    V = logits_BV.shape[-1]
+    t_B = jnp.where(temperature_B > 0, temperature_B, 1.0)
+    x_BV = logits_BV.astype(jnp.float32) / t_B[:, None]
+    desc_BV = -jnp.sort(-x_BV, axis=-1)
+    k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, V), V)
+    kth_B1 = jnp.take_along_axis(desc_BV, (k_B - 1)[:, None], axis=-1)
+    x_BV = jnp.where(x_BV >= kth_B1, x_BV, -jnp.inf)
+    desc_BV = jnp.where(jnp.arange(V)[None, :] < k_B[:, None], desc_BV, -jnp.inf)
+    probs_BV = jax.nn.softmax(desc_BV, axis=-1)
+    before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # mass of the more likely tokens
+    n_keep_B = jnp.maximum(jnp.sum(before_BV < top_p_B[:, None], axis=-1), 1)
+    pth_B1 = jnp.take_along_axis(desc_BV, (n_keep_B - 1)[:, None], axis=-1)
+    return jnp.where(x_BV >= pth_B1, x_BV, -jnp.inf)
+
+
+def sample(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
+    """Next token per row [B] int32: argmax where temperature is 0, else a draw from the
+    filtered softmax with that row's key."""
+    x_BV = filtered_logits(logits_BV, temperature_B, top_k_B, top_p_B)
+    drawn_B = jax.vmap(jax.random.categorical)(keys_B, x_BV)
+    greedy_B = jnp.argmax(logits_BV, axis=-1)
+    return jnp.where(temperature_B > 0, drawn_B, greedy_B).astype(jnp.int32)

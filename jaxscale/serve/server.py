@@ -1,0 +1,247 @@
+"""`jaxscale serve`: an OpenAI-compatible HTTP API on the engine (Starlette app, uvicorn).
+
+Routes: POST /v1/completions (streamed as server-sent events, or whole), GET /v1/models,
+GET /health. The engine runs in its own thread (`EngineThread`): requests reach it through a
+queue, tokens come back to each request's asyncio queue. A bad request gets a 4xx with an
+OpenAI-style error body and changes nothing; a client that goes away mid-stream has its request
+aborted, which frees its slot and pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from jaxscale.serve.engine import Engine
+from jaxscale.serve.sampling import SamplingParams
+from jaxscale.serve.scheduler import Request
+
+
+class EngineThread:
+    """The engine's own loop: takes submissions and aborts from a queue, steps while there is
+    work, and hands each event to the callback its request was submitted with."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.inbox: queue.Queue = queue.Queue()
+        self.callbacks: dict[str, callable] = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="jaxscale-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, req: Request, callback) -> None:
+        self.inbox.put(("add", req, callback))
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id, None))
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.inbox.put(("stop", None, None))
+        self.thread.join(timeout=30)
+
+    def _handle(self, kind, item, callback) -> None:
+        if kind == "add":
+            try:
+                self.engine.add(item)
+                self.callbacks[item.id] = callback
+            except ValueError as e:
+                callback(e)
+        elif kind == "abort" and self.engine.abort(item):
+            self.callbacks.pop(item, None)
+
+    def _loop(self) -> None:
+        while not self.stopped.is_set():
+            busy = self.engine.scheduler.has_work()
+            try:  # block only when idle
+                self._handle(*self.inbox.get(timeout=None if not busy else 0))
+                while True:
+                    self._handle(*self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if self.stopped.is_set() or not self.engine.scheduler.has_work():
+                continue
+            for ev in self.engine.step():
+                cb = self.callbacks.get(ev.request_id)
+                if cb is not None:
+                    cb(ev)
+                if ev.finish_reason is not None:
+                    self.callbacks.pop(ev.request_id, None)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):  # fmt: skip
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param,
+                          "code": self.code}}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+
+
+def _number(body: dict, name: str, default, kind, low, high):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+        raise ApiError(400, f"'{name}' must be a {kind.__name__ if kind is int else 'number'} in "
+                       f"[{low}, {high}], got {value!r}", name)  # fmt: skip
+    return value
+
+
+def parse_completion(body, model_name: str, max_seq: int) -> Completion:
+    """The request body, checked; ApiError names the first thing wrong."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if body.get("model") != model_name:
+        raise ApiError(404, f"the model {body.get('model')!r} does not exist; this server has "
+                       f"{model_name!r}", "model", "model_not_found")  # fmt: skip
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        ids = list(prompt.encode("utf-8"))
+    elif isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 256
+                                                     for t in prompt):  # fmt: skip
+        ids = prompt
+    else:
+        raise ApiError(400, "'prompt' must be a non-empty string (or a list of byte ids)", "prompt")
+    if not ids:
+        raise ApiError(400, "'prompt' must not be empty", "prompt")
+    max_tokens = _number(body, "max_tokens", 16, int, 1, max_seq)
+    if len(ids) + max_tokens > max_seq:
+        raise ApiError(400, f"this model's context is {max_seq} tokens; the prompt has {len(ids)} "
+                       f"and max_tokens asks for {max_tokens}", "prompt",
+                       "context_length_exceeded")  # fmt: skip
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "'stop' must be a string or a list of non-empty strings", "stop")
+    if body.get("n", 1) != 1:
+        raise ApiError(400, "only n = 1 is supported", "n")
+    sampling = SamplingParams(
+        temperature=float(_number(body, "temperature", 1.0, (int, float), 0.0, 2.0)),
+        top_p=float(_number(body, "top_p", 1.0, (int, float), 1e-6, 1.0)),
+        top_k=_number(body, "top_k", 0, int, 0, 1 << 20),
+        seed=_number(body, "seed", 0, int, 0, 2**32 - 1),
+    )
+    return Completion(ids, max_tokens, sampling, tuple(stop), bool(body.get("stream", False)))
+
+
+def make_app(engine: Engine, model_name: str):
+    """The Starlette app serving `engine` under `model_name`."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    ids = itertools.count()
+    state: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        state["engine"] = EngineThread(engine)
+        try:
+            yield
+        finally:  # Ctrl-C or the end of a test: the engine thread stops with the server
+            state["engine"].stop()
+
+    def error(e: ApiError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    async def health(request):
+        s = engine.scheduler
+        return JSONResponse({"status": "ok", "running": len(s.running), "waiting": len(s.waiting),
+                             "free_pages": engine.allocator.n_free,
+                             "compiles": engine.compiles})  # fmt: skip
+
+    async def models(request):
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": model_name, "object": "model", "created": 0, "owned_by": "jaxscale"}
+                ],
+            }
+        )
+
+    async def completions(request):
+        try:
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ApiError(400, "the request body is not valid JSON") from None
+            c = parse_completion(body, model_name, engine.cfg.max_seq)
+        except ApiError as e:
+            return error(e)
+        rid = f"cmpl-{next(ids)}"
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        req = Request(rid, c.prompt, c.max_tokens, c.sampling)
+        state["engine"].submit(req, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        created = int(time.time())
+
+        def chunk(text, reason):
+            return {"id": rid, "object": "text_completion", "created": created,
+                    "model": model_name, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                                      "finish_reason": reason}]}  # fmt: skip
+
+        async def pieces():
+            """(text, finish_reason) as they come; a stop string ends the request."""
+            text, sent = "", 0
+            while True:
+                ev = await events.get()
+                if isinstance(ev, Exception):
+                    raise ApiError(400, str(ev))
+                text += ev.text
+                reason = ev.finish_reason
+                hits = [text.find(s) for s in c.stop if s in text]
+                if hits:
+                    text, reason = text[: min(hits)], "stop"
+                    state["engine"].abort(rid)
+                # hold back a tail that could still become a stop string
+                hold = 0 if reason else max((len(s) - 1 for s in c.stop), default=0)
+                upto = max(sent, len(text) - hold)
+                if upto > sent or reason:
+                    yield text[sent:upto], reason
+                    sent = upto
+                if reason:
+                    return
+
+        if not c.stream:
+            parts = []
+            try:
+                async for part in pieces():
+                    parts.append(part)
+            except ApiError as e:
+                return error(e)
+            body = chunk("".join(p for p, _ in parts), parts[-1][1])
+            body["usage"] = {"prompt_tokens": len(c.prompt), "completion_tokens": len(req.out),
+                             "total_tokens": len(c.prompt) + len(req.out)}  # fmt: skip
+            return JSONResponse(body)
+
+        async def sse():
+            try:
+                async for piece, reason in pieces():
+                    yield f"data: {json.dumps(chunk(piece, reason))}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:  # the client went away (or we are done): free the slot either way
+                state["engine"].abort(rid)
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/health", health), Route("/v1/models", models),
+                             Route("/v1/completions", completions, methods=["POST"])],
+                     lifespan=lifespan)  # fmt: skip

@@ -1,0 +1,93 @@
+"""The continuous-batching engine against static-batch generation (jaxscale/serve/generate.py,
+contiguous cache): the same tokens for every request however they are queued, chunked, batched
+or preempted."""
+
+import numpy as np
+import pytest
+
+from jaxscale.config import ModelConfig
+from jaxscale.model import state as ms
+from jaxscale.serve import generate as gen
+from jaxscale.serve.engine import Detokenizer, Engine, EngineConfig
+from jaxscale.serve.sampling import SamplingParams
+from jaxscale.serve.scheduler import Request
+
+CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=64)
+PARAMS = ms.init_params(CFG, 0)
+RNG = np.random.default_rng(3)
+PROMPTS = [list(RNG.integers(32, 127, n)) for n in (3, 20, 9, 13, 5)]
+MAX_NEW = 12
+SETTINGS = [SamplingParams(0.0), SamplingParams(1.0, seed=1), SamplingParams(0.8, top_k=20, seed=2),
+            SamplingParams(1.0, top_p=0.9, seed=3), SamplingParams(0.0)]  # fmt: skip
+
+
+def _expected():
+    """Each request alone, static batch, contiguous cache."""
+    return [gen.generate(PARAMS, [p], CFG, MAX_NEW, [s]).row(0)
+            for p, s in zip(PROMPTS, SETTINGS, strict=True)]  # fmt: skip
+
+
+WANT = None
+
+
+def _want():
+    global WANT
+    WANT = WANT or _expected()
+    return WANT
+
+
+def _requests():
+    return [Request(str(i), [int(t) for t in p], MAX_NEW, s)
+            for i, (p, s) in enumerate(zip(PROMPTS, SETTINGS, strict=True))]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_queued_chunked_batched_requests_get_their_own_tokens():
+    """3 slots for 5 requests (a queue), a budget of 16 tokens a step (the 20-token prompt is
+    prefilled in chunks, beside other requests' decode steps)."""
+    eng = Engine(PARAMS, CFG, EngineConfig(max_num_seqs=3, max_num_batched_tokens=16,
+                                           page_size=8, n_pages=32))  # fmt: skip
+    done = eng.run(_requests())
+    assert [done[str(i)].out for i in range(5)] == _want()
+    assert all(r.finish_reason == "length" for r in done.values())
+    # bounded compiles: batch sizes {1, 2, 4} x (decode + prefill buckets {8, 16})
+    assert eng.compiles <= 3 * 3
+    eng.cache.evict(32)  # the prefix cache keeps finished prompts' pages until evicted
+    assert eng.allocator.n_free == 31  # every page back
+
+
+@pytest.mark.slow
+def test_preempted_requests_finish_with_the_same_tokens():
+    """A pool too small for all running requests: the newest is preempted and recomputed."""
+    eng = Engine(PARAMS, CFG, EngineConfig(max_num_seqs=4, max_num_batched_tokens=32,
+                                           page_size=4, n_pages=14))  # fmt: skip
+    done = eng.run(_requests())
+    assert sum(r.preemptions for r in done.values()) > 0
+    assert [done[str(i)].out for i in range(5)] == _want()
+
+
+@pytest.mark.slow
+def test_eos_stops_a_request_early():
+    first = _want()[0]
+    eng = Engine(PARAMS, CFG, EngineConfig(eos_id=first[4]))
+    done = eng.run([Request("a", [int(t) for t in PROMPTS[0]], MAX_NEW, SETTINGS[0])])
+    assert done["a"].out == first[: first.index(first[4]) + 1]
+    assert done["a"].finish_reason == "stop"
+
+
+def test_streamed_text_never_splits_a_character():
+    d = Detokenizer()
+    pieces = [d.push(b) for b in "aé€😀".encode()] + [d.finish()]
+    assert pieces == ["a", "", "é", "", "", "€", "", "", "", "😀", ""]
+    d = Detokenizer()
+    assert d.push(0xE2) == "" and d.finish() == "\ufffd"  # a truncated character at the end
+
+
+def test_requests_that_cannot_fit_are_refused():
+    eng = Engine(PARAMS, CFG)
+    with pytest.raises(ValueError, match="context"):
+        eng.add(Request("x", [1] * 60, 8))
+    with pytest.raises(ValueError, match="prompt token"):
+        eng.add(Request("y", [], 8))
+    with pytest.raises(ValueError, match="divide"):
+        Engine(PARAMS, CFG, EngineConfig(page_size=7))

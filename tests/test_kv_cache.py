@@ -1,0 +1,139 @@
+"""The KV cache against full recomputation (pieces.logits), generation against the recomputing
+greedy sampler, and sampling's per-row settings and per-request seeds."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxscale.config import ModelConfig
+from jaxscale.model import kv_cache, pieces
+from jaxscale.model import state as ms
+from jaxscale.serve import generate as gen
+from jaxscale.serve import sampling
+from jaxscale.tolerances import ATOL, RTOL
+from jaxscale.train.step import greedy_sample
+
+CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=32)  # GQA
+PARAMS = ms.init_params(CFG, 0)
+RNG = np.random.default_rng(0)
+
+
+def _tokens(*shape):
+    return jnp.asarray(RNG.integers(0, CFG.vocab, shape), jnp.int32)
+
+
+def test_prefill_then_decode_equals_full_recompute_at_every_position():
+    tokens_BT = _tokens(2, 12)
+    want_BTV = pieces.logits(PARAMS, tokens_BT, CFG)
+    cache = kv_cache.init_cache(CFG, 2, 16)
+    P = 5  # prompt, then one token at a time
+    logits_BV, cache = kv_cache.prefill(PARAMS, tokens_BT[:, :P], jnp.full((2,), P), cache, CFG)
+    got = [logits_BV]
+    for t in range(P, 12):
+        logits_BV, cache = kv_cache.decode_step(PARAMS, tokens_BT[:, t], jnp.full((2,), t),
+                                                cache, CFG)  # fmt: skip
+        got.append(logits_BV)
+    np.testing.assert_allclose(jnp.stack(got, 1), want_BTV[:, P - 1 :], rtol=RTOL, atol=10 * ATOL)
+
+
+@pytest.mark.slow
+def test_rows_of_different_lengths_decode_as_if_alone():
+    """Right-padded prompts of 3 and 7 tokens in one batch, then decode at per-row positions."""
+    a, b = _tokens(1, 10)[0], _tokens(1, 10)[0]
+    batch = jnp.stack([a.at[3:7].set(0)[:7], b[:7]])
+    cache = kv_cache.init_cache(CFG, 2, 16)
+    _, cache = kv_cache.prefill(PARAMS, batch, jnp.array([3, 7]), cache, CFG)
+    logits_BV, _ = kv_cache.decode_step(PARAMS, jnp.array([a[3], b[7]]), jnp.array([3, 7]), cache,
+                                        CFG)  # fmt: skip
+    want_a = pieces.logits(PARAMS, a[None, :4], CFG)[0, -1]
+    want_b = pieces.logits(PARAMS, b[None, :8], CFG)[0, -1]
+    np.testing.assert_allclose(logits_BV, jnp.stack([want_a, want_b]), rtol=RTOL, atol=10 * ATOL)
+
+
+@pytest.mark.slow
+def test_chunked_prefill_equals_one_prefill():
+    tokens_1T = _tokens(1, 11)
+    one, _ = kv_cache.prefill(PARAMS, tokens_1T, jnp.array([11]), kv_cache.init_cache(CFG, 1), CFG)
+    cache = kv_cache.init_cache(CFG, 1)
+    _, cache = kv_cache.prefill(PARAMS, tokens_1T[:, :6], jnp.array([6]), cache, CFG)
+    two, _ = kv_cache.prefill(PARAMS, tokens_1T[:, 6:], jnp.array([5]), cache, CFG,
+                              start_B=jnp.array([6]))  # fmt: skip
+    np.testing.assert_allclose(two, one, rtol=RTOL, atol=10 * ATOL)
+
+
+@pytest.mark.slow
+def test_greedy_generation_equals_the_recomputing_sampler():
+    prompts = [[100, 101, 32], [35, 32, 116, 104, 101]]
+    out = gen.generate(PARAMS, prompts, CFG, max_new=10)
+    for b, prompt in enumerate(prompts):
+        assert out.row(b) == greedy_sample(CFG, PARAMS, prompt, 10)
+
+
+@pytest.mark.slow
+def test_a_request_samples_the_same_tokens_whatever_else_is_in_the_batch():
+    hot = sampling.SamplingParams(temperature=1.0, seed=7)
+    alone = gen.generate(PARAMS, [[1, 2, 3]], CFG, 12, [hot])
+    crowd = gen.generate(PARAMS, [[9, 9], [1, 2, 3], [4]], CFG, 12,
+                         [sampling.SamplingParams(1.0, seed=1), hot,
+                          sampling.SamplingParams(0.5, top_k=5, seed=2)])  # fmt: skip
+    assert alone.row(0) == crowd.row(1)
+    other = gen.generate(PARAMS, [[1, 2, 3]], CFG, 12, [sampling.SamplingParams(1.0, seed=8)])
+    assert other.row(0) != alone.row(0)  # the seed matters (12 tokens from 256: a tie is ~0)
+
+
+@pytest.mark.slow
+def test_eos_and_max_tokens_stop_each_row():
+    first = gen.generate(PARAMS, [[1, 2, 3]], CFG, 8).row(0)
+    eos = first[3]
+    out = gen.generate(PARAMS, [[1, 2, 3], [1, 2, 3]], CFG, 8, max_tokens=[8, 2], eos_id=eos)
+    stop = first.index(eos) + 1
+    assert out.row(0) == first[:stop]  # up to and including the first EOS
+    assert out.row(1) == first[: min(2, stop)]
+    assert not out.valid[0, stop:].any() and (out.tokens[0, stop:] == 0).all()
+
+
+LOGITS_V = jnp.log(jnp.array([0.30, 0.20, 0.15, 0.12, 0.10, 0.07, 0.04, 0.02]))
+
+
+def _draws(n, **kw):
+    p = sampling.SamplingParams(**kw)
+    a = {k: jnp.repeat(v, n) for k, v in sampling.as_arrays([p]).items()}
+    keys = sampling.request_keys(jnp.arange(n, dtype=jnp.uint32), 0)
+    return np.asarray(sampling.sample(jnp.tile(LOGITS_V, (n, 1)), keys, a["temperature"],
+                                      a["top_k"], a["top_p"]))  # fmt: skip
+
+
+def test_temperature_zero_top_k_one_and_a_tiny_nucleus_are_greedy():
+    for kw in ({"temperature": 0.0}, {"top_k": 1}, {"top_p": 0.05}):
+        assert (_draws(64, **kw) == 0).all(), kw
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    assert set(_draws(4000, top_k=3)) == {0, 1, 2}
+    # nucleus 0.6: 0.30 + 0.20 = 0.50 < 0.6, so token 2 is needed too; token 3 never
+    assert set(_draws(4000, top_p=0.6)) == {0, 1, 2}
+
+
+def test_draws_follow_the_softmax():
+    """Pearson's chi-square over the 8 outcomes, 20000 draws: df = 7, and the 0.999 quantile of
+    chi-square(7) is 24.32, so a correct sampler fails this 1 time in 1000."""
+    n = 20_000
+    counts = np.bincount(_draws(n), minlength=8)
+    expected = n * np.exp(np.asarray(LOGITS_V))
+    assert ((counts - expected) ** 2 / expected).sum() < 24.32
+
+
+def test_bad_sampling_settings_are_refused():
+    for kw in ({"temperature": -0.1}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(ValueError):
+            sampling.SamplingParams(**kw)
+    with pytest.raises(ValueError, match="max_seq"):
+        gen.generate(PARAMS, [[1] * 30], CFG, 8)
+    with pytest.raises(ValueError, match="KV-cache"):
+        kv_cache.forward(
+            ms.init_params(CFG.replace(n_experts=4), 0),
+            _tokens(1, 2),
+            jnp.arange(2)[None],
+            kv_cache.init_cache(CFG, 1),
+            CFG.replace(n_experts=4),
+        )

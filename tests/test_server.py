@@ -1,0 +1,154 @@
+"""`jaxscale serve`'s HTTP API, driven by the real `openai` client against a server on a free
+loopback port: completions whole and streamed equal the engine's own tokens, concurrent clients,
+max_tokens, stop, seed; bad requests get OpenAI-style 4xx bodies and leave the server healthy; a
+client that disconnects mid-stream has its slot freed."""
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+pytestmark = pytest.mark.slow  # one server for the module; about a minute of requests
+
+from jaxscale.config import ModelConfig  # noqa: E402
+from jaxscale.model import state as ms  # noqa: E402
+from jaxscale.serve.engine import Engine, EngineConfig  # noqa: E402
+from jaxscale.serve.sampling import SamplingParams  # noqa: E402
+from jaxscale.serve.scheduler import Request  # noqa: E402
+from jaxscale.serve.server import make_app  # noqa: E402
+
+CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=64)
+PARAMS = ms.init_params(CFG, 0)
+ECFG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, n_pages=40)
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = Engine(PARAMS, CFG, ECFG)
+    srv = uvicorn.Server(uvicorn.Config(make_app(engine, NAME), host="127.0.0.1", port=port,
+                                        log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{base}/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    yield base, engine
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+def _client(base):
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+
+
+GREEDY = SamplingParams(0.0)
+
+
+def _direct(prompt: str, n: int, sampling=GREEDY) -> str:
+    """The engine's own answer, no server."""
+    eng = Engine(PARAMS, CFG, ECFG)
+    out = eng.run([Request("r", list(prompt.encode()), n, sampling)])["r"].out
+    return bytes(out).decode("utf-8", errors="replace")
+
+
+def test_models_and_a_completion(server):
+    base, _ = server
+    client = _client(base)
+    assert [m.id for m in client.models.list().data] == [NAME]
+    r = client.completions.create(model=NAME, prompt="def add(a, b):", max_tokens=10,
+                                  temperature=0)  # fmt: skip
+    assert r.choices[0].text == _direct("def add(a, b):", 10)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == 14 and r.usage.completion_tokens == 10
+
+
+def test_streaming_equals_the_whole_answer(server):
+    base, _ = server
+    stream = _client(base).completions.create(model=NAME, prompt="import os", max_tokens=12,
+                                              temperature=0, stream=True)  # fmt: skip
+    chunks = list(stream)
+    assert len(chunks) >= 2
+    assert "".join(c.choices[0].text for c in chunks) == _direct("import os", 12)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_concurrent_clients_each_get_their_own_answer(server):
+    base, _ = server
+    prompts = [f"x = {i}" * (i + 1) for i in range(6)]  # more than the 4 slots
+
+    def ask(p):
+        return _client(base).completions.create(model=NAME, prompt=p, max_tokens=8,
+                                                temperature=0).choices[0].text  # fmt: skip
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(ask, prompts))
+    assert got == [_direct(p, 8) for p in prompts]
+
+
+def test_seed_and_stop(server):
+    base, _ = server
+    client = _client(base)
+
+    def ask(**kw):
+        return client.completions.create(model=NAME, prompt="for i in", max_tokens=16, **kw)
+
+    a, b = ask(temperature=1.0, seed=11), ask(temperature=1.0, seed=11)
+    assert a.choices[0].text == b.choices[0].text
+    assert a.choices[0].text == _direct("for i in", 16, SamplingParams(1.0, seed=11))
+    full = ask(temperature=0).choices[0].text
+    stop = full[5:7]
+    cut = ask(temperature=0, stop=[stop])
+    assert cut.choices[0].text == full[: full.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ({"model": NAME, "prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+    ({"model": NAME, "prompt": "hi", "max_tokens": 10**9}, 400, "max_tokens"),
+    ({"model": NAME, "prompt": "x" * 60, "max_tokens": 16}, 400, "prompt"),
+    ({"model": NAME, "prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+    ({"model": NAME, "prompt": ""}, 400, "prompt"),
+])  # fmt: skip
+def test_bad_requests_get_an_openai_error_and_change_nothing(server, body, status, param):
+    base, engine = server
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{base}/v1/completions", content=raw,
+                   headers={"Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"] and err["param"] == param
+    assert httpx.get(f"{base}/health").json()["running"] == 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
+    base, engine = server
+    free = engine.allocator.n_free + (engine.cache.evictable_pages() if engine.cache else 0)
+    body = {"model": NAME, "prompt": "while True:", "max_tokens": 50, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # one token, then hang up
+    for _ in range(100):
+        h = httpx.get(f"{base}/health").json()
+        if h["running"] == 0 and h["waiting"] == 0:
+            break
+        time.sleep(0.05)
+    assert h["running"] == 0 and h["waiting"] == 0
+    left = engine.allocator.n_free + (engine.cache.evictable_pages() if engine.cache else 0)
+    assert left == free  # every page it took is free again (or an evictable cached prefix)

@@ -1,0 +1,49 @@
+"""Tensor-parallel decode on the mesh: heads and MLP over `tensor`, the KV cache split by kv
+heads, rows over `data`: the same tokens as one device, with the all-reduces in the program."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxscale.analysis.compiled import compile_with_report
+from jaxscale.config import ModelConfig
+from jaxscale.mesh import build_mesh
+from jaxscale.model import state as ms
+from jaxscale.serve import generate as gen
+from jaxscale.serve import sampling
+from jaxscale.sharding import REPLICATED_RULES, Sharder
+
+CFG = ModelConfig(n_layers=2, n_heads=8, n_kv_heads=4, max_seq=48)
+PARAMS = ms.init_params(CFG, 0)
+PROMPTS = [[100, 101, 32, 61], [35, 32, 116, 104, 101, 110]]
+SAMPLING = [sampling.SamplingParams(0.0), sampling.SamplingParams(1.0, seed=4)]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_decode_gives_the_single_device_tokens():
+    want = gen.generate(PARAMS, PROMPTS, CFG, 16, SAMPLING)
+    mesh = build_mesh("dp=2,tp=4", devices=jax.devices()[:8])
+    got = gen.generate(PARAMS, PROMPTS, CFG, 16, SAMPLING, mesh=mesh)
+    assert got.row(0) == want.row(0) and got.row(1) == want.row(1)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_kv_cache_is_split_by_kv_heads_and_attention_all_reduces():
+    mesh = build_mesh("tp=4", devices=jax.devices()[:4])
+    sharder = Sharder(mesh, REPLICATED_RULES)
+    args = (jnp.zeros((1, 4), jnp.int32), jnp.array([4]), sampling.as_arrays(SAMPLING[:1]),
+            jnp.array([8]))  # fmt: skip
+    with jax.set_mesh(mesh):
+        params = jax.device_put(PARAMS, ms.param_shardings(CFG, sharder))
+        cache = jax.jit(lambda: ms_cache(sharder))()
+        _, report = compile_with_report(gen._generate, params, *args, CFG, 8, None, sharder)
+    assert cache["k"].sharding.spec[3] == "tensor"  # kv heads over the tensor axis
+    assert "all-reduce" in report.collective_totals()  # row-parallel out-proj and down-proj
+
+
+def ms_cache(sharder):
+    from jaxscale.model import kv_cache
+
+    return kv_cache.init_cache(CFG, 1, 12, sharder=sharder)
