@@ -1,7 +1,13 @@
 """`jaxscale simulate server`: seed 002's minimal_inference_server.py on a virtual clock."""
 
 from jaxscale.cliutil import add_command as add_command_parser
-from jaxscale.cliutil import add_output_flags, guarded, non_negative_int, positive_int
+from jaxscale.cliutil import (
+    add_output_flags,
+    guarded,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from jaxscale.render import Col, Report
 from jaxscale.sim import inference_server as srv
 
@@ -22,7 +28,8 @@ def add_command(sim_sub) -> None:
     p.add_argument("--batch-size", "-b", type=positive_int, default=4, help="running batch (4)")
     p.add_argument("--max-tokens", type=positive_int, default=20, help="tokens per request (20)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="random.seed of the mock")
-    p.add_argument("--latency-ms", type=float, default=10.0, help="one decode step (10 ms)")
+    p.add_argument("--latency-ms", type=positive_float, default=10.0,
+                   help="one decode step (10 ms)")  # fmt: skip
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run))
 

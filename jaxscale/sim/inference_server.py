@@ -42,11 +42,11 @@ class MockRequest:
     max_tokens: int
     generated: list[int] = field(default_factory=list)
     first_token_at: float = 0.0
-    finished_at: float = 0.0
+    finished_at: float | None = None  # None while running (a clock of 0 ms is a real time)
 
     @property
     def finished(self) -> bool:
-        return bool(self.finished_at)
+        return self.finished_at is not None
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ def run(num_requests: int = 5, batch_size: int = 4, max_tokens: int = 20, seed: 
     """(requests, events): the seed's schedule, one random generator for the whole run."""
     if num_requests < 1 or batch_size < 1 or max_tokens < 1:
         raise ValueError("num_requests, batch_size and max_tokens must be >= 1")
+    if not latency_ms > 0:
+        raise ValueError(f"latency_ms must be > 0, got {latency_ms}")
     rng = random.Random(seed)
     unit = 1.0 if seed_faithful else 1e-3  # the seed sleeps latency_ms seconds
     reqs = [MockRequest(i, encode(PROMPTS[i % len(PROMPTS)]), max_tokens)
