@@ -8,6 +8,9 @@
 3. prefix sharing (prefix_sharing_demo.py, L7483-7782) (`jaxscale calc prefix`);
 4. Try It Yourself (L7004-7029): requests at 8K on one 80 GB GPU per model, and the 100-request
    system-prompt savings;
+5. the demo's six requests on the real serving engine (jaxscale/serve/): the radix prefix cache's
+   hit rate and pages beside the seed's trie, and the same tokens with and without the cache
+   (skipped by --calculators-only, which compiles nothing);
 and writes results/09_kv_capacity.png: concurrent 70B requests against context, paged vs unpaged.
 """
 
@@ -83,11 +86,50 @@ def plot(gpu_memory_gb: float, out: str) -> str:
     return path
 
 
+def real_cache() -> None:
+    """The seed's six requests through the serving engine's radix cache (page size 1, so every
+    token is a page as in the seed's trie), one after another; then the same requests without
+    the cache: the tokens generated must not change."""
+    from jaxscale.config import ModelConfig
+    from jaxscale.model import state as ms
+    from jaxscale.serve.engine import Engine, EngineConfig
+    from jaxscale.serve.sampling import SamplingParams
+    from jaxscale.serve.scheduler import Request
+
+    section("The same six requests on the real cache (jaxscale/serve: engine + radix cache)")
+    tok = prefix.WordTokenizer()
+    prompts = [tok.encode(text) for text in prefix.SEED_REQUESTS]
+    cfg = ModelConfig(vocab=64, max_seq=16)  # word ids (< 64) as tokens; random weights
+    params = ms.init_params(cfg, 0)
+
+    def serve(max_tokens: int, cached: bool):
+        """(engine, each request's generated tokens), the requests served one after another."""
+        eng = Engine(params, cfg, EngineConfig(max_num_seqs=1, max_num_batched_tokens=16,
+                                               page_size=1, n_pages=128,
+                                               prefix_cache=cached))  # fmt: skip
+        done = eng.run([Request(str(i), p, max_tokens, SamplingParams(0.0))
+                        for i, p in enumerate(prompts)])  # fmt: skip
+        return eng, [done[str(i)].out for i in range(len(prompts))]
+
+    # one token each: the tree then holds the prompts' keys and values only
+    c = serve(1, True)[0].cache
+    held = c.pages_held()
+    print(f"  {c.query_tokens} prompt tokens, {c.hit_tokens} served from the cache (hit rate "
+          f"{c.hit_rate:.1%}); the tree holds {held} KV pages")  # fmt: skip
+    demo = prefix.radix_demo()
+    print(f"  the seed's trie: {demo.total_tokens} tokens, {demo.unique_kv_entries} unique, "
+          f"{demo.shared_accesses} shared, saved {demo.savings:.1%}")  # fmt: skip
+    (_, with_cache), (_, without) = serve(5, True), serve(5, False)
+    print(f"  5 greedy tokens per request, with the cache == without: {with_cache == without}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default="h100", choices=list(GPUS), help="GPU preset")
     parser.add_argument("--seed-faithful", action="store_true", help="the seed's single GPU")
     parser.add_argument("--out", default="results", help="directory for the plot")
+    parser.add_argument("--calculators-only", action="store_true",
+                        help="skip the real cache's section (it compiles the model)")  # fmt: skip
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     faithful = ["--seed-faithful"] if args.seed_faithful else []
@@ -100,6 +142,8 @@ def main() -> None:
     jaxscale_main(["calc", "prefix"])
     exercises(gpu_memory_gb)
     print(f"\nplot written to {plot(gpu_memory_gb, args.out)}")
+    if not args.calculators_only:
+        real_cache()
 
 
 if __name__ == "__main__":

@@ -152,3 +152,35 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
     assert h["running"] == 0 and h["waiting"] == 0
     left = engine.allocator.n_free + (engine.cache.evictable_pages() if engine.cache else 0)
     assert left == free  # every page it took is free again (or an evictable cached prefix)
+
+
+def test_an_engine_failure_is_a_500_and_the_next_request_is_served(server):
+    """A step that raises ends the requests in flight with an OpenAI-style server error (whole
+    or in the stream), frees them, and the engine serves the next request as before."""
+    base, engine = server
+    real_step, calls = engine.step, []
+
+    def failing_step():
+        calls.append(1)
+        if len(calls) <= 2:  # the whole request's first step, then the stream's
+            raise RuntimeError("planted failure")
+        return real_step()
+
+    engine.step = failing_step
+    try:
+        body = {"model": NAME, "prompt": "x = 1", "max_tokens": 4, "temperature": 0}
+        r = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 500
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and "planted failure" in err["message"]
+        with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True},
+                          timeout=60) as s:  # fmt: skip
+            lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
+        assert "planted failure" in json.loads(lines[-1][6:])["error"]["message"]
+        health = httpx.get(f"{base}/health").json()
+        assert health["running"] == 0 and health["engine_errors"] == 2
+        r = _client(base).completions.create(model=NAME, prompt="x = 1", max_tokens=4,
+                                             temperature=0)  # fmt: skip
+        assert r.choices[0].text == _direct("x = 1", 4)
+    finally:
+        engine.step = real_step

@@ -191,6 +191,11 @@ def capacity(setup: Setup, params) -> dict:
                     setup.max_new) for i in range(64)]  # fmt: skip
     for r in reqs:
         eng.add(r)
+    # calc kv's fragmentation model for these requests: contiguous reserves max_seq positions
+    # each, paging holds what is used; the ratio of the two is the capacity ratio it predicts
+    per_token = calc_kv.kv_bytes_per_token(setup.cfg.n_layers, setup.cfg.n_kv_heads,
+                                           setup.cfg.head_dim, 4)  # fmt: skip
+    frag = calc_kv.fragmentation(per_token, len(reqs), setup.prompt_len + setup.max_new, S)
     peak = pages_each = 0
     while eng.scheduler.has_work():
         eng.step()
@@ -200,7 +205,8 @@ def capacity(setup: Setup, params) -> dict:
             setup.prompt_len + setup.max_new, "max_seq": S, "contiguous": contiguous,
             "paged_peak_running": peak, "pages_per_request": pages_each,
             "paged_at_full_length": (n_pages - 1) // pages_each,
-            "calc_kv_ratio": calc_kv.UTILISATION_WITH_PAGING / calc_kv.UTILISATION_WITHOUT_PAGING,
+            "calc_kv_ratio": frag.bytes_without_paging / frag.bytes_with_paging,
+            "calc_kv_waste": frag.waste_fraction,
             "preemptions": sum(r.preemptions for r in reqs)}  # fmt: skip
 
 
@@ -272,8 +278,9 @@ def report(res: dict) -> str:
               f"{c['paged_at_full_length']} at full length ({c['pages_per_request']} pages "
               f"each), x{c['paged_at_full_length'] / max(c['contiguous'], 1):.1f}; peak running "
               f"{c['paged_peak_running']} with {c['preemptions']} preemptions",
-              f"  calc kv assumes x{c['calc_kv_ratio']:.1f} (95% vs 50% utilisation of "
-              "full-context requests); here requests use a quarter of the context"]  # fmt: skip
+              f"  calc kv (fragmentation of {c['request_positions']} of {c['max_seq']}): "
+              f"{c['calc_kv_waste']:.1%} of a contiguous cache unused, x"
+              f"{c['calc_kv_ratio']:.1f} requests with paging"]  # fmt: skip
     p = res["prefix"]
     lines += ["", f"prefix cache, {p['requests']} requests sharing {p['system_tokens']} tokens "
               f"({p['shared_whole_pages']} in whole pages): hit rate {p['hit_rate']:.1%}, calc "
@@ -317,6 +324,24 @@ def main(args) -> int:
 
     setup = Setup(n_requests=args.requests)
     http = not args.no_http
+    if http:
+        try:
+            import openai  # noqa: F401
+            import uvicorn  # noqa: F401
+        except ImportError as e:
+            print(f"jaxscale bench serve: error: the HTTP runs need the server stack and the "
+                  f"openai client ({e.name} is missing): pip install -e '.[dev]', or pass "
+                  "--no-http", file=sys.stderr)  # fmt: skip
+            return 2
+    print(f"bench serve: model d_model {setup.cfg.d_model}, {setup.cfg.n_layers} layers, "
+          f"context {setup.cfg.max_seq}; {setup.n_requests} requests of {setup.prompt_len} + "
+          f"{setup.max_new} tokens, {setup.max_num_seqs} slots", file=sys.stderr)  # fmt: skip
+    if args.dry_run:
+        paths = ["in-process"] + (["http"] if http else [])
+        print("\n".join([f"poisson {p} at {r:g} requests/s" for p in paths for r in setup.rates]
+                        + ["continuous vs static batching", "paged vs contiguous capacity",
+                           "prefix cache hit rate"]))  # fmt: skip
+        return 0
     bar = Progress(len(setup.rates) * (2 if http else 1) + 3, desc="bench serve")
     res = run(setup, http=http, progress=bar)
     bar.close()

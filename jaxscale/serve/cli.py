@@ -4,6 +4,7 @@ with a warning)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from jaxscale.cliutil import positive_int
 
@@ -22,8 +23,8 @@ def add_parser(sub) -> None:
         '"max_tokens": 32}\'',
     )
     p.add_argument("--ckpt-dir", default=None,
-                   help="checkpoint directory of a `jaxscale train` run (default: a random tiny "
-                   "model, which prints noise)")  # fmt: skip
+                   help="checkpoint directory of a `jaxscale train` run, or its --run-dir "
+                   "(default: a random tiny model, which prints noise)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=positive_int, default=8000, help="port (default 8000)")
     p.add_argument("--model-name", default="jaxscale", help="the model id clients ask for")
@@ -48,7 +49,12 @@ def load_model(ckpt_dir: str | None):
               file=sys.stderr)  # fmt: skip
         cfg = ModelConfig(max_seq=256)
         return cfg, ms.init_params(cfg, 0)
-    return checkpoint.load_params(ckpt_dir)
+    path = Path(ckpt_dir)
+    if (path / "checkpoints").is_dir():  # a `jaxscale train --run-dir` directory
+        path = path / "checkpoints"
+    if not path.is_dir():
+        raise checkpoint.CheckpointError(f"--ckpt-dir {ckpt_dir}: no such directory")
+    return checkpoint.load_params(path)
 
 
 def main(args) -> int:

@@ -105,6 +105,7 @@ class Engine:
         top = (max(e.max_num_batched_tokens, 8) - 1).bit_length()
         self.buckets = tuple(2**i for i in range(3, top + 1))
         self.shapes: set[tuple[int, int]] = set()  # (B, T) programs compiled
+        self.exact_shapes: set[tuple[int, int]] = set()  # what an unbucketed engine compiles
         self.texts: dict[str, Detokenizer] = {}
         self.steps = 0
 
@@ -131,6 +132,8 @@ class Engine:
             table[b, : len(req.pages)] = req.pages
             last[b], index[b], params[b] = n - 1, len(req.out), req.sampling
         self.shapes.add((B, T))
+        if rows:
+            self.exact_shapes.add((len(rows), max(n for _, n in rows)))
         self.pool, tok_B = _run(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens),
                                 jnp.asarray(positions), jnp.asarray(last),
                                 sampling.as_arrays(params), jnp.asarray(index),

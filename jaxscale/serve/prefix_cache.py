@@ -106,6 +106,10 @@ class RadixCache:
             child.last_used = now
             node, pos = child, pos + n
 
+    def pages_held(self) -> int:
+        """KV pages the tree holds (each cached token once, however many requests share it)."""
+        return sum(len(nd.pages) for nd in self._nodes())
+
     def evictable_pages(self) -> int:
         return sum(len(nd.pages) for nd in self._nodes() if nd.users == 0)
 

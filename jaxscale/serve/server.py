@@ -23,6 +23,10 @@ from jaxscale.serve.sampling import SamplingParams
 from jaxscale.serve.scheduler import Request
 
 
+class EngineError(RuntimeError):
+    """An engine step failed while this request was in flight (a 500, not the client's fault)."""
+
+
 class EngineThread:
     """The engine's own loop: takes submissions and aborts from a queue, steps while there is
     work, and hands each event to the callback its request was submitted with."""
@@ -32,6 +36,7 @@ class EngineThread:
         self.inbox: queue.Queue = queue.Queue()
         self.callbacks: dict[str, callable] = {}
         self.stopped = threading.Event()
+        self.errors = 0  # engine steps that raised
         self.thread = threading.Thread(target=self._loop, name="jaxscale-engine", daemon=True)
         self.thread.start()
 
@@ -67,12 +72,26 @@ class EngineThread:
                 pass
             if self.stopped.is_set() or not self.engine.scheduler.has_work():
                 continue
-            for ev in self.engine.step():
+            try:
+                events = self.engine.step()
+            except Exception as e:  # noqa: BLE001 - reported to every client, the loop goes on
+                self._fail_all(e)
+                continue
+            for ev in events:
                 cb = self.callbacks.get(ev.request_id)
                 if cb is not None:
                     cb(ev)
                 if ev.finish_reason is not None:
                     self.callbacks.pop(ev.request_id, None)
+
+    def _fail_all(self, error: Exception) -> None:
+        """An engine step raised: every request in flight ends with the error (a 500 to its
+        client) and is aborted, so the engine is empty and serves the next requests."""
+        self.errors += 1
+        for rid, cb in list(self.callbacks.items()):
+            self.engine.abort(rid, "error")
+            cb(EngineError(f"the engine failed: {type(error).__name__}: {error}"))
+        self.callbacks.clear()
 
 
 class ApiError(Exception):
@@ -105,8 +124,9 @@ def _number(body: dict, name: str, default, kind, low, high):
     return value
 
 
-def parse_completion(body, model_name: str, max_seq: int) -> Completion:
-    """The request body, checked; ApiError names the first thing wrong."""
+def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> Completion:
+    """The request body, checked; ApiError names the first thing wrong. Tokens are bytes; a
+    model trained with a smaller vocabulary refuses the bytes it has no embedding for."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     if body.get("model") != model_name:
@@ -122,6 +142,9 @@ def parse_completion(body, model_name: str, max_seq: int) -> Completion:
         raise ApiError(400, "'prompt' must be a non-empty string (or a list of byte ids)", "prompt")
     if not ids:
         raise ApiError(400, "'prompt' must not be empty", "prompt")
+    if max(ids) >= vocab:
+        raise ApiError(400, f"this model's vocabulary is bytes 0..{vocab - 1}; the prompt has "
+                       f"byte {max(ids)}", "prompt")  # fmt: skip
     max_tokens = _number(body, "max_tokens", 16, int, 1, max_seq)
     if len(ids) + max_tokens > max_seq:
         raise ApiError(400, f"this model's context is {max_seq} tokens; the prompt has {len(ids)} "
@@ -166,7 +189,8 @@ def make_app(engine: Engine, model_name: str):
         s = engine.scheduler
         return JSONResponse({"status": "ok", "running": len(s.running), "waiting": len(s.waiting),
                              "free_pages": engine.allocator.n_free,
-                             "compiles": engine.compiles})  # fmt: skip
+                             "compiles": engine.compiles,
+                             "engine_errors": state["engine"].errors})  # fmt: skip
 
     async def models(request):
         return JSONResponse(
@@ -184,7 +208,7 @@ def make_app(engine: Engine, model_name: str):
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise ApiError(400, "the request body is not valid JSON") from None
-            c = parse_completion(body, model_name, engine.cfg.max_seq)
+            c = parse_completion(body, model_name, engine.cfg.max_seq, engine.cfg.vocab)
         except ApiError as e:
             return error(e)
         rid = f"cmpl-{next(ids)}"
@@ -203,6 +227,8 @@ def make_app(engine: Engine, model_name: str):
             text, sent = "", 0
             while True:
                 ev = await events.get()
+                if isinstance(ev, EngineError):
+                    raise ApiError(500, str(ev), kind="server_error")
                 if isinstance(ev, Exception):
                     raise ApiError(400, str(ev))
                 text += ev.text
@@ -237,6 +263,8 @@ def make_app(engine: Engine, model_name: str):
                 async for piece, reason in pieces():
                     yield f"data: {json.dumps(chunk(piece, reason))}\n\n"
                 yield "data: [DONE]\n\n"
+            except ApiError as e:  # the status line is sent: the error goes in the stream
+                yield f"data: {json.dumps(e.body())}\n\n"
             finally:  # the client went away (or we are done): free the slot either way
                 state["engine"].abort(rid)
 

@@ -1,0 +1,85 @@
+"""`jaxscale serve` as a user starts it: a process serving a checkpoint that `jaxscale train` wrote,
+answering the `openai` client (whole and streamed) with the tokens the engine gives that
+checkpoint in process, and shutting down cleanly on Ctrl-C (SIGINT)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytestmark = pytest.mark.slow  # a training run and a server process
+
+from jaxscale.cli import main as cli_main  # noqa: E402
+
+ENGINE = ["--max-num-seqs", "2", "--max-num-batched-tokens", "16", "--page-size", "16",
+          "--n-pages", "40"]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _in_process(ckpt, prompt: str, n: int) -> str:
+    from jaxscale.serve.cli import load_model
+    from jaxscale.serve.engine import Engine, EngineConfig
+    from jaxscale.serve.sampling import SamplingParams
+    from jaxscale.serve.scheduler import Request
+
+    cfg, params = load_model(str(ckpt))
+    eng = Engine(params, cfg, EngineConfig(max_num_seqs=2, max_num_batched_tokens=16,
+                                           page_size=16, n_pages=40))  # fmt: skip
+    out = eng.run([Request("r", list(prompt.encode()), n, SamplingParams(0.0))])["r"].out
+    return bytes(out).decode("utf-8", errors="replace")
+
+
+def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
+    run = tmp_path / "run"
+    rc = cli_main(["train", "--data", "markov", "--layers", "1", "--global-batch", "8",
+                   "--seq-len", "16", "--steps", "3", "--no-progress", "--sample-tokens", "0",
+                   "--run-dir", str(run)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    port = _free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaxscale", "serve", "--ckpt-dir", str(run),
+                             "--port", str(port), *ENGINE], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(f"{base}/health").json()["status"] == "ok":
+                    break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1]
+                time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
+        want = _in_process(run / "checkpoints", "abc", 12)
+        whole = client.completions.create(model="jaxscale", prompt="abc", max_tokens=12,
+                                          temperature=0)  # fmt: skip
+        assert whole.choices[0].text == want
+        stream = client.completions.create(model="jaxscale", prompt="abc", max_tokens=12,
+                                           temperature=0, stream=True)  # fmt: skip
+        assert "".join(c.choices[0].text for c in stream) == want
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and f"on http://127.0.0.1:{port}/v1" in err
+
+
+def test_serve_refuses_a_missing_checkpoint_before_listening(tmp_path, capsys):
+    rc = cli_main(["serve", "--ckpt-dir", str(tmp_path / "nothing"), "--port", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "jaxscale serve: error:" in err and "nothing" in err
