@@ -301,6 +301,9 @@ def plot(res: dict, path) -> Path:
                 ax_t.plot(rates, [rows[r]["tpot_p50_ms"] for r in rates], style,
                           label=f"TPOT p50 {pth}")  # fmt: skip
         ax_t.set_xscale("log")
+        rates = sorted({r for pth in ("in_process", "http") for r in res.get(pth, {})})
+        ax_t.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax_t.minorticks_off()
         ax_t.set_xlabel("requests / s (Poisson)")
         ax_t.set_ylabel("ms")
         ax_t.legend(fontsize=8)
