@@ -48,9 +48,10 @@ bench-rl:
 	$(MAKE) install EXTRAS=dev,rl-compare
 	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench rl $(BENCH_ARGS)
 
-# Write each notebooks/*.ipynb (what Colab opens) from its jupytext script, outputs stripped.
+# Write each notebooks/*.ipynb (what Colab opens) from its jupytext script; --update keeps the
+# cell ids, so a diff shows only the cells that changed. Commit them without outputs.
 notebooks: install
-	$(PY) -m jupytext --to ipynb notebooks/*.py
+	$(PY) -m jupytext --to ipynb --update notebooks/*.py
 
 lint: install
 	$(PY) -m ruff check .

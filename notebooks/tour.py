@@ -189,13 +189,12 @@ cfg, params = load_model("runs/tour/checkpoints")
 engine = Engine(params, cfg, EngineConfig(max_num_seqs=4, page_size=16))
 for i, prompt in enumerate(["def ", "import ", "class "]):
     engine.add(Request(str(i), list(prompt.encode()), 48, SamplingParams(0.7, seed=i)))
-streamed = []
+print("def ", end="")
 while engine.scheduler.has_work():
     for ev in engine.step():
-        if ev.request_id == "0":
-            streamed.append(ev.text)
-print("def " + "".join(streamed))
-print(f"{engine.steps} engine steps, {engine.compiles} compiled shapes")
+        if ev.request_id == "0":  # request 0's text, printed as its tokens arrive
+            print(ev.text, end="", flush=True)
+print(f"\n{engine.steps} engine steps, {engine.compiles} compiled shapes")
 
 # %% [markdown]
 # ## 11. On a TPU runtime: compile for larger TPU topologies

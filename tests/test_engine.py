@@ -91,3 +91,16 @@ def test_requests_that_cannot_fit_are_refused():
         eng.add(Request("y", [], 8))
     with pytest.raises(ValueError, match="divide"):
         Engine(PARAMS, CFG, EngineConfig(page_size=7))
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        eng.add(Request("z", [1], 0))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.add(Request("v", [1, 256], 4))
+    # 40 + 20 - 1 positions need 4 pages of 16; a pool of 3 usable pages could never hold them,
+    # and waiting for pages would spin forever
+    small = Engine(PARAMS, CFG, EngineConfig(page_size=16, n_pages=4))
+    with pytest.raises(ValueError, match="needs 4 KV pages; the pool has 3"):
+        small.add(Request("big", [1] * 40, 20))
+    small.add(Request("fits", [1] * 40, 9))  # 48 positions: 3 pages
+    with pytest.raises(ValueError, match="already in flight"):
+        small.add(Request("fits", [2], 1))
+    assert [r.id for r in small.scheduler.waiting] == ["fits"]

@@ -34,7 +34,7 @@ def test_a_shared_prefix_is_matched_by_whole_pages():
     pages = _cached_run(a, c, system + [1, 2, 3, 4, 5])
     got, path = c.match(system + [9, 9, 9])
     assert got == pages[:2]  # the request's third page differs from the cached one
-    assert c.hit_tokens == 8 and c.query_tokens == 11
+    assert len(got) * PS == 8 and len(path) == 1
     assert all(a.refs[p] == 2 for p in got)  # the tree's reference and the request's
     c.unlock(path)
 
@@ -75,6 +75,48 @@ PARAMS = ms.init_params(CFG, 0)
 
 
 @pytest.mark.slow
+def test_a_split_under_a_running_request_is_released_with_it():
+    """Request 1 holds the cached run [1 2 3 4 | 5 6 7 8]; request 2 shares only its first page,
+    which splits the edge while request 1 still uses it. When both let go, every node is unused
+    and eviction gives every page back to the pool."""
+    a, c = _cache(n_pages=8)
+    _cached_run(a, c, [1, 2, 3, 4, 5, 6, 7, 8])
+    p1, path1 = c.match([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    p2, path2 = c.match([1, 2, 3, 4, 0, 0, 0, 0, 0])
+    assert len(p1) == 2 and len(p2) == 1
+    for pages, path in ((p1, path1), (p2, path2)):
+        a.release(pages)
+        c.unlock(path)
+    assert all(nd.users == 0 for nd in c._nodes())
+    assert c.evict(100) == 2 and a.n_free == a.n_pages - 1
+
+
+def test_the_hit_rate_counts_each_admission_once():
+    """A request that waits for pages looks the cache up at every step it tries to get in; only
+    the lookup of its admission counts."""
+    from jaxscale.serve.scheduler import Scheduler
+
+    a, c = _cache(n_pages=5)  # 4 usable pages of 4 tokens
+    _cached_run(a, c, [7] * 4)  # one cached page
+    sched = Scheduler(a, max_num_seqs=2, max_num_batched_tokens=16, max_len=64, prefix_cache=c)
+    sched.add(Request("hog", [1] * 12, 5))  # 3 pages, then a 4th when it decodes
+    sched.add(Request("wait", [7] * 4 + [2], 2))  # needs 2 pages: never free while hog runs
+
+    def run_step(plan):
+        for r, n in plan.prefill:
+            sched.advance(r, n, 65 if r.computed + n == len(r.tokens) else None, None)
+        for r in plan.decode:
+            sched.advance(r, 1, 65, None)
+
+    for _ in range(4):  # "wait" fails to get in at every one of these steps
+        run_step(sched.schedule())
+        assert [r.id for r in sched.waiting] == ["wait"]
+    assert c.query_tokens == 12 and c.hit_tokens == 0  # the hog's lookup only
+    while sched.has_work():
+        run_step(sched.schedule())
+    assert c.query_tokens == 12 + 5  # and "wait"'s admission, once
+
+
 def test_the_engine_gives_the_same_tokens_with_and_without_the_cache():
     rng = np.random.default_rng(5)
     system = [int(t) for t in rng.integers(32, 127, 20)]

@@ -114,6 +114,11 @@ def test_seed_and_stop(server):
     cut = ask(temperature=0, stop=[stop])
     assert cut.choices[0].text == full[: full.find(stop)]
     assert cut.choices[0].finish_reason == "stop"
+    # usage counts the tokens up to the one that completed the stop string, not what the
+    # engine generated before the stop reached it (the text here is ASCII: a byte is a token)
+    assert cut.usage.completion_tokens == full.find(stop) + len(stop)
+    # no seed: each request draws its own, so the same request samples differently
+    assert ask(temperature=1.0).choices[0].text != ask(temperature=1.0).choices[0].text
 
 
 @pytest.mark.parametrize("body, status, param", [
@@ -124,6 +129,8 @@ def test_seed_and_stop(server):
     ({"model": NAME, "prompt": "x" * 60, "max_tokens": 16}, 400, "prompt"),
     ({"model": NAME, "prompt": "hi", "temperature": -0.5}, 400, "temperature"),
     ({"model": NAME, "prompt": ""}, 400, "prompt"),
+    ({"model": NAME, "prompt": "hi", "stream": "false"}, 400, "stream"),
+    ({"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
 ])  # fmt: skip
 def test_bad_requests_get_an_openai_error_and_change_nothing(server, body, status, param):
     base, engine = server
@@ -182,5 +189,31 @@ def test_an_engine_failure_is_a_500_and_the_next_request_is_served(server):
         r = _client(base).completions.create(model=NAME, prompt="x = 1", max_tokens=4,
                                              temperature=0)  # fmt: skip
         assert r.choices[0].text == _direct("x = 1", 4)
+    finally:
+        engine.step = real_step
+
+
+def test_a_non_streaming_client_that_hangs_up_frees_its_slot(server):
+    """Steps slowed to 0.2 s: the 50 tokens asked for would take 10 s; the client gives up after
+    half a second and the request is gone from the engine within a few polls."""
+    base, engine = server
+    real_step = engine.step
+
+    def slow_step():
+        time.sleep(0.2)
+        return real_step()
+
+    engine.step = slow_step
+    try:
+        body = {"model": NAME, "prompt": "for x in", "max_tokens": 50, "temperature": 0}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{base}/v1/completions", json=body, timeout=0.5)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 5:
+            h = httpx.get(f"{base}/health").json()
+            if h["running"] == 0 and h["waiting"] == 0:
+                break
+            time.sleep(0.1)
+        assert h["running"] == 0 and h["waiting"] == 0
     finally:
         engine.step = real_step

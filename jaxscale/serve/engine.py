@@ -114,6 +114,12 @@ class Engine:
         return len(self.shapes)
 
     def add(self, req: Request) -> None:
+        """Queue a request (ValueError, and nothing queued, for one that could never run)."""
+        if req.id in self.texts:
+            raise ValueError(f"request id {req.id!r} is already in flight")
+        bad = [t for t in req.prompt if not 0 <= t < self.cfg.vocab]
+        if bad:
+            raise ValueError(f"token {bad[0]} is outside the vocabulary [0, {self.cfg.vocab})")
         self.scheduler.add(req)
         self.texts[req.id] = Detokenizer()
 
@@ -143,6 +149,12 @@ class Engine:
     def step(self) -> list[Event]:
         """One scheduling step: the decode program, then the prefill program."""
         plan = self.scheduler.schedule()
+        if not (plan.decode or plan.prefill or plan.preempted) and self.scheduler.has_work():
+            # add() refuses what the pool can never hold, so this is a scheduler bug: fail loudly
+            # rather than spin
+            raise RuntimeError(f"no progress possible: {len(self.scheduler.waiting)} waiting, "
+                               f"{len(self.scheduler.running)} running, "
+                               f"{self.allocator.n_free} pages free")  # fmt: skip
         events = []
         # one-token feeds (decode steps, and prefills with one token left) share the T = 1
         # program; longer prefill chunks run in the prefill program

@@ -40,7 +40,7 @@ class RadixCache:
     def match(self, tokens: list[int]) -> tuple[list[int], list[Node]]:
         """The pages of the longest cached prefix of `tokens` (whole pages, leaving at least one
         token to compute, whose logits the request needs) and the nodes on its path, each now
-        used once more (hand them back with `unlock`). Counts the hit rate."""
+        used once more (hand them back with `unlock`)."""
         limit = (len(tokens) - 1) // self.ps * self.ps
         node, pos, pages, path = self.root, 0, [], []
         now = next(self.clock)
@@ -61,9 +61,13 @@ class RadixCache:
             nd.users += 1
             nd.last_used = now
         self.allocator.share(pages)  # the request's own reference
-        self.hit_tokens += pos
-        self.query_tokens += len(tokens)
         return pages, path
+
+    def record(self, hit: int, queried: int) -> None:
+        """Count one admitted request's lookup in the hit rate (the scheduler calls this once
+        per admission, not for lookups whose admission failed and is retried)."""
+        self.hit_tokens += hit
+        self.query_tokens += queried
 
     def _common(self, edge: tuple[int, ...], tokens, pos: int, limit: int) -> int:
         """Tokens (whole pages) that `edge` shares with tokens[pos:limit]."""
@@ -84,8 +88,13 @@ class RadixCache:
         return upper
 
     def unlock(self, path: list[Node]) -> None:
-        for nd in path:
+        """Hand back the nodes `match` returned. An edge split since then put a new node above
+        one of them that holds the same use, so the whole chain from the deepest node up to the
+        root is released, not just the nodes in `path`."""
+        nd = path[-1] if path else None
+        while nd is not None and nd is not self.root:
             nd.users -= 1
+            nd = nd.parent
 
     def insert(self, tokens: list[int], pages: list[int]) -> None:
         """Cache the whole pages of `tokens` (held in `pages`, position order); pages of a

@@ -73,9 +73,18 @@ class Scheduler:
     def add(self, req: Request) -> None:
         if not req.prompt:
             raise ValueError("a request needs at least one prompt token")
+        if req.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
         if len(req.prompt) + req.max_tokens > self.max_len:
             raise ValueError(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
                              f"exceeds the context of {self.max_len} tokens")  # fmt: skip
+        # the last sampled token is never fed, so a request holds prompt + max_tokens - 1
+        # positions at most; one that needs more pages than the whole pool could never finish
+        need = self.allocator.pages_for(len(req.prompt) + req.max_tokens - 1)
+        if need > self.allocator.n_pages - 1:
+            raise ValueError(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+                             f"needs {need} KV pages; the pool has "
+                             f"{self.allocator.n_pages - 1}")  # fmt: skip
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -103,7 +112,7 @@ class Scheduler:
         it will be fed this step, or OutOfPages with nothing held."""
         if self.cache is not None:
             req.pages, req.path = self.cache.match(req.tokens)
-            req.computed = req.cached = len(req.pages) * self.allocator.page_size
+            req.computed = len(req.pages) * self.allocator.page_size
         n = min(req.pending, budget)
         try:
             self._grow(req, req.computed + n)
@@ -111,6 +120,10 @@ class Scheduler:
             self._let_go(req)
             req.computed = 0
             raise
+        if self.cache is not None:
+            self.cache.record(req.computed, len(req.tokens))
+            if not req.preemptions:  # a readmission's match covers generated tokens too
+                req.cached = req.computed
         return n
 
     def _preempt(self, req: Request) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ from dataclasses import dataclass
 from jaxscale.serve.engine import Engine
 from jaxscale.serve.sampling import SamplingParams
 from jaxscale.serve.scheduler import Request
+
+
+class ClientGone(Exception):
+    """The client of a non-streaming request hung up before its answer was ready."""
 
 
 class EngineError(RuntimeError):
@@ -145,7 +150,8 @@ def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> C
     if max(ids) >= vocab:
         raise ApiError(400, f"this model's vocabulary is bytes 0..{vocab - 1}; the prompt has "
                        f"byte {max(ids)}", "prompt")  # fmt: skip
-    max_tokens = _number(body, "max_tokens", 16, int, 1, max_seq)
+    # OpenAI's default of 16 new tokens, cut to the context the prompt leaves
+    max_tokens = _number(body, "max_tokens", max(1, min(16, max_seq - len(ids))), int, 1, max_seq)
     if len(ids) + max_tokens > max_seq:
         raise ApiError(400, f"this model's context is {max_seq} tokens; the prompt has {len(ids)} "
                        f"and max_tokens asks for {max_tokens}", "prompt",
@@ -154,21 +160,26 @@ def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> C
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
         raise ApiError(400, "'stop' must be a string or a list of non-empty strings", "stop")
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise ApiError(400, "only n = 1 is supported", "n")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, f"'stream' must be true or false, got {stream!r}", "stream")
     sampling = SamplingParams(
         temperature=float(_number(body, "temperature", 1.0, (int, float), 0.0, 2.0)),
         top_p=float(_number(body, "top_p", 1.0, (int, float), 1e-6, 1.0)),
         top_k=_number(body, "top_k", 0, int, 0, 1 << 20),
-        seed=_number(body, "seed", 0, int, 0, 2**32 - 1),
+        # no seed: a fresh one per request, so equal requests get different samples (OpenAI's
+        # behaviour); with a seed, the same request gets the same tokens
+        seed=_number(body, "seed", secrets.randbelow(2**32), int, 0, 2**32 - 1),
     )
-    return Completion(ids, max_tokens, sampling, tuple(stop), bool(body.get("stream", False)))
+    return Completion(ids, max_tokens, sampling, tuple(stop), bool(stream))
 
 
 def make_app(engine: Engine, model_name: str):
     """The Starlette app serving `engine` under `model_name`."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     ids = itertools.count()
@@ -222,16 +233,34 @@ def make_app(engine: Engine, model_name: str):
                     "model": model_name, "choices": [{"text": text, "index": 0, "logprobs": None,
                                                       "finish_reason": reason}]}  # fmt: skip
 
+        returned = {"tokens": 0}  # tokens behind the text sent (up to a stop string)
+        checked = [time.monotonic()]
+
+        async def next_event():
+            """The engine's next event for this request. A non-streaming client that hangs up
+            ends the request (a stream's disconnect cancels its generator instead): checked
+            every quarter second, whether tokens keep coming or not."""
+            while True:
+                if not c.stream and time.monotonic() - checked[0] > 0.25:
+                    checked[0] = time.monotonic()
+                    if await request.is_disconnected():
+                        raise ClientGone
+                try:
+                    return await asyncio.wait_for(events.get(), timeout=0.25)
+                except TimeoutError:
+                    continue
+
         async def pieces():
             """(text, finish_reason) as they come; a stop string ends the request."""
             text, sent = "", 0
             while True:
-                ev = await events.get()
+                ev = await next_event()
                 if isinstance(ev, EngineError):
                     raise ApiError(500, str(ev), kind="server_error")
                 if isinstance(ev, Exception):
                     raise ApiError(400, str(ev))
                 text += ev.text
+                returned["tokens"] += 1
                 reason = ev.finish_reason
                 hits = [text.find(s) for s in c.stop if s in text]
                 if hits:
@@ -253,9 +282,14 @@ def make_app(engine: Engine, model_name: str):
                     parts.append(part)
             except ApiError as e:
                 return error(e)
+            except ClientGone:
+                return Response(status_code=499)  # nobody is left to read it
+            finally:  # done, failed or hung up: the slot is free either way
+                state["engine"].abort(rid)
             body = chunk("".join(p for p, _ in parts), parts[-1][1])
-            body["usage"] = {"prompt_tokens": len(c.prompt), "completion_tokens": len(req.out),
-                             "total_tokens": len(c.prompt) + len(req.out)}  # fmt: skip
+            n = returned["tokens"]
+            body["usage"] = {"prompt_tokens": len(c.prompt), "completion_tokens": n,
+                             "total_tokens": len(c.prompt) + n}  # fmt: skip
             return JSONResponse(body)
 
         async def sse():
