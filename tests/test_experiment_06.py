@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "06_tensor_parallel.py"
 
 
@@ -18,6 +20,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # the whole experiment in a subprocess
 def test_experiment_06_at_the_seed_defaults():
     done = _run("--iterations", "2", "--warmup", "1")  # -t 4 -H 64 -b 4 -s 16 (the seed's)
     assert done.returncode == 0, done.stderr

@@ -1,5 +1,6 @@
 """The paged KV cache equals the contiguous one exactly, and the page allocator's bookkeeping."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,13 +22,14 @@ def test_paged_attention_equals_contiguous_exactly():
     table = np.array([[3, 7, 1, 5], [8, 6, 4, 2]], np.int32)
     caches = {"contiguous": kv_cache.init_cache(CFG, 2, N * ps),
               "paged": kv_cache.paged(kv_cache.init_paged(CFG, 9, ps), table)}  # fmt: skip
+    prefill = jax.jit(kv_cache.prefill, static_argnames="cfg")  # one compile per layout
+    decode = jax.jit(kv_cache.decode_step, static_argnames="cfg")
     out = {}
     for name, cache in caches.items():
-        logits, cache = kv_cache.prefill(PARAMS, tokens_BT[:, :6], jnp.array([6, 6]), cache, CFG)
+        logits, cache = prefill(PARAMS, tokens_BT[:, :6], jnp.array([6, 6]), cache, cfg=CFG)
         steps = [logits]
         for t in range(6, 14):
-            logits, cache = kv_cache.decode_step(PARAMS, tokens_BT[:, t], jnp.array([t, t]),
-                                                 cache, CFG)  # fmt: skip
+            logits, cache = decode(PARAMS, tokens_BT[:, t], jnp.array([t, t]), cache, cfg=CFG)
             steps.append(logits)
         out[name] = np.asarray(jnp.stack(steps, 1))
     np.testing.assert_array_equal(out["paged"], out["contiguous"])
