@@ -10,17 +10,23 @@ and constrained decoding with the chapter's regex examples and JSON.
 2. constrained decoding of the chapter's patterns (email, phone number, Python def) and of JSON,
    sampled with several seeds: every output matches / parses;
 3. constrained + speculative: JSON through the draft and the target, a copy of the grammar state
-   in the draft.
+   in the draft;
+4. a real draft model: a target and a smaller draft config trained by `jaxscale train` on the
+   standard-library corpus (kept under --runs and reused), their acceptance beside the closed
+   form, greedy output checked equal to the target's own.
 """
 
 import argparse
 import json
 import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from jaxscale.cli import main as jaxscale_main
 from jaxscale.config import ModelConfig
+from jaxscale.model import counts
 from jaxscale.model import state as ms
 from jaxscale.serve import constrained, speculative
 from jaxscale.serve import generate as gen
@@ -41,10 +47,57 @@ def noisy(params, scale: float, seed: int):
                         params)  # fmt: skip
 
 
+TRAIN = ["--data", "stdlib", "--seq-len", "64", "--global-batch", "16", "--no-progress",
+         "--sample-tokens", "0", "--eval-every", "0", "--log-every", "100"]  # fmt: skip
+TARGET_FLAGS = ["--d-model", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2"]
+DRAFT_FLAGS = ["--d-model", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+               "--d-ff", "64"]  # fmt: skip
+
+
+def trained(run_dir: Path, flags: list[str], steps: int):
+    """(cfg, params) of a model trained on the standard-library corpus by `jaxscale train`,
+    reused from `run_dir` when it already holds a finished run."""
+    from jaxscale.serve.cli import load_model
+
+    if not (run_dir / "checkpoints").is_dir():
+        argv = ["train", *TRAIN, *flags, "--steps", str(steps), "--run-dir", str(run_dir)]
+        if jaxscale_main(argv) != 0:
+            raise SystemExit(f"training into {run_dir} failed")
+    return load_model(str(run_dir))
+
+
+def trained_pair(a) -> None:
+    print(
+        f"\n4. a trained draft: target d_model 64 x 2 layers, draft d_model 32 x 1 layer, "
+        f"{a.trained_steps} steps each on the standard library (runs in {a.runs})"
+    )
+    tcfg, tparams = trained(Path(a.runs) / "target", TARGET_FLAGS, a.trained_steps)
+    dcfg, dparams = trained(Path(a.runs) / "draft", DRAFT_FLAGS, a.trained_steps)
+    print(f"  target {counts.param_count(tcfg):,} parameters, draft "
+          f"{counts.param_count(dcfg):,}")  # fmt: skip
+    prompt = list(b"    def __init__(self, ")
+    want = gen.generate(tparams, [prompt], tcfg, a.tokens).row(0)
+    print(f"{'model':>8} {'mode':>7} {'accepted':>9} {'gamma':>7} {'tok/pass':>9} "
+          f"{'closed form':>12} {'= target':>9}")  # fmt: skip
+    for mode, s in (("greedy", SamplingParams(0.0)), ("T=0.7", SamplingParams(0.7, seed=1)),
+                    ("T=1", SamplingParams(1.0, seed=0))):  # fmt: skip
+        out, st = speculative.generate(tparams, tcfg, dparams, dcfg, prompt, a.tokens, a.k, s)
+        same = ("yes" if out == want else "no") if mode == "greedy" else "-"
+        print(f"{'trained':>8} {mode:>7} {st.acceptance:>9.1%} {st.gamma:>7.1%} "
+              f"{st.tokens_per_pass:>9.2f} {expected_tokens_per_pass(st.gamma, a.k):>12.2f} "
+              f"{same:>9}")  # fmt: skip
+        if mode == "T=0.7":
+            print(f"{'':>8} {'':>7} {bytes(prompt + out).decode(errors='replace')!r}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--k", type=int, default=4, help="draft tokens per target pass")
     p.add_argument("--tokens", type=int, default=48, help="tokens per generation")
+    p.add_argument("--trained-steps", type=int, default=300,
+                   help="training steps of the trained pair (0: skip part 4)")  # fmt: skip
+    p.add_argument("--runs", default="runs/11_speculative",
+                   help="where the trained pair is kept (and reused)")  # fmt: skip
     a = p.parse_args()
     cfg = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=128)
     target = ms.init_params(cfg, 0)
@@ -89,6 +142,9 @@ def main() -> None:
         json.loads(bytes(out))
         print(f"  seed {s}: {bytes(out).decode()}   accepted {st.acceptance:.0%}, "
               f"{st.tokens_per_pass:.2f} tokens per target pass")  # fmt: skip
+
+    if a.trained_steps > 0:
+        trained_pair(a)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """experiments/11_speculative_constrained.py runs end to end: greedy speculative output equals
-the target's, measured tokens per pass follow the closed form at the measured acceptance, every
-constrained output matches or parses."""
+the target's (with a noisy copy of the target and with a trained smaller draft), measured tokens
+per pass follow the closed form at the measured acceptance, every constrained output matches or
+parses."""
 
 import os
 import re
@@ -14,9 +15,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "11_speculative_c
 
 
 @pytest.mark.slow
-def test_experiment_11_speculative_and_constrained():
+def test_experiment_11_speculative_and_constrained(tmp_path):
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1", "JAX_PLATFORMS": "cpu"}
-    cmd = [sys.executable, str(SCRIPT), "--tokens", "32"]
+    cmd = [sys.executable, str(SCRIPT), "--tokens", "32", "--trained-steps", "20", "--runs",
+           str(tmp_path)]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
                          check=True).stdout  # fmt: skip
     row = r"^\s+([\d.]+)\s+(greedy|T=1)\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)\s+([\d.]+)\s+(\S+)"
@@ -27,3 +29,9 @@ def test_experiment_11_speculative_and_constrained():
         assert abs(float(got) - float(want)) < 0.5
     assert out.count("all match") == 3 and "all parse" in out and "MISMATCH" not in out
     assert out.count("tokens per target pass") == 2
+    # part 4: a trained target and a trained smaller draft, greedy output the target's own
+    trained = re.findall(r"^\s+trained\s+(greedy|T=0.7|T=1)\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)\s+"
+                         r"([\d.]+)\s+(\S+)", out, re.M)  # fmt: skip
+    assert [m for m, *_ in trained] == ["greedy", "T=0.7", "T=1"]
+    assert trained[0][3] == "yes"
+    assert (tmp_path / "target" / "checkpoints").is_dir() and (tmp_path / "draft").is_dir()
