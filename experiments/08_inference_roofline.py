@@ -87,7 +87,7 @@ def main() -> None:
         pred = predicted(n, 1, 1)
         frac = f"{pred.prefill_s / s:.1%}" if pred else "-"
         print(f"{n:>14} {s * 1e3:>9.3f} {intensity(n, 1)[0]:>8.1f} "
-              f"{pred.prefill_s * 1e3 if pred else float('nan'):>13.3f} {frac:>12}")  # fmt: skip
+              f"{f'{pred.prefill_s * 1e3:.3f}' if pred else '-':>13} {frac:>12}")  # fmt: skip
 
     decode = jax.jit(lambda params, t, pos, c: kv_cache.decode_step(params, t, pos, c, cfg)[0])
     print(f"\n{'decode batch':>14} {'step ms':>9} {'tokens/s':>11} {'FLOP/B':>8} "
@@ -100,7 +100,7 @@ def main() -> None:
         step = pred.decode_per_token_s if pred else None
         frac = f"{step / s:.1%}" if pred else "-"
         print(f"{b:>14} {s * 1e3:>9.3f} {b / s:>11,.0f} {intensity(cfg.max_seq, b)[1]:>8.1f} "
-              f"{step * 1e3 if pred else float('nan'):>13.3f} {frac:>12}")  # fmt: skip
+              f"{f'{step * 1e3:.3f}' if pred else '-':>13} {frac:>12}")  # fmt: skip
     print("\nFLOP/B: `calc inference`'s arithmetic intensity. A decode step reads every weight "
           "and the whole\ncache for one token per row: about 1 FLOP/B per row for a bf16 model "
           "whose weights outweigh\nits cache, less where the cache dominates (as here). A "
