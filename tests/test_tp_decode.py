@@ -38,7 +38,7 @@ def test_the_kv_cache_is_split_by_kv_heads_and_attention_all_reduces():
     with jax.set_mesh(mesh):
         params = jax.device_put(PARAMS, ms.param_shardings(CFG, sharder))
         cache = jax.jit(lambda: ms_cache(sharder))()
-        _, report = compile_with_report(gen._generate, params, *args, CFG, 8, None, sharder)
+        _, report = compile_with_report(gen.generate_batch, params, *args, CFG, 8, None, sharder)
     assert cache["k"].sharding.spec[3] == "tensor"  # kv heads over the tensor axis
     assert "all-reduce" in report.collective_totals()  # row-parallel out-proj and down-proj
 

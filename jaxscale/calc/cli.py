@@ -12,6 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     calc_sub = p.add_subparsers(dest="calc_name", required=True, metavar="NAME")
     from jaxscale.calc import (
         cli_gae,
+        cli_reward,
         cli_serving,
         cli_training_comm,
         cli_training_compute,
@@ -26,3 +27,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         module.add_parser(calc_sub)
     cli_serving.add_commands(calc_sub)
     cli_gae.add_parser(calc_sub)  # gae (seed 002 ch. 12)
+    cli_reward.add_parser(calc_sub)  # reward (seed 002 ch. 13)

@@ -116,18 +116,23 @@ def phase_memory(
     adam_for: str = "actor",
     tp: int = 1,
     kv_dim: int | None = None,
+    value_bytes: float = 2.0,
+    misc_gb: float = SEED_MISC_GB,
 ) -> PhaseMemory:
     """Rows of one phase (L12952-13000); with tp > 1, per GPU of a tensor-parallel group (every
-    row but the misc buffers divided by tp, as the script's prose example does, L12824-12852)."""
+    row but the misc buffers divided by tp, as the script's prose example does, L12824-12852).
+    `value_bytes` is the size of a weight, gradient, KV or activation value (the seed's FP16: 2;
+    Adam's two f32 moments stay 8 B/param); `misc_gb` the generation phase's buffers."""
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; choose one of: {', '.join(PHASES)}")
     for name, value in (("batch size", batch_size), ("sequence length", seq_len), ("tp", tp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     adam_models = _check_adam(adam_for)
-    weights = model.params_b * 2  # GB at 2 B/param
-    kv = kv_cache_gb(model, batch_size, seq_len, kv_dim)
-    act = activations_gb(model, batch_size, seq_len)
+    scale = value_bytes / 2  # the formulas below are the seed's, in 2-byte values
+    weights = model.params_b * 2 * scale  # GB
+    kv = kv_cache_gb(model, batch_size, seq_len, kv_dim) * scale
+    act = activations_gb(model, batch_size, seq_len) * scale
     optimizer = MemoryItem(f"Optimizer States ({adam_for})", model.params_b * 8 * adam_models, True)
     rows = {
         "generation": [
@@ -160,8 +165,8 @@ def phase_memory(
         ],
     }[phase]
     items = [MemoryItem(i.name, i.gb / tp, i.fixed) for i in rows]
-    if phase == "generation":
-        items.append(MemoryItem("Misc (buffers)", SEED_MISC_GB, True))
+    if phase == "generation" and misc_gb:
+        items.append(MemoryItem("Misc (buffers)", misc_gb, True))
     return PhaseMemory(phase, tuple(items))
 
 

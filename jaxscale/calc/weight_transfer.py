@@ -125,3 +125,21 @@ def rlhf_timeline(
         raise ValueError(f"transfers must be a non-negative integer, got {transfers!r}")
     seconds = transfer_time_s(TRANSFER_METHODS[method], size_gb)
     return RlhfTimeline(method, size_gb, generation_s, training_s, transfers, seconds)
+
+
+def reshard_bytes(leaves: list[tuple[int, int]], devices: int) -> int:
+    """Bytes the devices receive when co-located weights go from a sharded training layout to a
+    replicated generation layout on the same `devices`: each device holds 1/w of a leaf split
+    w ways and needs the rest, so a leaf of b bytes costs devices x b x (1 - 1/w). `leaves` is
+    [(bytes, ways)]; a layout that matches costs nothing (zero copy)."""
+    if devices < 1 or any(w < 1 or devices % w for _, w in leaves):
+        raise ValueError("every leaf's ways must divide the device count")
+    return sum(devices * b - devices // w * b for b, w in leaves)
+
+
+def cross_mesh_bytes(total_bytes: int, devices: int, ways: int = 1) -> int:
+    """Bytes disaggregated generation devices receive: each of `devices` gets its whole share
+    (1/ways of the weights; replicated: ways = 1) from devices that are not its own."""
+    if devices < 1 or ways < 1 or devices % ways:
+        raise ValueError("ways must divide the generation devices")
+    return devices * total_bytes // ways

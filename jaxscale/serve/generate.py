@@ -30,7 +30,7 @@ class Generated:
 
 
 @partial(jax.jit, static_argnames=("cfg", "max_new", "eos_id", "sharder"))
-def _generate(params, prompts_BT, lengths_B, settings, max_tokens_B, cfg, max_new, eos_id,
+def generate_batch(params, prompts_BT, lengths_B, settings, max_tokens_B, cfg, max_new, eos_id,
               sharder=None):  # fmt: skip
     B, T = prompts_BT.shape
     cache = kv_cache.init_cache(cfg, B, T + max_new, sharder=sharder)
@@ -80,10 +80,10 @@ def generate(
     args = (jnp.asarray(padded), jnp.asarray([len(p) for p in prompts], jnp.int32), settings,
             jnp.asarray(np.minimum(limits, max_new)))  # fmt: skip
     if mesh is None:
-        toks, valid, logps = _generate(params, *args, cfg, max_new, eos_id)
+        toks, valid, logps = generate_batch(params, *args, cfg, max_new, eos_id)
     else:
         sharder = Sharder(mesh, REPLICATED_RULES)
         with jax.set_mesh(mesh):
             params = jax.device_put(params, ms.param_shardings(cfg, sharder))
-            toks, valid, logps = _generate(params, *args, cfg, max_new, eos_id, sharder)
+            toks, valid, logps = generate_batch(params, *args, cfg, max_new, eos_id, sharder)
     return Generated(np.asarray(toks), np.asarray(valid), np.asarray(logps))

@@ -1,0 +1,123 @@
+"""What an RLHF run reports beside its curves: each phase's compiled memory next to the
+calculator's per-phase prediction (`calc rl memory` / seed memory_timeline.py), the weight
+transfers next to `calc rl transfer`'s methods, the time per phase, and the plot."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxscale.calc import rlhf_memory as rm_calc
+from jaxscale.calc import weight_transfer as wt
+from jaxscale.render import figure
+from jaxscale.rl import rlhf_placement as place
+
+GB = 1e9
+
+
+def _per_device(compiled) -> dict:
+    m = compiled.memory_analysis()
+    return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
+            "temp": m.temp_size_in_bytes}  # fmt: skip
+
+
+def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
+    """Per device, of each compiled phase (memory_analysis), beside the calculator's rows for
+    the same model, batch and sharding: the state it holds ("fixed": weights, Adam) and what
+    grows with batch x sequence ("scaling": the KV cache while generating, activations)."""
+    from jaxscale.rl import rlhf_run
+
+    cfg, rc, sh = lab.cfg, lab.rc, lab.sh
+    n_params = sum(x.size for x in jax.tree.leaves(lab.ref))
+    model = rm_calc.TimelineModel("lab", n_params / 1e9, cfg.d_model, cfg.n_layers)
+    value_bytes = np.dtype(cfg.param_dtype).itemsize
+    adam_for = "actor+critic" if "critic" in lab.tree else "actor"
+    calc = {p: {i.name: i.gb * GB for i in rm_calc.phase_memory(
+        model, rc.rows, sh.P + sh.N, p, adam_for=adam_for, kv_dim=cfg.n_kv_heads * cfg.head_dim,
+        value_bytes=value_bytes, misc_gb=0).items} for p in rm_calc.TIMELINE_PHASES}  # fmt: skip
+    rows, seeds = rlhf_run._batch_rows(lab, prompts, 0)
+    gen_actor = jax.device_put(lab.tree["actor"], lab.gen_shardings)
+    with jax.set_mesh(lab.meshes.gen):
+        rows_sh = lab.gen_sharder.named(("batch", None))
+        args = (gen_actor, jax.device_put(rows, rows_sh),
+                jax.device_put(seeds, lab.gen_sharder.named(("batch",))))  # fmt: skip
+        toks, valid, logp = lab.phases[0](*args)
+        generate = _per_device(lab.phases[0].lower(*args).compile())
+    n_gen, n_train = lab.meshes.gen.devices.size, lab.meshes.train.devices.size
+    gen_w = 1 if lab.gen_sharder.rules != lab.train_sharder.rules else n_train
+    with jax.set_mesh(lab.meshes.train):
+        b = lab.train_sharder.named(("batch", None))
+        seq = jax.device_put(np.concatenate([rows, np.asarray(toks)], 1), b)
+        v, lp = jax.device_put((np.asarray(valid), np.asarray(logp)), b)
+        sargs = (lab.tree, lab.ref, lab.rm, seq, v, lp, np.float32(rc.beta))
+        score = _per_device(lab.phases[1].lower(*sargs).compile())
+        batch, _ = lab.phases[1](*sargs)
+        train = _per_device(lab.phases[2].lower(lab.tree, lab.opt_state, batch,
+                                                np.float32(rc.beta)).compile())  # fmt: skip
+    g, s, t = calc["generation"], calc["scoring"], calc["training"]
+    opt = next(v for k, v in t.items() if k.startswith("Optimizer"))
+    critic = t["Critic (weights)"] if "critic" in lab.tree else 0.0
+    # scoring reads the reference, the reward model (without an LM head: its share of the
+    # actor's size) and, for PPO, the critic's backbone (the actor's, when shared); the
+    # behaviour log-probs come from generation, so the actor itself is not read
+    ppo = rc.algo == "ppo"
+    rm_share = sum(x.size for x in jax.tree.leaves(lab.rm)) / n_params
+    return [
+        {"phase": "generation", "holds": "actor (generation layout) + KV cache",
+         "calc_fixed": g["Actor (weights)"] / gen_w, "calc_scaling": g["KV Cache"] / n_gen,
+         **generate},
+        {"phase": "scoring", "holds": "reference, reward model" + (", critic" if ppo else ""),
+         "calc_fixed": (s["Reward Model (weights)"] * (1 + ppo + rm_share)) / n_train,
+         "calc_scaling": s["Activations"] / n_train, **score},
+        {"phase": "training", "holds": "actor + critic, Adam; gradients are temporaries",
+         "calc_fixed": (t["Actor (weights)"] + critic + opt) / n_train,
+         "calc_scaling": (t["Activations"] + t["Actor (gradients)"]
+                          + (t["Critic (gradients)"] if critic else 0)) / n_train, **train},
+    ]  # fmt: skip
+
+
+def transfer_rows(transfers: list[place.Transfer]) -> list[dict]:
+    """The measured moves (first and steady state) beside the calculator's method times for the
+    same bytes."""
+    out = []
+    for label, tr in (("first", transfers[0]), ("steady", transfers[-1])):
+        gb = max(tr.bytes_moved, 1) / GB
+        out.append({"transfer": label, "bytes_moved": tr.bytes_moved,
+                    "bytes_predicted": tr.bytes_predicted, "seconds": tr.seconds,
+                    "zero_copy": tr.zero_copy,
+                    **{f"calc_{k}_s": wt.transfer_time_s(wt.TRANSFER_METHODS[k], gb)
+                       for k in ("nccl_nvlink", "nccl_ib", "cuda_ipc")}})  # fmt: skip
+    return out
+
+
+TIME_KEYS = ("t_generate_s", "t_score_s", "t_train_s", "t_transfer_s")
+
+
+def time_breakdown(history: list[dict]) -> dict:
+    """Mean seconds per phase over the iterations after the first (which compiles)."""
+    rest = history[1:] or history
+    return {k: float(np.mean([r[k] for r in rest])) for k in TIME_KEYS}
+
+
+def plot(runs: dict[str, list[dict]], path) -> str:
+    """True score, reward-model score and KL over iterations, one line per run."""
+    with figure(path, 1, 3, figsize=(15, 4.2)) as (fig, axes):
+        for label, hist in runs.items():
+            it = [r["iteration"] for r in hist]
+            axes[0].plot(it, [r["true_score"] for r in hist], label=label)
+            axes[1].plot(it, [r["rm_score"] for r in hist], label=label)
+            axes[2].plot(it, [r["kl"] for r in hist], label=label)
+        for ax, title in zip(
+            axes,
+            (
+                "true score (programmatic)",
+                "reward-model score",
+                "KL(actor || reference), nats per response",
+            ),
+            strict=True,
+        ):
+            ax.set_title(title)
+            ax.set_xlabel("iteration")
+            ax.grid(alpha=0.3)
+        axes[0].legend()
+    return str(path)

@@ -1,0 +1,186 @@
+"""The RLHF loop on a mesh: place the four models, then per iteration transfer -> generate ->
+true score (host) -> score -> train -> adapt beta, timing each phase.
+
+The actor and critic train in the training mesh's layout (the rules table: FSDP shards `embed`
+over fsdp, TP heads/MLP/vocab over tensor); the frozen reference and reward model sit in the same
+layout; rollouts split their rows over the data axes of the generation mesh. One-step-stale
+(`stale`, disaggregated only): generation of batch k+1 is dispatched with the weights that made
+batch k, before training k, so the two run at once on their own devices; PPO's ratio is taken
+against the behaviour policy's own log-probs, so the staleness is corrected by the clip.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxscale.config import ModelConfig
+from jaxscale.model import state as ms
+from jaxscale.rl import rlhf
+from jaxscale.rl import rlhf_models as models
+from jaxscale.rl import rlhf_placement as place
+from jaxscale.rl import rlhf_rewards as rw
+from jaxscale.rl import rlhf_task as task_lib
+from jaxscale.rl.rlhf_config import RLHFConfig
+from jaxscale.sharding import REPLICATED_RULES, Sharder, tree_shardings
+
+
+@dataclass
+class RunResult:
+    history: list[dict] = field(default_factory=list)
+    initial_true: float = 0.0  # held-out prompts, fixed seeds, before training
+    final_true: float = 0.0  # the same prompts and seeds after
+    transfers: list[place.Transfer] = field(default_factory=list)
+    rollouts: list[tuple] = field(default_factory=list)  # (prompts [B, P], tokens [B, N])
+    tree: dict | None = None
+    memory: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Lab:
+    """Everything placed and compiled for one run."""
+
+    rc: RLHFConfig
+    cfg: ModelConfig
+    sh: rlhf.Shapes
+    meshes: place.Meshes
+    train_sharder: Sharder
+    gen_sharder: Sharder
+    gen_shardings: object
+    phases: tuple
+    tree: dict
+    opt_state: object
+    ref: dict
+    rm: dict
+
+
+def _placed(tree, sharder: Sharder, cfg: ModelConfig):
+    shardings = tree_shardings(sharder, models.logical_axes(tree, cfg))
+    return jax.device_put(tree, shardings), shardings
+
+
+def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib.TaskConfig,
+          devices=None) -> Lab:  # fmt: skip
+    rc.check()
+    m = place.meshes(mesh, rc.placement, rc.gen_devices, devices)
+    for name, mm in (("training", m.train), ("generation", m.gen)):
+        if rc.rows % place.data_ways(mm):
+            raise ValueError(f"{rc.rows} responses per iteration do not split over the "
+                             f"{name} mesh's data axes ({place.data_ways(mm)})")  # fmt: skip
+    train_sharder = Sharder(m.train)
+    gen_sharder = train_sharder if (m.shared and rc.gen_layout == "train") else Sharder(
+        m.gen, REPLICATED_RULES)  # fmt: skip
+    sh = rlhf.Shapes(task.prompt_len, task.max_new, task_lib.EOS)
+    if sh.P + sh.N > cfg.max_seq:
+        raise ValueError(f"prompt ({sh.P}) + response ({sh.N}) exceeds max_seq={cfg.max_seq}")
+    with jax.set_mesh(m.train):
+        critic = rc.critic if rc.algo == "ppo" else None
+        # separate buffers for every model: training donates the actor's and critic's, and a
+        # device_put to a layout an array already has returns the same buffer
+        fresh = lambda t: jax.tree.map(np.array, t)  # noqa: E731  (a host copy)
+        tree = models.policy_init(fresh(actor), cfg, critic, fresh(actor))
+        tree, tree_sh = _placed(tree, train_sharder, cfg)
+        ref, _ = _placed({"actor": fresh(actor)}, train_sharder, cfg)
+        rm, _ = _placed(fresh(rm), train_sharder, cfg)
+        opt_state = jax.jit(rlhf.optimizer(rc).init)(tree)
+        # Adam's moments in their parameters' layout (the init's zeros come out replicated):
+        # actor and critic leaves of one shape share their logical axes, so shape decides
+        by_shape = {x.shape: s for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(tree_sh),
+                                                strict=True)}  # fmt: skip
+        replicated = train_sharder.named(())
+        opt_sh = jax.tree.map(lambda x: by_shape.get(x.shape, replicated), opt_state)
+        opt_state = jax.device_put(opt_state, opt_sh)
+    gen_shardings = ms.param_shardings(cfg, gen_sharder)
+    phases = rlhf.jitted(cfg, rc, sh, train_sharder, gen_sharder, tree_sh, opt_sh)
+    return Lab(rc, cfg, sh, m, train_sharder, gen_sharder, gen_shardings, phases, tree,
+               opt_state, ref["actor"], rm)  # fmt: skip
+
+
+def _batch_rows(lab: Lab, prompts: np.ndarray, it: int):
+    """The iteration's prompts (each repeated `group` times for GRPO) and per-row seeds."""
+    rc = lab.rc
+    rng = np.random.default_rng([rc.seed, it])
+    rows = prompts[rng.choice(len(prompts), rc.prompts, replace=len(prompts) < rc.prompts)]
+    if rc.algo == "grpo":
+        rows = np.repeat(rows, rc.group, axis=0)
+    seeds = (np.uint32(rc.seed) * np.uint32(1_000_003) + np.uint32(it * rc.rows)
+             + np.arange(rc.rows, dtype=np.uint32))  # fmt: skip
+    return rows.astype(np.int32), seeds
+
+
+def _dispatch_generate(lab: Lab, gen_actor, prompts_BP, seeds_B):
+    with jax.set_mesh(lab.meshes.gen):
+        rows = lab.gen_sharder.named(("batch", None))
+        p = jax.device_put(prompts_BP, rows)
+        s = jax.device_put(seeds_B, lab.gen_sharder.named(("batch",)))
+        return lab.phases[0](gen_actor, p, s)
+
+
+def evaluate(lab: Lab, prompts: np.ndarray, task, tree=None) -> float:
+    """Mean true score on `prompts` (the first rc.rows of them) with fixed seeds."""
+    gen_actor = jax.device_put((tree or lab.tree)["actor"], lab.gen_shardings)
+    rows = np.resize(prompts, (lab.rc.rows, prompts.shape[1])).astype(np.int32)
+    seeds = np.arange(lab.rc.rows, dtype=np.uint32) + np.uint32(7_777_777)
+    toks, valid, _ = jax.device_get(_dispatch_generate(lab, gen_actor, rows, seeds))
+    return float(task_lib.scores(rows, toks, valid, task).mean())
+
+
+def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
+            progress=None) -> RunResult:  # fmt: skip
+    """Run rc.iterations iterations; `log(record)` receives each iteration's metrics."""
+    rc, res = lab.rc, RunResult()
+    res.initial_true = evaluate(lab, held_out, task)
+    beta = rc.beta
+    gen_actor, tr = place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
+    res.transfers.append(tr)
+    rows, seeds = _batch_rows(lab, prompts, 0)
+    t0 = time.perf_counter()
+    pending = _dispatch_generate(lab, gen_actor, rows, seeds)
+    for it in range(rc.iterations):
+        toks, valid, logp = jax.device_get(pending)
+        t_gen = time.perf_counter() - t0
+        if rc.stale and it + 1 < rc.iterations:  # batch k+1 from the weights that made batch k
+            nxt = _batch_rows(lab, prompts, it + 1)
+            pending = _dispatch_generate(lab, gen_actor, *nxt)
+        true_B = task_lib.scores(rows, toks, valid, task)
+        res.rollouts.append((rows, toks))
+        t1 = time.perf_counter()
+        with jax.set_mesh(lab.meshes.train):
+            batch_rows = lab.train_sharder.named(("batch", None))
+            seq = jax.device_put(np.concatenate([rows, toks], 1), batch_rows)
+            v, lp = jax.device_put((valid, logp), batch_rows)
+            batch, sm = lab.phases[1](lab.tree, lab.ref, lab.rm, seq, v, lp, jnp.float32(beta))
+            jax.block_until_ready(batch)
+            t2 = time.perf_counter()
+            lab.tree, lab.opt_state, tm = lab.phases[2](lab.tree, lab.opt_state, batch,
+                                                        jnp.float32(beta))  # fmt: skip
+            sm, tm = jax.device_get((sm, tm))
+        t3 = time.perf_counter()
+        gen_actor, tr = place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
+        res.transfers.append(tr)
+        kl = float(sm["kl"])
+        record = {"iteration": it, "true_score": float(true_B.mean()), "beta": beta,
+                  **{k: float(x) for k, x in {**sm, **tm}.items()},
+                  "t_generate_s": t_gen, "t_score_s": t2 - t1, "t_train_s": t3 - t2,
+                  "t_transfer_s": tr.seconds, "transfer_bytes": tr.bytes_moved,
+                  "tokens_per_s": float(valid.sum()) / max(t_gen, 1e-9)}  # fmt: skip
+        res.history.append(record)
+        if log:
+            log(record)
+        if progress:
+            progress(record)
+        beta = rw.adaptive_beta(beta, kl, rc.kl_target, rc.kl_horizon, rc.rows)
+        if it + 1 < rc.iterations:
+            t0 = time.perf_counter()
+            if not rc.stale:
+                rows, seeds = _batch_rows(lab, prompts, it + 1)
+                pending = _dispatch_generate(lab, gen_actor, rows, seeds)
+            else:
+                rows, seeds = nxt
+    res.final_true = evaluate(lab, held_out, task)
+    res.tree = lab.tree
+    return res

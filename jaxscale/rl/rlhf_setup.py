@@ -1,0 +1,159 @@
+"""The stages before RLHF: the SFT actor and the reward model (seed 002 ch13 Q&A, L11176-11204).
+
+    SFT     `jaxscale train` on the standard-library corpus (kept in a run directory and reused)
+    pairs   `samples` completions per prompt from the SFT policy, every two with different true
+            scores ordered into (preferred, rejected): the comparisons a labeller would make
+    RM      the SFT transformer with a zero scalar head, read at the last valid token, trained on
+            the pairs with the Bradley-Terry loss -log sigmoid(r_w - r_l); held-out pairwise
+            accuracy is reported
+
+Everything here runs on one device: the reward model is trained separately and then frozen.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxscale.config import ModelConfig
+from jaxscale.rl import rlhf, rlhf_task
+from jaxscale.rl import rlhf_models as models
+
+SFT_TRAIN = ["--data", "stdlib", "--seq-len", "64", "--global-batch", "32", "--no-progress",
+             "--sample-tokens", "0", "--eval-every", "0", "--log-every", "100", "--lr", "3e-3",
+             "--mesh", "dp=-1"]  # fmt: skip
+SFT_MODEL = ["--d-model", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+             "--d-ff", "256", "--max-seq", "64"]  # fmt: skip
+
+
+def sft_model(run_dir: str | Path, steps: int, model_flags: list[str] = SFT_MODEL):
+    """(cfg, params) trained by `jaxscale train`, reused from `run_dir` when it holds a run."""
+    from jaxscale.cli import main as jaxscale_main
+    from jaxscale.serve.cli import load_model
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "checkpoints").is_dir():
+        argv = ["train", *SFT_TRAIN, *model_flags, "--steps", str(steps), "--run-dir",
+                str(run_dir)]  # fmt: skip
+        if jaxscale_main(argv) != 0:
+            raise RuntimeError(f"SFT training into {run_dir} failed")
+    return load_model(str(run_dir))
+
+
+def comparison_pairs(cfg: ModelConfig, params, prompts: np.ndarray, task, samples: int = 4,
+                     seed: int = 0, batch: int = 64):  # fmt: skip
+    """(seq_w [K, S], last_w [K], seq_l [K, S], last_l [K]): every two of `samples` completions
+    of a prompt whose true scores differ, the better one first."""
+    sh = rlhf.Shapes(task.prompt_len, task.max_new, rlhf_task.EOS)
+    gen = jax.jit(lambda p, x, s: rlhf.rollout(p, x, s, cfg, sh))
+    rows = np.repeat(prompts, samples, axis=0).astype(np.int32)
+    pad = -len(rows) % batch
+    rows_p = np.concatenate([rows, rows[:pad]]) if pad else rows
+    toks, valid = [], []
+    for i in range(0, len(rows_p), batch):
+        seeds = np.arange(i, i + batch, dtype=np.uint32) + np.uint32(seed * 10_000_019)
+        t, v, _ = jax.device_get(gen(params, rows_p[i : i + batch], seeds))
+        toks.append(t)
+        valid.append(v)
+    toks, valid = np.concatenate(toks)[: len(rows)], np.concatenate(valid)[: len(rows)]
+    score = rlhf_task.scores(rows, toks, valid, task)
+    seq = np.concatenate([rows, toks], 1)
+    last = sh.P + np.maximum(valid.sum(-1), 1) - 1
+    win, lose = [], []
+    for p in range(len(prompts)):
+        for a, b in itertools.combinations(range(p * samples, (p + 1) * samples), 2):
+            if score[a] != score[b]:
+                win.append(a if score[a] > score[b] else b)
+                lose.append(b if score[a] > score[b] else a)
+    win, lose = np.asarray(win, int), np.asarray(lose, int)
+    return seq[win], last[win], seq[lose], last[lose]
+
+
+def bt_loss(rm, pairs, cfg):
+    seq_w, last_w, seq_l, last_l = pairs
+    margin = (models.reward_forward(rm, seq_w, last_w, cfg)
+              - models.reward_forward(rm, seq_l, last_l, cfg))  # fmt: skip
+    return -jnp.mean(jax.nn.log_sigmoid(margin)), jnp.mean(margin > 0)
+
+
+def train_reward_model(cfg: ModelConfig, sft_params, pairs, steps: int = 300, batch: int = 64,
+                       lr: float = 1e-3, seed: int = 0, progress=None):  # fmt: skip
+    """The reward model: SFT backbone + zero head, Bradley-Terry on random minibatches of pairs."""
+    rm = models.reward_model_init(sft_params, cfg)
+    tx = optax.adamw(lr, weight_decay=0.0)
+    opt = tx.init(rm)
+
+    @jax.jit
+    def step(rm, opt, mb):
+        (loss, acc), g = jax.value_and_grad(bt_loss, has_aux=True)(rm, mb, cfg)
+        upd, opt = tx.update(g, opt, rm)
+        return optax.apply_updates(rm, upd), opt, loss, acc
+
+    rng = np.random.default_rng(seed)
+    n = len(pairs[0])
+    if n < batch:
+        raise ValueError(f"{n} comparison pairs; the reward model needs at least {batch}")
+    for i in range(steps):
+        idx = rng.choice(n, batch, replace=False)
+        rm, opt, loss, acc = step(rm, opt, tuple(x[idx] for x in pairs))
+        if progress:
+            progress(i, float(loss), float(acc))
+    return rm
+
+
+def pairwise_accuracy(rm, pairs, cfg: ModelConfig) -> float:
+    """Fraction of pairs the reward model orders like the true score."""
+    f = jax.jit(lambda rm, s, last: models.reward_forward(rm, s, last, cfg))
+    return float(
+        np.mean(np.asarray(f(rm, pairs[0], pairs[1])) > np.asarray(f(rm, pairs[2], pairs[3])))
+    )
+
+
+def save_tree(path: str | Path, tree) -> None:
+    flat, _ = jax.tree.flatten_with_path(tree)
+    np.savez(path, **{jax.tree_util.keystr(k): np.asarray(v) for k, v in flat})
+
+
+def load_tree(path: str | Path, like):
+    data = np.load(path)
+    flat, treedef = jax.tree.flatten_with_path(like)
+    return jax.tree.unflatten(treedef, [jnp.asarray(data[jax.tree_util.keystr(k)])
+                                        for k, _ in flat])  # fmt: skip
+
+
+def prepare(runs: str | Path, task, sft_steps: int = 600, rm_steps: int = 200,
+            rm_prompts: int = 256, say=lambda line: None):  # fmt: skip
+    """(cfg, SFT params, reward model, its held-out accuracy, train prompts, held-out prompts):
+    each stage kept under `runs` and reused by the next call with the same settings."""
+    import json
+
+    train_p, held_p = rlhf_task.load_prompts(task)
+    runs = Path(runs)
+    sft_dir = runs / f"sft_{sft_steps}"
+    say(f"SFT: {sft_steps} steps of jaxscale train on the standard library ({sft_dir})")
+    cfg, params = sft_model(sft_dir, sft_steps)
+    rm_path = runs / f"rm2_{sft_steps}_{rm_steps}_{rm_prompts}_{task.prompt_len}_{task.max_new}.npz"
+    like = models.reward_model_init(params, cfg)
+    if rm_path.is_file():
+        rm = load_tree(rm_path, like)
+        acc = json.loads(rm_path.with_suffix(".json").read_text())
+    else:
+        pairs = comparison_pairs(cfg, params, train_p[:rm_prompts], task)
+        held = comparison_pairs(cfg, params, held_p[: rm_prompts // 2], task, seed=1)
+        say(f"reward model: {rm_steps} Bradley-Terry steps on {len(pairs[0])} comparison pairs "
+            f"from {rm_prompts} prompts")  # fmt: skip
+        rm = train_reward_model(cfg, params, pairs, rm_steps)
+        acc = {"train_pairs": len(pairs[0]), "held_out_pairs": len(held[0]),
+               "train_accuracy": pairwise_accuracy(rm, pairs, cfg),
+               "held_out_accuracy": pairwise_accuracy(rm, held, cfg)}  # fmt: skip
+        save_tree(rm_path, rm)
+        rm_path.with_suffix(".json").write_text(json.dumps(acc))
+    say(f"reward model: pairwise accuracy {acc['held_out_accuracy']:.3f} on "
+        f"{acc['held_out_pairs']} held-out pairs ({acc['train_accuracy']:.3f} on its "
+        f"{acc['train_pairs']} training pairs)")  # fmt: skip
+    return cfg, params, rm, acc, train_p, held_p
