@@ -33,7 +33,7 @@ def small(argv: list[str]) -> list[str]:
     argv = list(argv)
     if "--steps" in argv:
         argv[argv.index("--steps") + 1] = "2"
-    if argv[0] in ("bench", "verify") or (argv[0] == "launch" and "train" in argv):
+    if argv[0] in ("bench", "verify", "rlhf") or (argv[0] == "launch" and "train" in argv):
         argv.append("--dry-run")
     if argv[0] == "train":
         argv += ["--no-progress", "--sample-tokens", "4"]

@@ -21,7 +21,7 @@ from jaxscale.tolerances import ATOL, MEMORY_RTOL, RTOL, TRAJ_ATOL
 
 CFG = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq=32)
 TASK = tk.TaskConfig(prompt_len=8, max_new=8, min_new=0, max_lines=400)
-RC = RLHFConfig(iterations=2, prompts=8, epochs=2, minibatches=2, lr=1e-3, kl_target=1.0)
+RC = RLHFConfig(iterations=2, responses=8, epochs=2, minibatches=2, lr=1e-3, kl_target=1.0)
 
 
 def test_true_score_components():

@@ -143,7 +143,7 @@ def train(tree, opt_state, batch, beta, rc: RLHFConfig, cfg, sh: Shapes, sharder
         tree, opt_state = carry
         (_, aux), grads = jax.value_and_grad(loss, has_aux=True)(tree, mb, beta, rc, cfg, sh, pc)
         updates, opt_state = tx.update(grads, opt_state, tree)
-        aux["grad_norm"] = optax.global_norm(grads)
+        aux["grad_norm"] = optax.tree_utils.tree_norm(grads)  # pre-clip
         return (optax.apply_updates(tree, updates), opt_state), aux
 
     def epoch(carry, _):

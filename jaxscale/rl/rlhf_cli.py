@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jaxscale.cliutil import add_command, add_dataclass_args, build_config, guarded, positive_int
 
-SUMMARY_KEYS = ("true_score", "rm_score", "kl", "beta", "clip_frac", "value_loss", "length")
+SUMMARY_KEYS = ("true_score", "parses_rate", "ends_rate", "rm_score", "kl", "beta", "clip_frac", "value_loss", "length")
 
 
 def add_parser(sub) -> None:
@@ -37,6 +37,8 @@ def add_parser(sub) -> None:
                    help="print each phase's compiled memory beside the calculator's")  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the flags and the meshes, print the plan, train nothing")  # fmt: skip
     p.set_defaults(func=guarded(_main))
 
 
@@ -59,6 +61,13 @@ def _main(args) -> int:
 
     rc = build_config(RLHFConfig, args).check()
     task = TaskConfig()
+    if args.dry_run:
+        m = rlhf_run.placement(rc, args.mesh)
+        print(f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses "
+              f"({rc.prompts} prompts), {rc.placement}: train {dict(m.train.shape)}, generate "
+              f"{dict(m.gen.shape)}; SFT {args.sft_steps} steps and reward model "
+              f"{args.rm_steps} steps cached in {args.runs}")  # fmt: skip
+        return 0
     say = (lambda line: print(line, file=sys.stderr)) if not args.json else (lambda line: None)
     cfg, sft, rm, acc, train_p, held_p = rlhf_setup.prepare(args.runs, task, args.sft_steps,
                                                             args.rm_steps, say=say)  # fmt: skip

@@ -19,15 +19,15 @@ def _f(default, help: str, choices=None):
 @dataclass(frozen=True)
 class RLHFConfig:
     algo: str = _f("ppo", "ppo (actor + critic, GAE) or grpo (group-relative, no critic)", ALGOS)
-    iterations: int = _f(60, "RLHF iterations (generate, score, train)")
-    prompts: int = _f(32, "prompts per iteration")
-    group: int = _f(4, "GRPO: responses per prompt (PPO samples one)")
+    iterations: int = _f(40, "RLHF iterations (generate, score, train)")
+    responses: int = _f(32, "responses per iteration (GRPO: responses / group prompts)")
+    group: int = _f(4, "GRPO: responses per prompt (PPO samples one per prompt)")
     epochs: int = _f(4, "passes over each rollout batch")
     minibatches: int = _f(2, "minibatches per epoch")
     lr: float = _f(3e-4, "Adam learning rate of the actor (and critic)")
     max_grad_norm: float = _f(1.0, "global gradient-norm clip")
-    beta: float = _f(0.1, "initial KL coefficient")
-    kl_target: float = _f(2.0, "adaptive-KL target in nats per response; 0: beta stays fixed")
+    beta: float = _f(0.5, "initial KL coefficient")
+    kl_target: float = _f(3.0, "adaptive-KL target in nats per response; 0: beta stays fixed")
     kl_horizon: int = _f(64, "adaptive-KL horizon in responses (Ziegler et al.)")
     kl_estimator: str = _f("k1", "per-token KL: k1 (log-ratio, the seed's) or k3 (>= 0)",
                            ("k1", "k3"))  # fmt: skip
@@ -59,7 +59,12 @@ class RLHFConfig:
     @property
     def rows(self) -> int:
         """Responses per iteration."""
-        return self.prompts * (self.group if self.algo == "grpo" else 1)
+        return self.responses
+
+    @property
+    def prompts(self) -> int:
+        """Prompts per iteration."""
+        return self.responses // (self.group if self.algo == "grpo" else 1)
 
     def check(self) -> RLHFConfig:
         """Every impossible setting, as one error naming its flag."""
@@ -68,12 +73,15 @@ class RLHFConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose "
                                  f"from {', '.join(allowed)}")  # fmt: skip
-        for name in ("iterations", "prompts", "group", "epochs", "minibatches", "eval_every",
+        for name in ("iterations", "responses", "group", "epochs", "minibatches", "eval_every",
                      "kl_horizon"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.algo == "grpo" and self.group < 2:
-            raise ValueError("--group must be at least 2 for grpo (advantages are relative)")
+        if self.algo == "grpo" and (self.group < 2 or self.responses % self.group):
+            raise ValueError(
+                f"--group {self.group}: grpo needs at least 2 responses per prompt "
+                f"(advantages are relative), dividing --responses {self.responses}"
+            )
         for name in ("lr", "clip_eps", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")

@@ -69,7 +69,8 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
         {"phase": "scoring", "holds": "reference, reward model" + (", critic" if ppo else ""),
          "calc_fixed": (s["Reward Model (weights)"] * (1 + ppo + rm_share)) / n_train,
          "calc_scaling": s["Activations"] / n_train, **score},
-        {"phase": "training", "holds": "actor + critic, Adam; gradients are temporaries",
+        {"phase": "training", "holds": ("actor + critic" if ppo else "actor")
+         + ", Adam; gradients are temporaries",
          "calc_fixed": (t["Actor (weights)"] + critic + opt) / n_train,
          "calc_scaling": (t["Activations"] + t["Actor (gradients)"]
                           + (t["Critic (gradients)"] if critic else 0)) / n_train, **train},

@@ -63,14 +63,23 @@ def _placed(tree, sharder: Sharder, cfg: ModelConfig):
     return jax.device_put(tree, shardings), shardings
 
 
-def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib.TaskConfig,
-          devices=None) -> Lab:  # fmt: skip
+def placement(rc: RLHFConfig, mesh: str, devices=None) -> place.Meshes:
+    """The checked config's meshes; every error names its flag."""
     rc.check()
-    m = place.meshes(mesh, rc.placement, rc.gen_devices, devices)
+    try:
+        m = place.meshes(mesh, rc.placement, rc.gen_devices, devices)
+    except ValueError as e:
+        raise ValueError(f"--mesh {mesh}: {e}") if "gen-devices" not in str(e) else e from None
     for name, mm in (("training", m.train), ("generation", m.gen)):
         if rc.rows % place.data_ways(mm):
-            raise ValueError(f"{rc.rows} responses per iteration do not split over the "
-                             f"{name} mesh's data axes ({place.data_ways(mm)})")  # fmt: skip
+            raise ValueError(f"--responses {rc.rows} does not split over the {name} mesh's "
+                             f"data axes ({place.data_ways(mm)})")  # fmt: skip
+    return m
+
+
+def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib.TaskConfig,
+          devices=None) -> Lab:  # fmt: skip
+    m = placement(rc, mesh, devices)
     train_sharder = Sharder(m.train)
     gen_sharder = train_sharder if (m.shared and rc.gen_layout == "train") else Sharder(
         m.gen, REPLICATED_RULES)  # fmt: skip
@@ -146,7 +155,7 @@ def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
         if rc.stale and it + 1 < rc.iterations:  # batch k+1 from the weights that made batch k
             nxt = _batch_rows(lab, prompts, it + 1)
             pending = _dispatch_generate(lab, gen_actor, *nxt)
-        true_B = task_lib.scores(rows, toks, valid, task)
+        parts = task_lib.score_parts(rows, toks, valid, task)
         res.rollouts.append((rows, toks))
         t1 = time.perf_counter()
         with jax.set_mesh(lab.meshes.train):
@@ -163,7 +172,8 @@ def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
         gen_actor, tr = place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
         res.transfers.append(tr)
         kl = float(sm["kl"])
-        record = {"iteration": it, "true_score": float(true_B.mean()), "beta": beta,
+        record = {"iteration": it, "true_score": float(parts["total"].mean()), "beta": beta,
+                  **{f"{k}_rate": float(parts[k].mean()) for k in ("ends", "balanced", "parses")},
                   **{k: float(x) for k, x in {**sm, **tm}.items()},
                   "t_generate_s": t_gen, "t_score_s": t2 - t1, "t_train_s": t3 - t2,
                   "t_transfer_s": tr.seconds, "transfer_bytes": tr.bytes_moved,

@@ -12,7 +12,9 @@ Everything here runs on one device: the reward model is trained separately and t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 from pathlib import Path
 
 import jax
@@ -21,6 +23,7 @@ import numpy as np
 import optax
 
 from jaxscale.config import ModelConfig
+from jaxscale.model import state as ms
 from jaxscale.rl import rlhf, rlhf_task
 from jaxscale.rl import rlhf_models as models
 
@@ -130,13 +133,18 @@ def prepare(runs: str | Path, task, sft_steps: int = 600, rm_steps: int = 200,
             rm_prompts: int = 256, say=lambda line: None):  # fmt: skip
     """(cfg, SFT params, reward model, its held-out accuracy, train prompts, held-out prompts):
     each stage kept under `runs` and reused by the next call with the same settings."""
-    import json
-
     train_p, held_p = rlhf_task.load_prompts(task)
     runs = Path(runs)
     sft_dir = runs / f"sft_{sft_steps}"
     say(f"SFT: {sft_steps} steps of jaxscale train on the standard library ({sft_dir})")
-    cfg, params = sft_model(sft_dir, sft_steps)
+    flat = runs / f"sft_{sft_steps}.npz"  # the parameters alone: later runs need no checkpoint
+    if flat.is_file():
+        cfg = ModelConfig(**json.loads(flat.with_suffix(".json").read_text()))
+        params = load_tree(flat, jax.eval_shape(lambda: ms.init_params(cfg, 0)))
+    else:
+        cfg, params = sft_model(sft_dir, sft_steps)
+        save_tree(flat, params)
+        flat.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(cfg)))
     rm_path = runs / f"rm2_{sft_steps}_{rm_steps}_{rm_prompts}_{task.prompt_len}_{task.max_new}.npz"
     like = models.reward_model_init(params, cfg)
     if rm_path.is_file():

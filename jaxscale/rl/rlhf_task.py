@@ -85,14 +85,20 @@ def true_score(prompt: bytes, completion: bytes, task: TaskConfig) -> Score:
     return Score(0.25 * ends + 0.25 * balanced + 0.5 * parses, ends, balanced, parses)
 
 
-def scores(prompts_BP: np.ndarray, tokens_BN: np.ndarray, valid_BN: np.ndarray,
-           task: TaskConfig) -> np.ndarray:  # fmt: skip
-    """float32 [B]: the true score of every row of a rollout batch."""
-    out = np.zeros(len(prompts_BP), np.float32)
+def score_parts(prompts_BP: np.ndarray, tokens_BN: np.ndarray, valid_BN: np.ndarray,
+                task: TaskConfig) -> dict[str, np.ndarray]:  # fmt: skip
+    """float32 [B] each: the true score of every row of a rollout batch, and its three parts."""
+    rows = []
     for b in range(len(prompts_BP)):
         completion = bytes(int(t) for t in tokens_BN[b][valid_BN[b]])
-        out[b] = true_score(bytes(int(t) for t in prompts_BP[b]), completion, task).total
-    return out
+        rows.append(true_score(bytes(int(t) for t in prompts_BP[b]), completion, task))
+    return {k: np.asarray([getattr(r, k) for r in rows], np.float32)
+            for k in ("total", "ends", "balanced", "parses")}  # fmt: skip
+
+
+def scores(prompts_BP, tokens_BN, valid_BN, task: TaskConfig) -> np.ndarray:
+    """float32 [B]: the true score of every row of a rollout batch."""
+    return score_parts(prompts_BP, tokens_BN, valid_BN, task)["total"]
 
 
 def prompt_lines(corpus: bytes, task: TaskConfig) -> np.ndarray:

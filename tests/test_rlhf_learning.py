@@ -1,0 +1,43 @@
+"""`jaxscale rlhf` learns (slow): from a fresh runs directory (SFT, then the reward model, then
+RLHF), PPO and GRPO each raise the true score on held-out prompts, and without the KL penalty
+(beta 0) the reward-model score climbs while the KL to the reference runs away -- the seed's
+reward-hacking exercise (seed 002 ch13, Try It 2)."""
+
+import json
+
+import pytest
+
+from jaxscale.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("rlhf_runs")
+
+
+def _rlhf(runs, capsys, *flags):
+    assert main(["rlhf", "--runs", str(runs), "--json", *flags]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_ppo_and_grpo_raise_the_true_score_and_beta_zero_hacks(runs, capsys):
+    out = {}
+    for name, flags in (
+        ("ppo", ["--algo", "ppo"]),
+        ("grpo", ["--algo", "grpo"]),
+        ("ppo_beta0", ["--algo", "ppo", "--beta", "0", "--kl-target", "0"]),
+    ):
+        out[name] = _rlhf(runs, capsys, *flags)
+    assert out["ppo"]["reward_model"]["held_out_accuracy"] > 0.75  # it learned the preference
+    for name in ("ppo", "grpo"):
+        s = out[name]
+        held = s["held_out_true_score"]
+        assert held["final"] >= held["initial"] + 0.1, (name, held)
+        first, last = s["first_iterations"], s["last_iterations"]
+        assert last["true_score"] >= first["true_score"] + 0.05, (name, first, last)
+        assert last["rm_score"] > first["rm_score"]
+    free, held_kl = out["ppo_beta0"]["last_iterations"], out["ppo"]["last_iterations"]
+    assert free["rm_score"] > out["ppo_beta0"]["first_iterations"]["rm_score"] + 1.0
+    assert free["kl"] > 1.5 * held_kl["kl"]  # the penalty is what holds the KL down
