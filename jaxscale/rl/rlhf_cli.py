@@ -8,7 +8,17 @@ from pathlib import Path
 
 from jaxscale.cliutil import add_command, add_dataclass_args, build_config, guarded, positive_int
 
-SUMMARY_KEYS = ("true_score", "parses_rate", "ends_rate", "rm_score", "kl", "beta", "clip_frac", "value_loss", "length")
+SUMMARY_KEYS = (
+    "true_score",
+    "parses_rate",
+    "ends_rate",
+    "rm_score",
+    "kl",
+    "beta",
+    "clip_frac",
+    "value_loss",
+    "length",
+)
 
 
 def add_parser(sub) -> None:
@@ -38,7 +48,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--dry-run", action="store_true",
-                   help="check the flags and the meshes, print the plan, train nothing")  # fmt: skip
+                   help="check the flags and meshes, print the plan, train nothing")  # fmt: skip
     p.set_defaults(func=guarded(_main))
 
 
