@@ -12,7 +12,7 @@ import pytest
 from jaxscale.config import ModelConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as ms
-from jaxscale.rl import rlhf, rlhf_report, rlhf_run
+from jaxscale.rl import rlhf, rlhf_report, rlhf_run, rlhf_setup
 from jaxscale.rl import rlhf_models as models
 from jaxscale.rl import rlhf_rewards as rw
 from jaxscale.rl import rlhf_task as tk
@@ -27,11 +27,11 @@ RC = RLHFConfig(iterations=2, responses=8, epochs=2, minibatches=2, lr=1e-3, kl_
 def test_true_score_components():
     task = tk.TaskConfig(min_new=4)
     assert tk.true_score(b"x = foo(", b"a, b)\n", task) == tk.Score(1.0, True, True, True)
-    assert tk.true_score(b"x = foo(", b"a\n", task) == tk.Score(0.25, True, False, False)
+    assert tk.true_score(b"x = foo(", b"abcd\n", task) == tk.Score(0.25, True, False, False)
     # balanced and parseable, but no newline within the budget: it never ended
     assert tk.true_score(b"x = foo(", b"a, b)", task) == tk.Score(0.25, False, True, False)
-    # parses, but fewer than min_new bytes before the newline
-    assert tk.true_score(b"x = foo", b"d\n", task) == tk.Score(0.5, True, True, False)
+    # would parse, but fewer than min_new bytes before the newline: no credit at all
+    assert tk.true_score(b"x = foo", b"d\n", task) == tk.Score(0.0, True, True, False)
     assert tk.true_score(b"if a ", b"== b:\n", task).parses  # a block opener gets " pass"
     assert not tk.true_score(b"x = foo(", b"a, b]\n", task).balanced
 
@@ -73,7 +73,7 @@ def test_shaped_rewards_and_gae_against_numpy():
     np.testing.assert_allclose(tok.sum(1), (-beta * kl * mask).sum(1) + score, rtol=RTOL,
                                atol=ATOL)  # fmt: skip
     rc = RC.replace(gamma=0.9, lam=0.8)
-    adv, ret = rlhf._advantages(rc, jnp.asarray(want), jnp.asarray(val), jnp.asarray(mask))
+    adv, ret = rlhf.advantages(rc, jnp.asarray(want), jnp.asarray(val), jnp.asarray(mask))
     np.testing.assert_allclose(adv, _numpy_gae(want, val, mask, 0.9, 0.8), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(ret, (np.asarray(adv) + val) * mask, rtol=RTOL, atol=ATOL)
 
@@ -107,9 +107,7 @@ def test_kl_estimators_whitening_and_groups():
 
 @pytest.fixture(scope="module")
 def tiny():
-    actor = ms.init_params(CFG, 0)
-    rm = models.reward_model_init(ms.init_params(CFG, 1), CFG)
-    rm["head"] = {"w_D": jnp.linspace(-1.0, 1.0, CFG.d_model), "b": jnp.float32(0.1)}
+    actor, rm = rlhf_setup.random_models(CFG, 0)
     train, held = tk.split(tk.prompt_lines(_corpus(), TASK))
     return actor, rm, train, held
 
@@ -202,8 +200,8 @@ def test_disaggregated_and_stale(tiny):
     np.testing.assert_array_equal(stale.rollouts[0][1], res.rollouts[0][1])
     assert not np.array_equal(stale.rollouts[1][1], res.rollouts[1][1])
     lab0 = rlhf_run.build(rc, CFG, actor, rm, "fsdp=4", TASK)
-    rows, seeds = rlhf_run._batch_rows(lab0, train, 1)
-    toks, _, _ = jax.device_get(rlhf_run._dispatch_generate(lab0, jax.device_put(
+    rows, seeds = rlhf_run.batch_rows(lab0, train, 1)
+    toks, _, _ = jax.device_get(rlhf_run.dispatch_generate(lab0, jax.device_put(
         lab0.tree["actor"], lab0.gen_shardings), rows, seeds))  # fmt: skip
     np.testing.assert_array_equal(stale.rollouts[1][1], toks)
 

@@ -52,14 +52,14 @@ def rollout(params, prompts_BP, seeds_B, cfg: ModelConfig, sh: Shapes, sharder=N
                               sharder)  # fmt: skip
 
 
-def _values(tree, seq_BS, P, cfg, pc):
+def values(tree, seq_BS, P, cfg, pc):
     backbone = tree.get("critic", tree["actor"])
     return models.scalar(
         tree["value_head"], models.hidden(backbone, seq_BS, cfg, pc)[:, P - 1 : -1]
     )
 
 
-def _advantages(rc: RLHFConfig, rew_BN, v_BN, mask_BN):
+def advantages(rc: RLHFConfig, rew_BN, v_BN, mask_BN):
     """GAE over response tokens (time-major for `gae`): the value after the last real token is 0
     (the response ended), and padding after it neither counts nor flows back."""
     m_BN = mask_BN.astype(jnp.float32)
@@ -82,9 +82,9 @@ def score(tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc: RLHFConfig, cfg, s
     kl_BN = rw.kl_per_token(logp_BN, ref_logp_BN, rc.kl_estimator) * m_BN
     batch = {"seq": seq_BS, "mask": m_BN, "old_logp": logp_BN, "ref_logp": ref_logp_BN}
     if rc.algo == "ppo":
-        v_BN = _values(tree, seq_BS, sh.P, cfg, pc) * m_BN
+        v_BN = values(tree, seq_BS, sh.P, cfg, pc) * m_BN
         rew_BN = rw.shaped_rewards(rm_B, kl_BN, m_BN, beta, rc.reward_mode)
-        adv_BN, ret_BN = _advantages(rc, rew_BN, v_BN, m_BN)
+        adv_BN, ret_BN = advantages(rc, rew_BN, v_BN, m_BN)
         batch |= {"adv": rw.whiten(adv_BN, m_BN, rc.whiten), "ret": ret_BN, "old_v": v_BN}
         extra = {"value": rw.masked_mean(v_BN, m_BN), "return": rw.masked_mean(ret_BN, m_BN)}
     else:  # GRPO: the score is the whole reward; the KL enters the loss

@@ -39,9 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mesh", default="fsdp=-1",
                    help="training mesh (disaggregated: over the training devices), e.g. fsdp=8, "
                    "dp=2,tp=4 (default fsdp=-1)")  # fmt: skip
-    p.add_argument("--sft-steps", type=positive_int, default=600, help="SFT steps (cached)")
-    p.add_argument("--rm-steps", type=positive_int, default=200, help="reward-model steps")
-    p.add_argument("--runs", default="runs/rlhf", help="cache of the SFT run and reward model")
+    add_stage_flags(p)
     p.add_argument("--out", default=None, help="directory for metrics.jsonl and rlhf.png")
     p.add_argument("--memory", action="store_true",
                    help="print each phase's compiled memory beside the calculator's")  # fmt: skip
@@ -50,6 +48,14 @@ def add_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="check the flags and meshes, print the plan, train nothing")  # fmt: skip
     p.set_defaults(func=guarded(_main))
+
+
+def add_stage_flags(p) -> None:
+    """The stages before RLHF (SFT, reward model) and where they are cached: `jaxscale rlhf` and
+    experiments 13 and 14 share them."""
+    p.add_argument("--sft-steps", type=positive_int, default=600, help="SFT steps (cached)")
+    p.add_argument("--rm-steps", type=positive_int, default=200, help="reward-model steps")
+    p.add_argument("--runs", default="runs/rlhf", help="cache of the SFT run and reward model")
 
 
 def _fmt(r: dict) -> str:

@@ -19,7 +19,7 @@ def _f(default, help: str, choices=None):
 @dataclass(frozen=True)
 class RLHFConfig:
     algo: str = _f("ppo", "ppo (actor + critic, GAE) or grpo (group-relative, no critic)", ALGOS)
-    iterations: int = _f(40, "RLHF iterations (generate, score, train)")
+    iterations: int = _f(80, "RLHF iterations (generate, score, train)")
     responses: int = _f(32, "responses per iteration (GRPO: responses / group prompts)")
     group: int = _f(4, "GRPO: responses per prompt (PPO samples one per prompt)")
     epochs: int = _f(4, "passes over each rollout batch")

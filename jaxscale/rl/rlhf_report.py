@@ -35,7 +35,7 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
     calc = {p: {i.name: i.gb * GB for i in rm_calc.phase_memory(
         model, rc.rows, sh.P + sh.N, p, adam_for=adam_for, kv_dim=cfg.n_kv_heads * cfg.head_dim,
         value_bytes=value_bytes, misc_gb=0).items} for p in rm_calc.TIMELINE_PHASES}  # fmt: skip
-    rows, seeds = rlhf_run._batch_rows(lab, prompts, 0)
+    rows, seeds = rlhf_run.batch_rows(lab, prompts, 0)
     gen_actor = jax.device_put(lab.tree["actor"], lab.gen_shardings)
     with jax.set_mesh(lab.meshes.gen):
         rows_sh = lab.gen_sharder.named(("batch", None))

@@ -109,7 +109,7 @@ def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib
                opt_state, ref["actor"], rm)  # fmt: skip
 
 
-def _batch_rows(lab: Lab, prompts: np.ndarray, it: int):
+def batch_rows(lab: Lab, prompts: np.ndarray, it: int):
     """The iteration's prompts (each repeated `group` times for GRPO) and per-row seeds."""
     rc = lab.rc
     rng = np.random.default_rng([rc.seed, it])
@@ -121,7 +121,7 @@ def _batch_rows(lab: Lab, prompts: np.ndarray, it: int):
     return rows.astype(np.int32), seeds
 
 
-def _dispatch_generate(lab: Lab, gen_actor, prompts_BP, seeds_B):
+def dispatch_generate(lab: Lab, gen_actor, prompts_BP, seeds_B):
     with jax.set_mesh(lab.meshes.gen):
         rows = lab.gen_sharder.named(("batch", None))
         p = jax.device_put(prompts_BP, rows)
@@ -129,13 +129,18 @@ def _dispatch_generate(lab: Lab, gen_actor, prompts_BP, seeds_B):
         return lab.phases[0](gen_actor, p, s)
 
 
-def evaluate(lab: Lab, prompts: np.ndarray, task, tree=None) -> float:
-    """Mean true score on `prompts` (the first rc.rows of them) with fixed seeds."""
+def evaluate(lab: Lab, prompts: np.ndarray, task, tree=None, batches: int = 4) -> float:
+    """Mean true score on the first `batches` x rc.rows of `prompts`, with fixed seeds."""
     gen_actor = jax.device_put((tree or lab.tree)["actor"], lab.gen_shardings)
-    rows = np.resize(prompts, (lab.rc.rows, prompts.shape[1])).astype(np.int32)
-    seeds = np.arange(lab.rc.rows, dtype=np.uint32) + np.uint32(7_777_777)
-    toks, valid, _ = jax.device_get(_dispatch_generate(lab, gen_actor, rows, seeds))
-    return float(task_lib.scores(rows, toks, valid, task).mean())
+    n = lab.rc.rows
+    rows = np.resize(prompts, (batches * n, prompts.shape[1])).astype(np.int32)
+    out = []
+    for i in range(batches):
+        seeds = np.arange(i * n, (i + 1) * n, dtype=np.uint32) + np.uint32(7_777_777)
+        batch = rows[i * n : (i + 1) * n]
+        toks, valid, _ = jax.device_get(dispatch_generate(lab, gen_actor, batch, seeds))
+        out.append(task_lib.scores(batch, toks, valid, task))
+    return float(np.concatenate(out).mean())
 
 
 def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
@@ -146,22 +151,22 @@ def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
     beta = rc.beta
     gen_actor, tr = place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
     res.transfers.append(tr)
-    rows, seeds = _batch_rows(lab, prompts, 0)
+    rows, seeds = batch_rows(lab, prompts, 0)
     t0 = time.perf_counter()
-    pending = _dispatch_generate(lab, gen_actor, rows, seeds)
+    pending = dispatch_generate(lab, gen_actor, rows, seeds)
     for it in range(rc.iterations):
         toks, valid, logp = jax.device_get(pending)
         t_gen = time.perf_counter() - t0
         if rc.stale and it + 1 < rc.iterations:  # batch k+1 from the weights that made batch k
-            nxt = _batch_rows(lab, prompts, it + 1)
-            pending = _dispatch_generate(lab, gen_actor, *nxt)
+            nxt = batch_rows(lab, prompts, it + 1)
+            pending = dispatch_generate(lab, gen_actor, *nxt)
         parts = task_lib.score_parts(rows, toks, valid, task)
         res.rollouts.append((rows, toks))
         t1 = time.perf_counter()
         with jax.set_mesh(lab.meshes.train):
-            batch_rows = lab.train_sharder.named(("batch", None))
-            seq = jax.device_put(np.concatenate([rows, toks], 1), batch_rows)
-            v, lp = jax.device_put((valid, logp), batch_rows)
+            row_sh = lab.train_sharder.named(("batch", None))
+            seq = jax.device_put(np.concatenate([rows, toks], 1), row_sh)
+            v, lp = jax.device_put((valid, logp), row_sh)
             batch, sm = lab.phases[1](lab.tree, lab.ref, lab.rm, seq, v, lp, jnp.float32(beta))
             jax.block_until_ready(batch)
             t2 = time.perf_counter()
@@ -187,8 +192,8 @@ def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
         if it + 1 < rc.iterations:
             t0 = time.perf_counter()
             if not rc.stale:
-                rows, seeds = _batch_rows(lab, prompts, it + 1)
-                pending = _dispatch_generate(lab, gen_actor, rows, seeds)
+                rows, seeds = batch_rows(lab, prompts, it + 1)
+                pending = dispatch_generate(lab, gen_actor, rows, seeds)
             else:
                 rows, seeds = nxt
     res.final_true = evaluate(lab, held_out, task)

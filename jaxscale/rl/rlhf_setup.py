@@ -145,7 +145,7 @@ def prepare(runs: str | Path, task, sft_steps: int = 600, rm_steps: int = 200,
         cfg, params = sft_model(sft_dir, sft_steps)
         save_tree(flat, params)
         flat.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(cfg)))
-    rm_path = runs / f"rm2_{sft_steps}_{rm_steps}_{rm_prompts}_{task.prompt_len}_{task.max_new}.npz"
+    rm_path = runs / f"rm3_{sft_steps}_{rm_steps}_{rm_prompts}_{task.prompt_len}_{task.max_new}.npz"
     like = models.reward_model_init(params, cfg)
     if rm_path.is_file():
         rm = load_tree(rm_path, like)
@@ -165,3 +165,13 @@ def prepare(runs: str | Path, task, sft_steps: int = 600, rm_steps: int = 200,
         f"{acc['held_out_pairs']} held-out pairs ({acc['train_accuracy']:.3f} on its "
         f"{acc['train_pairs']} training pairs)")  # fmt: skip
     return cfg, params, rm, acc, train_p, held_p
+
+
+def random_models(cfg: ModelConfig, seed: int = 0):
+    """(actor, reward model) of random weights, the reward head random too (a zero head scores
+    every response alike: zero advantages, nothing to learn): tests' and `--random`'s models."""
+    actor = ms.init_params(cfg, seed)
+    rm = models.reward_model_init(ms.init_params(cfg, seed + 1), cfg)
+    rm["head"] = {"w_D": jax.random.normal(jax.random.key(seed), (cfg.d_model,)),
+                  "b": jnp.float32(0.1)}  # fmt: skip
+    return actor, rm

@@ -9,9 +9,10 @@ what the lab reports as the fact of improvement), in [0, 1]:
 
     0.25  the completion ends: a newline within the budget
     0.25  brackets balance: every ( [ { closed in order, none left open (prompt + completion)
-    0.50  the line parses with `ast` (a block opener "...:" gets " pass"), and the completion
-          has at least `min_new` bytes before its newline -- without that floor, stopping at
-          the first identifier boundary would already parse
+    0.50  the line parses with `ast` (a block opener "...:" gets " pass")
+
+and 0 for a completion with fewer than `min_new` bytes before its newline: without that floor,
+stopping at the first identifier boundary would already parse and balance.
 
 No jax here: the score is plain Python over bytes (the reward model is what runs on the mesh).
 """
@@ -81,7 +82,9 @@ def true_score(prompt: bytes, completion: bytes, task: TaskConfig) -> Score:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    parses = ends and len(body) >= task.min_new and text is not None and _parses(text)
+    parses = ends and text is not None and _parses(text)
+    if len(body) < task.min_new:  # too short to be a completion: no credit at all
+        return Score(0.0, ends, balanced, False)
     return Score(0.25 * ends + 0.25 * balanced + 0.5 * parses, ends, balanced, parses)
 
 
