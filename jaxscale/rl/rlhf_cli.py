@@ -122,7 +122,7 @@ def _main(args) -> int:
         summary["memory"] = report.phase_memory(lab, train_p)
     if out:
         summary["metrics"] = str(out / "metrics.jsonl")
-        summary["plot"] = report.plot({rc.algo: h}, out / "rlhf.png")
+        summary["plot"] = report.plot({rc.algo: h}, out / "rlhf.png", rc.kl_target)
     if args.json:
         print(json.dumps(summary))
         return 0

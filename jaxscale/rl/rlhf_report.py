@@ -100,25 +100,26 @@ def time_breakdown(history: list[dict]) -> dict:
     return {k: float(np.mean([r[k] for r in rest])) for k in TIME_KEYS}
 
 
-def plot(runs: dict[str, list[dict]], path) -> str:
-    """True score, reward-model score and KL over iterations, one line per run."""
-    with figure(path, 1, 3, figsize=(15, 4.2)) as (fig, axes):
-        for label, hist in runs.items():
-            it = [r["iteration"] for r in hist]
-            axes[0].plot(it, [r["true_score"] for r in hist], label=label)
-            axes[1].plot(it, [r["rm_score"] for r in hist], label=label)
-            axes[2].plot(it, [r["kl"] for r in hist], label=label)
-        for ax, title in zip(
-            axes,
-            (
-                "true score (programmatic)",
-                "reward-model score",
-                "KL(actor || reference), nats per response",
-            ),
-            strict=True,
-        ):
+def plot(runs: dict[str, list[dict]], path, kl_target: float = 0.0, smooth: int = 5) -> str:
+    """True score, parse rate, reward-model score and KL over iterations, one colour per run: each
+    iteration faint, its `smooth`-iteration running mean solid; the KL target dashed."""
+    keys = ("true_score", "parses_rate", "rm_score", "kl")
+    titles = ("true score (programmatic)", "share of lines that parse", "reward-model score",
+              "KL(actor || reference), nats per response")  # fmt: skip
+    with figure(path, 1, 4, figsize=(19, 4.2)) as (fig, axes):
+        for i, (label, hist) in enumerate(runs.items()):
+            it = np.asarray([r["iteration"] for r in hist])
+            for ax, key in zip(axes, keys, strict=True):
+                y = np.asarray([r[key] for r in hist], float)
+                mean = np.convolve(y, np.ones(smooth) / smooth, "valid") if len(y) >= smooth else y
+                ax.plot(it, y, color=f"C{i}", alpha=0.25, lw=0.8)
+                ax.plot(it[len(it) - len(mean) :], mean, color=f"C{i}", label=label)
+        if kl_target > 0:
+            axes[3].axhline(kl_target, color="k", ls="--", lw=0.8, label="KL target")
+        for ax, title in zip(axes, titles, strict=True):
             ax.set_title(title)
             ax.set_xlabel("iteration")
             ax.grid(alpha=0.3)
         axes[0].legend()
+        axes[3].legend()
     return str(path)
