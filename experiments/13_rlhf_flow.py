@@ -156,7 +156,8 @@ def flow(cfg, actor, rm, prompts_BP, args, task):
     banner("(8) one PPO update on this batch (which the seed never makes)")
     batch = dict(o["phase"], adv=o["adv_batch"])  # the library's default whitening
     opt = rlhf.optimizer(rc).init(tree)
-    new, _, tm = jax.jit(partial(rlhf.train, rc=rc, cfg=cfg, sh=sh))(tree, opt, batch, beta)
+    train = rlhf.Train(jax.jit(partial(rlhf.update, rc=rc, cfg=cfg, sh=sh)), rc)
+    new, _, tm = train(tree, opt, batch, beta)
     new_lp = np.asarray(jax.jit(lambda a, s: models.response_logits_logp(a, s, P, cfg)[0])(
         new["actor"], seq)) * m  # fmt: skip
     ratio = np.exp(new_lp - logp)[valid]

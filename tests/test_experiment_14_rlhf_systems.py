@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import jax
+import pytest
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import state as ms
@@ -21,6 +22,7 @@ def _int(s: str) -> int:
     return int(s.replace(",", ""))
 
 
+@pytest.mark.slow  # tests/test_rlhf.py checks the same transfers in-process
 def test_experiment_14_runs(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "experiments" / "14_rlhf_systems.py"),
                         "--random", "--iterations", "2", "--out", str(tmp_path)],

@@ -170,6 +170,24 @@ def test_a_mesh_gives_the_one_device_run(tiny, one_device, mesh):
     assert ref.history[-1]["kl"] != 0.0  # the actor moved away from the reference
 
 
+def test_grpo_and_a_shared_critic_on_the_mesh(tiny):
+    """GRPO (no critic: no value head, the KL in the loss) on fsdp=8 gives the one-device run;
+    a shared critic is a value head on the actor's backbone, trained with it."""
+    rc = RC.replace(algo="grpo", group=2)
+    _, one = _run(tiny, "dp=1", jax.devices()[:1], rc)
+    lab, got = _run(tiny, "fsdp=8", jax.devices(), rc)
+    assert set(lab.tree) == {"actor"}
+    for a, b in zip(one.history, got.history, strict=True):
+        for k in ("true_score", "rm_score", "kl", "policy_loss", "kl_loss"):
+            np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=TRAJ_ATOL, err_msg=k)
+    for x, y in zip(jax.tree.leaves(one.tree), jax.tree.leaves(got.tree), strict=True):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=TRAJ_ATOL)
+    shared, res = _run(tiny, "fsdp=8", jax.devices(), RC.replace(critic="shared", iterations=1))
+    assert set(shared.tree) == {"actor", "value_head"}
+    assert np.abs(np.asarray(shared.tree["value_head"]["w_D"])).sum() > 0  # the head trained
+    assert res.history[0]["value_loss"] > 0
+
+
 def test_colocated_transfers_against_the_calculator(tiny, one_device):
     lab, res = one_device
     assert res.transfers[0].bytes_moved == 0  # one device holds everything already

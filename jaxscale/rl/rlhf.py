@@ -6,7 +6,8 @@
     score     the frozen reference's log-probs, the reward model's score at the last valid token,
               the critic's values; per-token KL, shaped rewards, GAE (gamma, lambda over the
               response mask) or GRPO's group-relative advantages
-    train     epochs x minibatches of the clipped policy loss (+ c1 x value loss - c2 x entropy;
+    train     epochs x minibatches (`Train`: one compiled `update` per minibatch) of the clipped
+              policy loss (+ c1 x value loss - c2 x entropy;
               GRPO: + beta x k3 KL to the reference in the loss) on the actor (and critic)
 
 Sharding is the auto path: each phase's arrays carry NamedShardings from the one rules table and
@@ -130,27 +131,34 @@ def optimizer(rc: RLHFConfig):
     return optax.chain(optax.clip_by_global_norm(rc.max_grad_norm), optax.adam(rc.lr, eps=1e-5))
 
 
-def train(tree, opt_state, batch, beta, rc: RLHFConfig, cfg, sh: Shapes, sharder=None):
-    """Epochs x strided minibatches of the loss; -> (tree, opt_state, metrics of the last
-    minibatch of the last epoch ... averaged over all of them)."""
+def update(tree, opt_state, batch, m, beta, rc: RLHFConfig, cfg, sh: Shapes, sharder=None):
+    """One Adam step on minibatch m (rows m, m+M, ...) of the rollout batch."""
     pc = auto_pieces(sharder)
-    tx = optimizer(rc)
     M = rc.minibatches
-    mbs = jax.tree.map(lambda x: x.reshape(x.shape[0] // M, M, *x.shape[1:]).swapaxes(0, 1),
-                       batch)  # fmt: skip
+    mb = jax.tree.map(lambda x: x.reshape(x.shape[0] // M, M, *x.shape[1:])[:, m], batch)
+    (_, aux), grads = jax.value_and_grad(loss, has_aux=True)(tree, mb, beta, rc, cfg, sh, pc)
+    updates, opt_state = optimizer(rc).update(grads, opt_state, tree)
+    aux["grad_norm"] = optax.tree_utils.tree_norm(grads)  # pre-clip
+    return optax.apply_updates(tree, updates), opt_state, aux
 
-    def step(carry, mb):
-        tree, opt_state = carry
-        (_, aux), grads = jax.value_and_grad(loss, has_aux=True)(tree, mb, beta, rc, cfg, sh, pc)
-        updates, opt_state = tx.update(grads, opt_state, tree)
-        aux["grad_norm"] = optax.tree_utils.tree_norm(grads)  # pre-clip
-        return (optax.apply_updates(tree, updates), opt_state), aux
 
-    def epoch(carry, _):
-        return jax.lax.scan(step, carry, mbs)
+@dataclass(frozen=True)
+class Train:
+    """Epochs x minibatches of `update`, one compiled step dispatched from the host: no loop in
+    the program, so no collective inside a loop body can meet one outside it in another order
+    on another device (XLA:CPU's in-process collectives can deadlock on that with few cores)."""
 
-    (tree, opt_state), aux = jax.lax.scan(epoch, (tree, opt_state), None, length=rc.epochs)
-    return tree, opt_state, jax.tree.map(jnp.mean, aux)
+    step: object  # the jitted `update`
+    rc: RLHFConfig
+
+    def __call__(self, tree, opt_state, batch, beta):
+        """-> (tree, opt_state, metrics averaged over every minibatch step)."""
+        auxs = []
+        for _ in range(self.rc.epochs):
+            for m in range(self.rc.minibatches):
+                tree, opt_state, aux = self.step(tree, opt_state, batch, jnp.int32(m), beta)
+                auxs.append(aux)
+        return tree, opt_state, jax.tree.map(lambda *x: jnp.mean(jnp.stack(x)), *auxs)
 
 
 def jitted(cfg: ModelConfig, rc: RLHFConfig, sh: Shapes, train_sharder: Sharder | None,
@@ -160,6 +168,6 @@ def jitted(cfg: ModelConfig, rc: RLHFConfig, sh: Shapes, train_sharder: Sharder 
     g = jax.jit(partial(rollout, cfg=cfg, sh=sh, sharder=gen_sharder))
     s = jax.jit(partial(score, rc=rc, cfg=cfg, sh=sh, sharder=train_sharder))
     out = None if tree_shardings is None else (tree_shardings, opt_shardings, None)
-    t = jax.jit(partial(train, rc=rc, cfg=cfg, sh=sh, sharder=train_sharder),
+    u = jax.jit(partial(update, rc=rc, cfg=cfg, sh=sh, sharder=train_sharder),
                 out_shardings=out, donate_argnums=(0, 1))  # fmt: skip
-    return g, s, t
+    return g, s, Train(u, rc)

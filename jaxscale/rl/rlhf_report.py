@@ -52,8 +52,8 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
         sargs = (lab.tree, lab.ref, lab.rm, seq, v, lp, np.float32(rc.beta))
         score = _per_device(lab.phases[1].lower(*sargs).compile())
         batch, _ = lab.phases[1](*sargs)
-        train = _per_device(lab.phases[2].lower(lab.tree, lab.opt_state, batch,
-                                                np.float32(rc.beta)).compile())  # fmt: skip
+        train = _per_device(lab.phases[2].step.lower(lab.tree, lab.opt_state, batch, np.int32(0),
+                                                     np.float32(rc.beta)).compile())  # fmt: skip
     g, s, t = calc["generation"], calc["scoring"], calc["training"]
     opt = next(v for k, v in t.items() if k.startswith("Optimizer"))
     critic = t["Critic (weights)"] if "critic" in lab.tree else 0.0

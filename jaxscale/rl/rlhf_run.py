@@ -11,6 +11,7 @@ against the behaviour policy's own log-probs, so the staleness is corrected by t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -80,6 +81,9 @@ def placement(rc: RLHFConfig, mesh: str, devices=None) -> place.Meshes:
 def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib.TaskConfig,
           devices=None) -> Lab:  # fmt: skip
     m = placement(rc, mesh, devices)
+    # every layer written out (2 in the lab's model): no collective inside a loop body (see
+    # rlhf.Train); compute only, the parameters are the same
+    cfg = dataclasses.replace(cfg, unroll_layers=True)
     train_sharder = Sharder(m.train)
     gen_sharder = train_sharder if (m.shared and rc.gen_layout == "train") else Sharder(
         m.gen, REPLICATED_RULES)  # fmt: skip

@@ -35,15 +35,19 @@ SFT_MODEL = ["--d-model", "64", "--layers", "2", "--heads", "4", "--kv-heads", "
 
 
 def sft_model(run_dir: str | Path, steps: int, model_flags: list[str] = SFT_MODEL):
-    """(cfg, params) trained by `jaxscale train`, reused from `run_dir` when it holds a run."""
-    from jaxscale.cli import main as jaxscale_main
+    """(cfg, params) trained by `jaxscale train`, reused from `run_dir` when it holds a run.
+    Training runs in its own process, as a user would run it: nothing of it (its checkpoint
+    writer's threads, its programs) is left running beside the RLHF programs on the devices."""
+    import subprocess
+    import sys
+
     from jaxscale.serve.cli import load_model
 
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
-        argv = ["train", *SFT_TRAIN, *model_flags, "--steps", str(steps), "--run-dir",
-                str(run_dir)]  # fmt: skip
-        if jaxscale_main(argv) != 0:
+        argv = [sys.executable, "-m", "jaxscale", "train", *SFT_TRAIN, *model_flags, "--steps",
+                str(steps), "--run-dir", str(run_dir)]  # fmt: skip
+        if subprocess.run(argv).returncode != 0:
             raise RuntimeError(f"SFT training into {run_dir} failed")
     return load_model(str(run_dir))
 
