@@ -258,3 +258,9 @@ def test_cli_refuses_bad_settings(argv, flag, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert flag in err and "Traceback" not in err
+
+
+def test_a_mesh_the_model_does_not_divide_over_is_refused(tiny):
+    actor, rm, _, _ = tiny
+    with pytest.raises(ValueError, match=r"--mesh tp=8: .*kv_heads=2.* does not divide"):
+        rlhf_run.build(RC, CFG, actor, rm, "tp=8", TASK)

@@ -90,6 +90,11 @@ def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib
     sh = rlhf.Shapes(task.prompt_len, task.max_new, task_lib.EOS)
     if sh.P + sh.N > cfg.max_seq:
         raise ValueError(f"prompt ({sh.P}) + response ({sh.N}) exceeds max_seq={cfg.max_seq}")
+    try:  # a clear error before anything is placed: "kv_heads=2 does not divide over 8"
+        ms.param_shardings(cfg, train_sharder)
+        gen_shardings = ms.param_shardings(cfg, gen_sharder)
+    except ValueError as e:
+        raise ValueError(f"--mesh {mesh}: {e}") from None
     with jax.set_mesh(m.train):
         critic = rc.critic if rc.algo == "ppo" else None
         # separate buffers for every model: training donates the actor's and critic's, and a
@@ -107,7 +112,6 @@ def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib
         replicated = train_sharder.named(())
         opt_sh = jax.tree.map(lambda x: by_shape.get(x.shape, replicated), opt_state)
         opt_state = jax.device_put(opt_state, opt_sh)
-    gen_shardings = ms.param_shardings(cfg, gen_sharder)
     phases = rlhf.jitted(cfg, rc, sh, train_sharder, gen_sharder, tree_sh, opt_sh)
     return Lab(rc, cfg, sh, m, train_sharder, gen_sharder, gen_shardings, phases, tree,
                opt_state, ref["actor"], rm)  # fmt: skip
