@@ -49,7 +49,8 @@ def test_experiment_13_one_step_stage_by_stage(tmp_path):
     assert f"[4, {P + 100}]" in out and "1 prefill + 100 decode steps" in out
     lengths = _floats(re.search(r"response lengths \[([^\]]*)\] of budget (\d+)", out)[1])
     assert len(lengths) == 4 and all(1 <= n <= N for n in lengths)
-    assert len(re.findall(r"^  \[\d\] true [\d.]+  '", out, re.M)) == 4
+    # each completion's repr: quoted with ' (or with " when it holds a ')
+    assert len(re.findall(r"^  \[\d\] true [\d.]+  ['\"]", out, re.M)) == 4
     # (7) at ratio 1: nothing clipped, and the policy loss is -mean(whitened A)
     assert float(re.search(r"clip fraction (\S+)\n", out)[1]) == 0.0
     pg, want = re.search(r"policy loss (\S+) \(= -mean\(whitened A\) (\S+)\)", out).groups()
