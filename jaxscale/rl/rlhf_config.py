@@ -51,7 +51,6 @@ class RLHFConfig:
     stale: bool = _f(False, "disaggregated: generate batch k+1 while training on batch k "
                      "(one-step-stale rollouts)")  # fmt: skip
     seed: int = _f(0, "seed of rollouts, minibatches and prompts")
-    eval_every: int = _f(10, "iterations between held-out evaluations (greedy true score)")
 
     def replace(self, **kw) -> RLHFConfig:
         return dataclasses.replace(self, **kw)
@@ -73,7 +72,7 @@ class RLHFConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose "
                                  f"from {', '.join(allowed)}")  # fmt: skip
-        for name in ("iterations", "responses", "group", "epochs", "minibatches", "eval_every",
+        for name in ("iterations", "responses", "group", "epochs", "minibatches",
                      "kl_horizon"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
