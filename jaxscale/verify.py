@@ -41,7 +41,7 @@ class Case:
     compute_dtype: str = "float32"
     grad_accum: int = 1
     optimizer: str = "adamw"  # "sgd": plain SGD without clipping, so a gradient-scale bug shows
-    bench: bool = False  # also a row of `make bench`
+    bench: str = ""  # also a row of this bench suite: "meshes" (`make bench`) or "experts"
     n_layers: int | None = None  # a deeper model than CFG's (pipeline stages slice the layers)
     model: tuple = ()  # further ModelConfig changes, (field, value) pairs (experts: MOE)
     # bf16 compared with the same bf16 model on one device (BF16_SAME_*), where bf16 itself
@@ -71,7 +71,7 @@ class Case:
 
 
 def _case(text: str, mesh: str, bench: bool = False, **variant) -> Case:
-    return Case(Strategy.parse(text, mesh), bench=bench, **variant)
+    return Case(Strategy.parse(text, mesh), bench="meshes" if bench else "", **variant)
 
 
 # the MoE cases' model: 8 experts, top-2; capacity factor 2 gives C = 16 slots of a 32-token
@@ -86,7 +86,12 @@ def _moe(text: str, mesh: str, bench: bool = False, **changes) -> Case:
     """An MoE case: MOE's model with `changes` to its config (model fields) or the variant."""
     model = {**dict(MOE), **{k: v for k, v in changes.items() if k in _SHORT_MODEL}}
     variant = {k: v for k, v in changes.items() if k not in _SHORT_MODEL}
-    return Case(Strategy.parse(text, mesh), bench=bench, model=tuple(model.items()), **variant)
+    return Case(
+        Strategy.parse(text, mesh),
+        bench="experts" if bench else "",
+        model=tuple(model.items()),
+        **variant,
+    )
 
 
 def _pipe(text: str, mesh: str, m: int, layers: int = 8, v: int = 1, **variant) -> Case:
@@ -97,7 +102,8 @@ def _pipe(text: str, mesh: str, m: int, layers: int = 8, v: int = 1, **variant) 
 
 PIPE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
-# Every strategy x mesh the lab checks. `bench=True`: also a row of `make bench`.
+# Every strategy x mesh the lab checks. `bench=True`: also a row of a bench suite -- the dense
+# cases `make bench`'s mesh table, the MoE cases `bench experts` (`bench_cases`).
 CASES: tuple[Case, ...] = (
     _case("auto", "dp=8", True), _case("auto", "fsdp=8", True), _case("auto", "tp=8", True),
     _case("auto", "dp=2,tp=4", True), _case("auto", "dp=4,tp=2"),
@@ -136,9 +142,9 @@ CASES: tuple[Case, ...] = (
     _pipe("manual:zero1+tp+1f1b", "pp=2,dp=2,tp=2", 4, compute_dtype="bfloat16"),
     # mixture of experts: expert parallelism (all-to-all), TP of experts, and the auto path
     _moe("manual:ep", "ep=8", True), _moe("manual:dp+ep", "ep=4,dp=2", True),
-    _moe("manual:zero3+ep+tp", "ep=2,fsdp=2,tp=2", True), _moe("manual:tp", "tp=8", True),
+    _moe("manual:zero3+ep+tp", "ep=2,fsdp=2,tp=2"), _moe("manual:tp", "tp=8", True),
     _moe("auto", "ep=4,dp=2", True), _moe("auto", "ep=8"), _moe("auto", "ep=2,fsdp=2,tp=2"),
-    _moe("manual:zero1+ep", "dp=2,ep=4"), _moe("manual:zero2+ep+tp_sp", "dp=2,ep=2,tp=2"),
+    _moe("manual:zero1+ep", "dp=2,ep=4", True), _moe("manual:zero2+ep+tp_sp", "dp=2,ep=2,tp=2"),
     _moe("manual:ep", "ep=8", moe_mode="dropless"), _moe("auto", "ep=4,dp=2", moe_mode="dropless"),
     _moe("manual:dp+ep", "ep=4,dp=2", capacity_factor=0.5),  # drops: the same tokens
     _moe("auto", "ep=8", capacity_factor=0.5), _moe("manual:tp", "tp=8", capacity_factor=0.5),
@@ -153,6 +159,11 @@ CASES: tuple[Case, ...] = (
     _pipe("manual:dp+1f1b", "pp=2,dp=4", 4, layers=4,
           model=tuple({**dict(MOE), "top_k": 1, "moe_every": 2}.items())),
 )  # fmt: skip
+
+
+def bench_cases(suite: str) -> tuple[Case, ...]:
+    """The rows of a bench suite, from the one list: "meshes" (dense) or "experts" (MoE)."""
+    return tuple(c for c in CASES if c.bench == suite)
 
 
 @dataclass(frozen=True)

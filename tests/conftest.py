@@ -28,3 +28,58 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
 jax.config.update("jax_disable_most_optimizations", True)
+
+
+# --- how much of the suite is compiling, and what the cache saved ----------------------------
+# Each process (an xdist worker, or pytest alone) counts its compiles and the persistent cache's
+# hits; the process that prints the summary adds them up. Subprocesses are not counted.
+import json  # noqa: E402
+from collections import Counter  # noqa: E402
+
+_STATS: Counter = Counter()
+_STATS_DIR = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "..", "suite-stats")
+
+
+def _event(event: str, **_) -> None:
+    if event.startswith("/jax/compilation_cache/"):
+        _STATS[event.rsplit("/", 1)[1]] += 1
+
+
+def _duration(event: str, seconds: float, **_) -> None:
+    if event in ("/jax/core/compile/backend_compile_duration",
+                 "/jax/compilation_cache/compile_time_saved_sec"):  # fmt: skip
+        _STATS[event.rsplit("/", 1)[1] + "_s"] += seconds
+        _STATS[event.rsplit("/", 1)[1] + "_n"] += 1
+
+
+jax.monitoring.register_event_listener(_event)
+jax.monitoring.register_event_duration_secs_listener(_duration)
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller: a fresh tally
+        for name in os.listdir(_STATS_DIR) if os.path.isdir(_STATS_DIR) else ():
+            os.remove(os.path.join(_STATS_DIR, name))
+
+
+def pytest_sessionfinish(session):
+    worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
+    os.makedirs(_STATS_DIR, exist_ok=True)
+    with open(os.path.join(_STATS_DIR, f"{worker}.json"), "w") as f:
+        json.dump(dict(_STATS), f)
+
+
+def pytest_terminal_summary(terminalreporter):
+    total: Counter = Counter()
+    for name in os.listdir(_STATS_DIR) if os.path.isdir(_STATS_DIR) else ():
+        with open(os.path.join(_STATS_DIR, name)) as f:
+            total.update(json.load(f))
+    requests = total["compile_requests_use_cache"]
+    if requests:
+        hits = total["cache_hits"]
+        terminalreporter.write_line(
+            f"XLA: {total['backend_compile_duration_n']:.0f} compiles took "
+            f"{total['backend_compile_duration_s']:.0f} s in the test processes; persistent "
+            f"cache: {hits} hits of {requests} requests ({hits / requests:.0%}), "
+            f"{total['compile_time_saved_sec_s']:.0f} s of compiling saved"
+        )

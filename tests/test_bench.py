@@ -115,6 +115,24 @@ def test_bench_equivalence_catches_a_gradient_scale_bug():
     assert row.result.traj_norm_err == pytest.approx(7.0, rel=1e-3)  # 8x the norm: error 7
 
 
+def test_the_main_tables_rows_all_run_once_each(capsys):
+    """`make bench`'s mesh table: the dense cases of the one list, every one buildable on the
+    default model (a row that cannot be built prints `skipped`), none twice; the MoE cases are
+    `bench experts`'s and only there."""
+    from jaxscale.config import MODEL_PRESETS
+
+    assert cli_main(["bench", "--dry-run"]) == 0
+    listed = [tuple(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert len(listed) == len(set(listed)) == len(meshes.DEFAULT_CASES) > 10
+    cfg, tcfg = MODEL_PRESETS["small"], TrainConfig(global_batch=16, seq_len=128)
+    for case in meshes.DEFAULT_CASES:
+        assert not case.model and case.label == case.strategy.label()  # the dense model as is
+        build(case.strategy, cfg, tcfg)  # raises where the row would be skipped
+    experts = verify.bench_cases("experts")
+    assert experts and all(c.model for c in experts)
+    assert not set(experts) & set(meshes.DEFAULT_CASES)
+
+
 @pytest.mark.smoke
 def test_bench_bad_input_exits_2(capsys):
     assert cli_main(["bench", "--strategies", "auto:nope"]) == 2

@@ -327,3 +327,47 @@ def test_combined_all_reduce_with_some_elements_sliced_splits_on_normalise():
     totals = hlo.summarize(hlo.normalize([c]))
     assert (totals["all-reduce"].count, totals["all-reduce"].total_bytes) == (1, 4)
     assert (totals["reduce-scatter"].count, totals["reduce-scatter"].total_bytes) == (1, 256)
+
+
+def test_a_loops_collectives_count_once_per_trip():
+    """A collective in a scan's body runs once per trip (nested: the product of the trip
+    counts); the census counts executions, the unrolled program's figure."""
+    n, d = 4, 8
+    pairs = [(i, (i + 1) % n) for i in range(n)]
+
+    def scanned(a):
+        def inner(c, _):
+            return jax.lax.ppermute(c, "x", pairs) * 2.0, None
+
+        def outer(c, _):
+            c = jax.lax.pcast(jax.lax.psum(c, "x"), ("x",), to="varying")  # once per trip
+            return jax.lax.scan(inner, c, None, length=5)[0], None
+
+        return jax.lax.scan(outer, a, None, length=3)[0]
+
+    def unrolled(a):
+        for _ in range(3):
+            a = jax.lax.psum(a, "x")
+            for _ in range(5):
+                a = jax.lax.ppermute(a, "x", pairs) * 2.0
+        return a
+
+    got, _ = _census(scanned, n, jnp.ones(n * d))
+    want, _ = _census(unrolled, n, jnp.ones(n * d))
+    assert {c.op: c.trips for c in got} == {"all-reduce": 3, "collective-permute": 15}
+    assert not any(c.unknown_trips for c in got)
+    assert hlo.summarize(got) == hlo.summarize(want) == {
+        "all-reduce": hlo.OpTotals(3, 3 * d * F32),
+        "collective-permute": hlo.OpTotals(15, 15 * d * F32)}  # fmt: skip
+    assert hlo.census(got) == hlo.census(want)
+
+
+def test_a_loop_of_unknown_length_counts_once_and_says_so():
+    def body(a):
+        def step(c):
+            return c[0] + 1, jax.lax.pcast(jax.lax.psum(c[1], "x"), ("x",), to="varying")
+
+        return jax.lax.while_loop(lambda c: c[1][0] < 100.0, step, (0, a))[1]
+
+    (c,), _ = _census(body, 4, jnp.ones(16))
+    assert (c.op, c.trips, c.unknown_trips) == ("all-reduce", 1, True)

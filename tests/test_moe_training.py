@@ -115,4 +115,6 @@ def test_bench_experts_dry_run_lists_the_rows(capsys):
 
     assert cli_main(["bench", "experts", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split() for line in out] == [[t, m] for t, m in bench_experts.ROWS]
+    want = [[c.strategy.label(), c.mesh] for c in bench_experts.ROWS]
+    assert [line.split() for line in out] == want
+    assert all(c.model for c in bench_experts.ROWS)  # the MoE cases, and only they

@@ -43,6 +43,28 @@ def test_executed_bubble_is_the_closed_form(schedule, v, p, m):
     assert plan.sends() == (m * (v * p - 1), m * (v * p - 1))
 
 
+@pytest.mark.parametrize("schedule, v", SCHEDULES)
+def test_what_is_compiled_stops_growing_with_m(schedule, v):
+    """The steady state runs as one loop body: past the M at which a schedule has one, more
+    microbatches add trips, not tick programs; every tick is still executed, in order."""
+    for p in (2, 4):
+        plans = {m: pp.make_plan(p, m, schedule, v) for m in (16, 32, 64)}
+        assert (
+            plans[16].compiled_ticks() == plans[32].compiled_ticks() == plans[64].compiled_ticks()
+        )
+        assert plans[64].compiled_ticks() < len(plans[64].ticks) / 4
+        for plan in plans.values():
+            covered = [i for seg in plan.segments()
+                       for i in range(seg.start, seg.start + seg.period * seg.reps)]  # fmt: skip
+            assert covered == list(range(len(plan.ticks)))
+            for seg in plan.segments():  # a loop's trips are the same program
+                unit = [pp.tick_shape(t) for t in plan.ticks[seg.start : seg.start + seg.period]]
+                for r in range(seg.reps):
+                    start = seg.start + r * seg.period
+                    got = [pp.tick_shape(t) for t in plan.ticks[start : start + seg.period]]
+                    assert got == unit
+
+
 def test_stash_is_m_for_gpipe_and_bounded_by_the_stages_for_1f1b():
     for m in (4, 8, 16):
         assert pp.make_plan(4, m, "gpipe").stash_slots == m
@@ -76,6 +98,17 @@ def test_compiled_step_moves_exactly_the_predicted_activations():
     # 2 M (P-1) transfers of [B_m, T, D] = [16/4/4, 32, 64] f32, derived independently
     assert row.permute_bytes == 2 * 4 * 1 * (1 * 32 * 64 * 4)
     assert row.bubble == pytest.approx(1 / 5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", ["manual:tp+1f1b", "manual:tp+zb-h1"])
+def test_a_long_steady_state_loop_equals_the_reference(text):
+    """M = 8 on two stages: most of the schedule is one loop body run for many trips."""
+    case = verify.Case(Strategy.parse(text, "pp=2,tp=4", microbatches=8), n_layers=4)
+    plan = pp.make_plan(2, 8, text.split("+")[1])
+    assert max(seg.reps for seg in plan.segments()) >= 5
+    result = verify.check(case, verify.reference_for(case, REFS))
+    assert result.passed, verify.format_matrix([result])
 
 
 def _case(text="manual:dp+1f1b", mesh="pp=2,dp=4", m=2):
@@ -145,7 +178,7 @@ def test_1f1b_temporaries_stay_flat_as_m_grows_while_gpipes_grow_by_the_stash():
     add 4 activations [32, 32, 64] f32; 1F1B's stash is P slots whatever M, so doubling M must
     not add even one activation."""
     act = 32 * 32 * verify.CFG.d_model * 4
-    (m4, m8) = bench_pp.memory_sweep(verify.CFG, verify.TCFG, (4, 8))
+    (m4, m8) = bench_pp.sweep(verify.CFG, verify.TCFG, (4, 8), (("gpipe", 1), ("1f1b", 1)))
     gpipe = m8["gpipe"]["temp_bytes"] - m4["gpipe"]["temp_bytes"]
     one_f_one_b = m8["1f1b"]["temp_bytes"] - m4["1f1b"]["temp_bytes"]
     assert gpipe >= 4 * act

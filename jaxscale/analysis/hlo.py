@@ -21,7 +21,11 @@ What one `Collective` records (one per collective instruction, in every computat
                    distinct devices named in source_target_pairs
   num_groups       replica groups (for collective-permute: the number of source->target pairs)
 
-Collectives inside loop bodies or called computations are counted once each (a static count).
+A collective inside a while loop runs once per trip: `trips` is the product of the known trip
+counts of the loops around it (XLA records `known_trip_count` in a loop's backend config; a loop
+without one counts once and sets `unknown_trips`). `census` and `summarize` count executions, so
+a scanned layer stack or a pipeline's scanned steady state moves what the unrolled program moves.
+A collective in a conditional's branch is counted once per branch (the branch taken is data).
 
 Two CPU habits are recognised rather than hidden (jax-ecosystem-notes §10 item 11):
   * XLA:CPU computes bf16 collectives in f32: `upcast_from` names the narrow type when the operand
@@ -79,6 +83,8 @@ class Collective:
     scattered: bool = False  # all-reduce whose result is dynamic-sliced to 1/group_size
     # per element of a tuple-shaped all-reduce (combined ops mix scattered and whole arrays)
     scattered_elements: tuple[bool, ...] = ()
+    trips: int = 1  # executions per run of the program: the known trip counts of enclosing loops
+    unknown_trips: bool = False  # inside a loop whose trip count XLA does not know
 
 
 @dataclass(frozen=True)
@@ -171,10 +177,46 @@ def _scattered_elements(result, shapes, group, users_of, computations) -> tuple[
     return tuple(flags)
 
 
+_CALLED = ("calls", "to_apply", "condition", "true_computation", "false_computation")
+_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+
+
+def loop_trips(computations: dict) -> dict[str, tuple[int, bool]]:
+    """Per computation: (times it runs per run of the module, whether an enclosing loop's trip
+    count is unknown). A while body runs its loop's `known_trip_count` times per entry; every
+    other called computation (branches, calls, fusions, conditions) once per call."""
+    calls: dict[str, list[tuple[str, int, bool]]] = {}  # callee -> [(caller, factor, unknown)]
+    for caller, instrs in computations.items():
+        for instr in instrs:
+            for key in _CALLED:
+                if key in instr.attrs:
+                    calls.setdefault(instr.attrs[key].lstrip("%"), []).append((caller, 1, False))
+            for name in re.findall(r"%?([\w.\-]+)", instr.attrs.get("branch_computations", "")):
+                calls.setdefault(name, []).append((caller, 1, False))
+            if instr.opcode == "while" and "body" in instr.attrs:
+                m = _TRIP_COUNT.search(instr.attrs.get("backend_config", ""))
+                calls.setdefault(instr.attrs["body"].lstrip("%"), []).append(
+                    (caller, int(m.group(1)) if m else 1, m is None)
+                )
+    memo: dict[str, tuple[int, bool]] = {}
+
+    def trips(name: str) -> tuple[int, bool]:  # HLO's call graph has no cycles
+        if name not in memo:
+            total, unknown = 0, False
+            for caller, factor, unk in calls.get(name, ()):
+                n, u = trips(caller)
+                total, unknown = total + n * factor, unknown or u or unk
+            memo[name] = (total, unknown) if name in calls else (1, False)  # the entry: once
+        return memo[name]
+
+    return {name: trips(name) for name in computations}
+
+
 def collectives_from_text(text: str) -> list[Collective]:
     """Every collective in an HLO module's text (see the module docstring for the fields)."""
     computations = parse_hlo(text)
     num_devices = module_devices(text)
+    runs = loop_trips(computations)
     found = []
     for comp_name, instrs in computations.items():
         by_name = {i.name: i for i in instrs}
@@ -234,6 +276,8 @@ def collectives_from_text(text: str) -> list[Collective]:
                         and _is_scattered(result, elements, group_size, users_of, computations)
                     ),
                     scattered_elements=per_element,
+                    trips=runs[comp_name][0],
+                    unknown_trips=runs[comp_name][1],
                 )
             )
     return found
@@ -298,17 +342,20 @@ def _split_mixed(collectives: list[Collective]) -> list[Collective]:
 
 
 def census(collectives: list[Collective]) -> list[CensusRow]:
-    """Identical collectives (op, dtype, bytes, group size) folded into one row with a count."""
-    counts = Counter((c.op, c.dtype, c.bytes_per_device, c.group_size) for c in collectives)
+    """Identical collectives (op, dtype, bytes, group size) folded into one row with a count of
+    executions (a collective in a loop body counts once per trip)."""
+    counts: Counter = Counter()
+    for c in collectives:
+        counts[c.op, c.dtype, c.bytes_per_device, c.group_size] += c.trips
     return [CensusRow(*key, count=n) for key, n in sorted(counts.items(), key=lambda kv: kv[0])]
 
 
 def summarize(collectives: list[Collective]) -> dict[str, OpTotals]:
-    """Per op: how many collectives and their total bytes per device."""
+    """Per op: how many collectives run and their total bytes per device (loop trips counted)."""
     totals: dict[str, OpTotals] = {}
     for c in collectives:
         t = totals.get(c.op, OpTotals(0, 0.0))
-        totals[c.op] = OpTotals(t.count + 1, t.total_bytes + c.bytes_per_device)
+        totals[c.op] = OpTotals(t.count + c.trips, t.total_bytes + c.bytes_per_device * c.trips)
     return totals
 
 

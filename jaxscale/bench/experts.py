@@ -27,13 +27,9 @@ from jaxscale.config import ModelConfig
 from jaxscale.parallel.compose import Strategy, build
 from jaxscale.tolerances import COMM_RTOL
 
-ROWS = (  # (strategy, mesh): the bench's MoE rows
-    ("manual:ep", "ep=8"),
-    ("manual:dp+ep", "ep=4,dp=2"),
-    ("manual:zero1+ep", "dp=2,ep=4"),
-    ("manual:tp", "tp=8"),  # TP of experts: every expert's F split, one all-reduce
-    ("auto", "ep=4,dp=2"),  # the rules table: GSPMD places the collectives
-)
+# the bench's MoE rows, from the one case list: expert parallelism (with DP, with ZeRO-1), TP of
+# experts (every expert's F split, one all-reduce) and the auto path (GSPMD places the collectives)
+ROWS = verify.bench_cases("experts")
 CFG = verify.CFG.replace(**dict(verify.MOE), unroll_layers=True)
 SEED_CFG = CFG.replace(n_experts=16, capacity_factor=1.0)  # the EP-vs-TP measurement's model
 KIB = 1024
@@ -129,16 +125,15 @@ def main(args) -> int:
 
     tcfg = verify.TCFG
     if args.dry_run:
-        print("\n".join(f"{text:<20} {mesh}" for text, mesh in ROWS))
+        print("\n".join(f"{c.strategy.label():<20} {c.mesh}" for c in ROWS))
         return 0
     bar = Progress(len(ROWS) + 2, desc="bench experts", enabled=not args.json)
     ref, _ = meshes.reference(CFG, tcfg, args.steps + 1)
     bar.update(1, note="reference")
     rows = []
-    for text, mesh in ROWS:
-        case = verify.Case(Strategy.parse(text, mesh), model=verify.MOE)
+    for case in ROWS:
         rows.append(meshes.bench_case(case, CFG, tcfg, args.steps, ref))
-        bar.update(1, note=f"{rows[-1].label} {mesh}")
+        bar.update(1, note=f"{rows[-1].label} {case.mesh}")
     seed = seed_table(tcfg.global_batch, tcfg.seq_len)
     bar.update(1, note="EP vs TP")
     bar.close()

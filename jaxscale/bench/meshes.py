@@ -87,7 +87,7 @@ class BenchRow:
         return statistics.median(self.step_ms) if self.step_ms else float("nan")
 
 
-DEFAULT_CASES = tuple(c for c in verify.CASES if c.bench)
+DEFAULT_CASES = verify.bench_cases("meshes")  # the dense model's rows
 
 
 def resolve_cases(names: list[str], extra_meshes: list[str], n_devices: int) -> list[verify.Case]:
@@ -176,7 +176,9 @@ def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_ste
     if runs:
         # the trajectory checked against the reference (real updates) is also what is timed:
         # all but its first step, which pays the transfers
-        got = verify.run_built(built, tcfg, timed_steps + 1, step=compiled)
+        # from the reference's initial state placed in this layout: no init to compile
+        got = verify.run_built(built, tcfg, timed_steps + 1, step=compiled,
+                               initial=reference.initial)  # fmt: skip
         row.result = verify.compare(case, got, reference, built.label)
         row.step_ms = list(got.step_ms[1:])
     return row

@@ -35,8 +35,9 @@ ROWS = (  # (strategy, mesh, microbatches, virtual stages): the bench's pipeline
     ("manual:dp+zb-h1", "pp=4,dp=2", 4, 1),
 )
 CFG = verify.CFG.replace(n_layers=8)  # 2 layers per stage on pp=4 (1 per virtual stage)
-MEMORY_SWEEP = (4, 8, 16)  # M for GPipe vs 1F1B temporaries at fixed P
-MEMORY_MESH = ("pp=2,dp=4", 2)  # mesh and its stage count
+SWEEP = (4, 8, 16, 32)  # M for compile time and temporaries at fixed P
+SWEEP_MESH = ("pp=2,dp=4", 2)  # mesh and its stage count
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
 
 
 @dataclass
@@ -109,30 +110,36 @@ def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
         built.label, strategy.mesh, strategy.schedule, plan.config.stages,
         strategy.microbatches, strategy.virtual_stages, occ["ticks"], occ["bubble"],
         sim.predicted_bubble(plan.config, "s2"), sim.predicted_bubble(plan.config, "s4"),
-        len(permutes),
+        sum(c.trips for c in permutes),  # executed: a scanned tick's permutes once per trip
         # per pipeline: the pipeline's replicas over the data and tensor axes send the same
-        plan.config.stages / n * sum(c.bytes_per_device * c.num_groups for c in permutes),
+        plan.config.stages / n * sum(c.bytes_per_device * c.num_groups * c.trips
+                                     for c in permutes),
         pp.predict_comm(plan, act_bytes)["collective-permute"],
         plan.stash_slots, report.memory.temp, report.compile_s,
-        layout_bytes=sum(c.bytes_per_device * c.num_groups for c in layout) / n,
+        layout_bytes=sum(c.bytes_per_device * c.num_groups * c.trips for c in layout) / n,
     )  # fmt: skip
 
 
-def memory_sweep(cfg: ModelConfig, tcfg: TrainConfig, sweep=MEMORY_SWEEP) -> list[dict]:
-    """Compiler temporaries of GPipe and 1F1B as M grows at fixed P (compiled, not run): GPipe
-    stashes all M microbatches' stage inputs, 1F1B at most P."""
-    mesh, p = MEMORY_MESH
-    # one microbatch of 32 rows x 32 tokens per data shard whatever M (the batch grows with M),
-    # 2 layers per stage, each layer rematerialised: the stash of stage inputs, not one
-    # microbatch's working set or the parameters, is what M can move
-    cfg = cfg.replace(n_layers=2 * p, remat=True)
+def sweep(cfg: ModelConfig, tcfg: TrainConfig, ms=SWEEP, schedules=SCHEDULES) -> list[dict]:
+    """Each schedule compiled (not run) as M grows at fixed P: compile seconds and the tick
+    programs compiled (the steady state is one loop body, so both stop growing once M reaches
+    it), and the compiler temporaries (GPipe stashes all M microbatches' stage inputs, 1F1B
+    and its kin at most P)."""
+    mesh, p = SWEEP_MESH
     out = []
-    for m in sweep:
+    for m in ms:
+        # one microbatch of 32 rows x 32 tokens per data shard whatever M (the batch grows
+        # with M), one layer per virtual stage, rematerialised: the stash of stage inputs, not
+        # one microbatch's working set or the parameters, is what M can move
         t = tcfg.replace(global_batch=32 * m * 4, seq_len=32)
         rec = {"microbatches": m}
-        for sched in ("gpipe", "1f1b"):
-            row = pipe_row(f"manual:dp+{sched}", mesh, m, 1, cfg, t)
-            rec[sched] = {"temp_bytes": row.temp_bytes, "stash_slots": row.stash_slots}
+        for sched, v in schedules:
+            c = cfg.replace(n_layers=p * v, remat=True)
+            row = pipe_row(f"manual:dp+{sched}", mesh, m, v, c, t)
+            plan = pp.make_plan(p, m, sched, v)
+            rec[sched] = {"temp_bytes": row.temp_bytes, "stash_slots": row.stash_slots,
+                          "compile_s": row.compile_s, "ticks": row.ticks,
+                          "compiled_ticks": plan.compiled_ticks()}  # fmt: skip
         out.append(rec)
     return out
 
@@ -183,8 +190,8 @@ def main(args) -> int:
     from jaxscale.progress import Progress
 
     tcfg = verify.TCFG
-    sweep = tuple(args.sweep) if args.sweep else ()
-    bar = Progress(len(ROWS) + 1 + len(sweep), desc="bench pipeline", enabled=not args.json)
+    ms = tuple(args.sweep) if args.sweep else ()
+    bar = Progress(len(ROWS) + 1 + len(ms), desc="bench pipeline", enabled=not args.json)
     ref = verify.reference(CFG, tcfg)
     bar.update(1, note="reference")
     rows = []
@@ -192,15 +199,15 @@ def main(args) -> int:
         rows.append(pipe_row(text, mesh, m, v, CFG, tcfg, ref))
         bar.update(1, note=f"{rows[-1].label} {mesh}")
     swept = []
-    for m in sweep:
-        swept += memory_sweep(CFG, tcfg, (m,))
-        bar.update(1, note=f"memory M={m}")
+    for m in ms:
+        swept += sweep(CFG, tcfg, (m,))
+        bar.update(1, note=f"sweep M={m}")
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"rows": [dataclasses.asdict(r) | {"bubble_ok": r.bubble_ok,
                                                 "permute_ok": r.permute_ok} for r in rows],
-              "memory_sweep": swept, "mesh_of_sweep": MEMORY_MESH[0]}  # fmt: skip
+              "sweep": swept, "mesh_of_sweep": SWEEP_MESH[0]}  # fmt: skip
     (out / "bench_pipeline.json").write_text(json.dumps(record, indent=1))
     plans = [pp.make_plan(r.stages, r.microbatches, r.schedule, r.virtual_stages)
              for r in rows[1:]]  # fmt: skip
@@ -210,7 +217,10 @@ def main(args) -> int:
     else:
         print(format_rows(rows))
         if swept:
-            print(f"\nGPipe vs 1F1B compiler temporaries on {MEMORY_MESH[0]}, microbatch fixed:")
+            print(
+                f"\nAs M grows on {SWEEP_MESH[0]} (compiled, not run; one microbatch of 32 "
+                "rows x 32 tokens per data shard, one layer per virtual stage):"
+            )
             print(format_sweep(swept))
         print(f"\nwrote {out / 'bench_pipeline.json'}" + (f", {png}" if png else ""))
     ok = all(r.bubble_ok and r.permute_ok and r.passed for r in rows)
@@ -244,13 +254,25 @@ def format_rows(rows: list[PipeRow]) -> str:
     return "\n".join(lines)
 
 
-def format_sweep(sweep: list[dict]) -> str:
-    lines = [f"{'M':>3} {'GPipe temp KiB':>15} {'stash':>6} {'1F1B temp KiB':>14} {'stash':>6} "
-             f"{'GPipe/1F1B':>10}"]  # fmt: skip
-    for rec in sweep:
-        g, o = rec["gpipe"], rec["1f1b"]
-        lines.append(f"{rec['microbatches']:>3} {g['temp_bytes'] / 1024:>15.1f} "
-                     f"{g['stash_slots']:>6} {o['temp_bytes'] / 1024:>14.1f} "
-                     f"{o['stash_slots']:>6} "
-                     f"{g['temp_bytes'] / o['temp_bytes']:>10.2f}")  # fmt: skip
+def format_sweep(swept: list[dict]) -> str:
+    names = [k for k in swept[0] if k != "microbatches"]
+    head = f"{'M':>3} " + " ".join(f"{n:>26}" for n in names)
+    sub = "    " + " ".join(f"{'compile s  ticks  temp KiB':>26}" for _ in names)
+    lines = [head, sub]
+    for rec in swept:
+        cells = [f"{r['compile_s']:>9.1f} {r['compiled_ticks']:>3}/{r['ticks']:<3}"
+                 f"{r['temp_bytes'] / 1024:>10.0f}" for r in (rec[n] for n in names)]  # fmt: skip
+        lines.append(f"{rec['microbatches']:>3} " + " ".join(f"{c:>26}" for c in cells))
+    first, last = swept[0], swept[-1]
+    if last["microbatches"] > first["microbatches"]:
+        ratios = ", ".join(f"{n} {last[n]['compile_s'] / first[n]['compile_s']:.2f}"
+                           for n in names)  # fmt: skip
+        lines.append(f"compile s at M={last['microbatches']} / M={first['microbatches']}: "
+                     f"{ratios}")  # fmt: skip
+    lines += [
+        "ticks: tick programs compiled / ticks executed: the steady state is one loop body, so "
+        "what is compiled stops growing with M once the schedule has one;",
+        "temp: compiler temporaries (memory_analysis): GPipe stashes every microbatch's stage "
+        "input, the others at most P.",
+    ]
     return "\n".join(lines)

@@ -146,7 +146,7 @@ def _by_op_dtype(row: BenchRow) -> list[_OpDtype]:
     acc: dict = {}
     for c in hlo.normalize(list(row.report.collectives)):
         n, b = acc.get((c.op, c.dtype), (0, 0.0))
-        acc[(c.op, c.dtype)] = (n + 1, b + c.bytes_per_device)
+        acc[(c.op, c.dtype)] = (n + c.trips, b + c.bytes_per_device * c.trips)
     return [_OpDtype(op, dt, n, b) for (op, dt), (n, b) in sorted(acc.items())]
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -55,7 +56,6 @@ from jaxscale.sim import pipeline as sim
 
 AXIS = "pipe"
 FIRST, MID, LAST = "first", "mid", "last"
-IDLE = ("idle", None)
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,42 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Segment:
+    start: int  # index into Plan.ticks
+    period: int  # ticks in the repeated unit
+    reps: int  # 1: one tick, unrolled
+
+
+def tick_shape(tick: Tick) -> tuple:
+    """What a tick compiles to: its kinds of op (sorted; a role is data) and its sends. Ticks
+    of one shape are one program; only their numbers (`tick_data`) differ. "idle" is always a
+    branch: a tick is then always one conditional, which the compiler cannot interleave with
+    the next tick's work (a lone branch would be inlined, and later ticks' recomputes hoisted
+    ahead, each holding its temporaries)."""
+    kinds = tuple(sorted({"idle"} | {"idle" if op is None else op.kind for op in tick.ops}))
+    return kinds, tick.fwd, tick.bwd
+
+
+ROLES = (FIRST, MID, LAST)
+
+
+def tick_data(tick: Tick, kinds: tuple) -> np.ndarray:
+    """int32 [12, P]: per device, the branch index into `kinds`, the op's role (an index into
+    ROLES), microbatch, chunk, stash and gradient slots, and where the activation and the
+    gradient sent this tick land (valid, chunk, slot) on the receiving device."""
+    index = {k: i for i, k in enumerate(kinds)}
+    ops = tick.ops
+    rows = [[index["idle" if op is None else op.kind] for op in ops],
+            [0 if op is None else ROLES.index(op.role) for op in ops]]  # fmt: skip
+    rows += [[0 if op is None else getattr(op, f) for op in ops]
+             for f in ("microbatch", "chunk", "stash_slot", "grad_slot")]  # fmt: skip
+    for recv in (tick.fwd_recv, tick.bwd_recv):
+        rows += [[r is not None for r in recv], [0 if r is None else r[0] for r in recv],
+                 [0 if r is None else r[1] for r in recv]]  # fmt: skip
+    return np.asarray(rows, np.int32)
+
+
+@dataclass(frozen=True)
 class Plan:
     """The static program of one schedule: what every device does at every tick."""
 
@@ -98,6 +134,31 @@ class Plan:
         total = len(self.grid[0])
         return {"ticks": total, "busy": rows, "idle": [total - b for b in rows],
                 "bubble": (total * len(rows) - sum(rows)) / (total * len(rows))}  # fmt: skip
+
+    def segments(self) -> tuple[Segment, ...]:
+        """The ticks as runs: a tick on its own (unrolled), or a unit of `period` ticks repeated
+        `reps` times with the same shape (`tick_shape`) -- the steady state of 1F1B, ZB-H1 and
+        interleaving, GPipe's full phases -- executed as one loop. Greedy from the start: at
+        each tick, the repetition that folds the most ticks into a loop body."""
+        shapes = [tick_shape(t) for t in self.ticks]
+        n, i, out = len(shapes), 0, []
+        while i < n:
+            best = (0, 1, 1)  # (ticks saved, period, reps)
+            for p in range(1, (n - i) // 2 + 1):
+                unit, r = shapes[i : i + p], 1
+                while shapes[i + r * p : i + (r + 1) * p] == unit:
+                    r += 1
+                if p * (r - 1) > best[0]:
+                    best = (p * (r - 1), p, r)
+            _, p, r = best
+            out.append(Segment(i, p, r))
+            i += p * r
+        return tuple(out)
+
+    def compiled_ticks(self) -> int:
+        """Tick programs in the compiled step: one per unrolled tick, one per tick of each
+        loop body -- what compile time follows (it grows with P, not with M)."""
+        return sum(1 if seg.reps == 1 else seg.period for seg in self.segments())
 
     def sends(self) -> tuple[int, int]:
         """(activation sends, gradient sends) per step, summed over devices."""
@@ -221,88 +282,101 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
 
     moe = bool(cfg.n_experts)
 
-    def stage_fn(role, chunk, top, x_BTD, tokens_BT1):
-        """The stage's output (the loss on the last stage) and, with experts, its share of the
-        router losses (`pieces.router_loss` of its MoE layers)."""
-        if role == FIRST:
-            x_BTD = pc.embed(pc.top_hook(top), tokens_BT1[:, :-1], cfg, pc)
+    def embed(top, tokens_BT1):  # the first virtual stage's input
+        return pc.embed(pc.top_hook(top), tokens_BT1[:, :-1], cfg, pc)
+
+    def head_loss(top, y_BTD, tokens_BT1):  # the last virtual stage's output
+        return pc.loss(pc.head(pc.top_hook(top), y_BTD, cfg, pc), tokens_BT1[:, 1:])
+
+    def layers(chunk, x_BTD):
+        """The stage's layers, the same code for every role: the output and, with experts, its
+        MoE layers' share of the router losses (`pieces.router_loss`)."""
         y_BTD, stats = pieces.run_layers(x_BTD, chunk, positions_T, cfg, pc)
-        if role == LAST:
-            y_BTD = pc.loss(pc.head(pc.top_hook(top), y_BTD, cfg, pc), tokens_BT1[:, 1:])
-        return (y_BTD, pieces.router_loss(stats, cfg)) if moe else y_BTD
+        return (y_BTD, pieces.router_loss(stats, cfg)) if moe else (y_BTD, None)
 
     def chunk_at(c):
         return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, c, keepdims=False), blocks_v)
 
     # the buffers' types: what the first stage's forward makes, varying over pipe
-    act, aux_t = jax.eval_shape(lambda c, t, x: _pair(stage_fn(FIRST, c, t, None, x)),
-                                chunk_at(0), top, micro_MBT1[0])  # fmt: skip
+    act = jax.eval_shape(lambda c, t, x: layers(c, embed(t, x))[0], chunk_at(0), top,
+                         micro_MBT1[0])  # fmt: skip
     act_axes = compat.varying_axes(act) | {AXIS}
     zero_act = _vary(jnp.zeros(act.shape, act.dtype), act_axes)
-    loss_t, aux_last = jax.eval_shape(
-        lambda c, t, x, tok: _pair(stage_fn(LAST, c, t, x, tok)), chunk_at(0), top, zero_act,
-        micro_MBT1[0])  # fmt: skip
+    loss_t = jax.eval_shape(lambda t, x, tok: head_loss(t, x, tok), top, zero_act, micro_MBT1[0])
+    aux_t = jax.eval_shape(lambda c, x: layers(c, x)[1], chunk_at(0), zero_act)
     # the loss accumulator takes every stage's router losses too: one type for all of them
-    loss_axes = (
-        compat.varying_axes(loss_t)
-        | {AXIS}
-        | (compat.varying_axes(aux_t) | compat.varying_axes(aux_last) if moe else set())
-    )
+    loss_axes = (compat.varying_axes(loss_t) | {AXIS}
+                 | (compat.varying_axes(aux_t) if moe else set()))  # fmt: skip
+    zero_loss = _vary(jnp.zeros((), jnp.float32), loss_axes)
+    zero_top = jax.tree.map(jnp.zeros_like, top)
     carry = {
         "stash": _vary(jnp.zeros((v, plan.stash_slots, *act.shape), act.dtype), act_axes),
         "grad": _vary(jnp.zeros((v, plan.grad_slots, *act.shape), act.dtype), act_axes),
         "g_blocks": jax.tree.map(jnp.zeros_like, blocks_v),
-        "g_top": jax.tree.map(jnp.zeros_like, top),
-        "loss": _vary(jnp.zeros((), jnp.float32), loss_axes),
+        "g_top": zero_top,
+        "loss": zero_loss,
     }
     # d(mean over microbatches and the expert axis's shards)/d(loss_m): expert parallelism's
     # shards are data shards whose non-expert gradients autodiff sums (parallel/ep.py)
     seed_cot = _vary(jnp.full((), 1.0 / (M * expert_ways), jnp.float32), loss_axes)
 
-    def add_grads(carry, c, g_chunk, g_top):
-        carry = dict(carry)
-        if g_chunk is not None:
-            carry["g_blocks"] = jax.tree.map(lambda acc, g: acc.at[c].add(g), carry["g_blocks"],
+    def core(chunk, x):  # `layers`, typed for the carry (the router losses as the loss)
+        y, aux = layers(chunk, x)
+        return _vary(y, act_axes), (_vary(aux, loss_axes) if moe else None)
+
+    def core_cot(dy):  # the router losses' cotangent: every stage's share enters the mean
+        return (dy, seed_cot) if moe else (dy, None)
+
+    def stage_input(first, top, x_in, tokens):  # F/B/W recompute it: the embedding is cheap
+        return jax.lax.cond(first, lambda: _vary(embed(top, tokens), act_axes), lambda: x_in)
+
+    def output_cot(last, top, y, cot_in, tokens, with_top: bool):
+        """d(loss)/d(stage output): through the head and loss on the last stage (and the head's
+        parameter gradient), else what the next stage sent."""
+
+        def through_head():
+            if not with_top:
+                return jax.vjp(lambda y: head_loss(top, y, tokens), y)[1](seed_cot)[0], zero_top
+            g_top, dy = jax.vjp(lambda t, y: head_loss(t, y, tokens), top, y)[1](seed_cot)
+            return dy, g_top
+
+        return jax.lax.cond(last, through_head, lambda: (cot_in, zero_top))
+
+    def op(kind, small, x_in, cot_in, mb, c, role):
+        """One op of this device, for any role: the embedding (first virtual stage) and the
+        head and loss (last) are small conditionals around the stage's layers, so a tick
+        compiles one copy of the layers per kind of op, whatever roles the devices play."""
+        tokens = jax.lax.dynamic_index_in_dim(micro_MBT1, mb, keepdims=False)
+        chunk = chunk_at(c)
+        first, last = role == 0, role == 2
+        if kind == "F":
+            y, aux = core(chunk, stage_input(first, top, x_in, tokens))
+            loss, send = jax.lax.cond(
+                last, lambda: (_vary(head_loss(top, y, tokens), loss_axes), zero_act),
+                lambda: (zero_loss, y))  # fmt: skip
+            loss = loss + aux if moe else loss
+            return {**small, "loss": small["loss"] + loss / M}, send, zero_act
+        if kind == "W" or not plan.split:  # weight gradients (and, for B, the input gradient)
+            x, vjp_embed = jax.vjp(lambda t, x: stage_input(first, t, x, tokens), top, x_in)
+            y, vjp_core = jax.vjp(lambda ch, x: core(ch, x), chunk, x)
+            dy, g_head = output_cot(last, top, y[0], cot_in, tokens, with_top=True)
+            g_chunk, dx = vjp_core(core_cot(dy))
+            g_embed, dx_in = vjp_embed(dx)
+            small = dict(small)
+            small["g_blocks"] = jax.tree.map(lambda acc, g: acc.at[c].add(g), small["g_blocks"],
                                              g_chunk)  # fmt: skip
-        if g_top is not None:
-            carry["g_top"] = jax.tree.map(jnp.add, carry["g_top"], g_top)
-        return carry
+            small["g_top"] = jax.tree.map(lambda acc, a, b: acc + a + b, small["g_top"], g_head,
+                                          g_embed)  # fmt: skip
+            return small, zero_act, zero_act if kind == "W" else _vary(dx_in, act_axes)
 
-    def branch(kind, role):
-        def op(small, x_in, cot_in, mb, c):
-            if kind == "idle":
-                return small, zero_act, zero_act
-            tokens = jax.lax.dynamic_index_in_dim(micro_MBT1, mb, keepdims=False)
-            chunk = chunk_at(c)
-            x = zero_act if role == FIRST else x_in
-            cot = seed_cot if role == LAST else cot_in
+        def input_grad():  # ZB-H1's B: the input gradient only (the first stage has none)
+            y, vjp_core = jax.vjp(lambda x: core(chunk, x), x_in)
+            dy, _ = output_cot(last, top, y[0], cot_in, tokens, with_top=False)
+            return _vary(vjp_core(core_cot(dy))[0], act_axes)
 
-            def f(chunk, top, x):
-                out = stage_fn(role, chunk, top, x, tokens)
-                if moe:  # (output, router losses), the latter typed as the loss accumulator
-                    return out[0], _vary(out[1], loss_axes)
-                return out
+        return small, zero_act, jax.lax.cond(first, lambda: zero_act, input_grad)
 
-            if moe:  # the router losses' cotangent: every stage's share enters the mean
-                cot = (cot, seed_cot)
-            if kind == "F":
-                y, aux = (f(chunk, top, x), 0.0) if not moe else f(chunk, top, x)
-                small = {**small, "loss": small["loss"] + aux / M}
-                if role == LAST:
-                    return {**small, "loss": small["loss"] + y / M}, zero_act, zero_act
-                return small, _vary(y, act_axes), zero_act
-            if kind == "W" or (kind == "B" and not plan.split):  # weight gradients (and dx)
-                _, vjp = jax.vjp(f, chunk, top, x)
-                g_chunk, g_top, dx = vjp(cot)
-                small = add_grads(small, c, g_chunk, g_top)
-                send = zero_act if kind == "W" or role == FIRST else _vary(dx, act_axes)
-                return small, zero_act, send
-            if role == FIRST:  # ZB-H1's B on the first stage: no input to send a gradient to
-                return small, zero_act, zero_act
-            _, vjp = jax.vjp(lambda x: f(chunk, top, x), x)  # ZB-H1's B: the input gradient only
-            (dx,) = vjp(cot)
-            return small, zero_act, _vary(dx, act_axes)
-
+    def branch(kind):
         def run(carry, got, where):
             # last tick's receives are stored here, inside this tick's branch: every tick is then
             # one conditional that consumes the previous tick's transfers and the accumulators
@@ -314,45 +388,66 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
                 stash = _store(stash, got["fwd"], where["fwd"])
             if got["bwd"] is not None:
                 grad = _store(grad, got["bwd"], where["bwd"])
-            mb, c, s_slot, g_slot = where["op"]
+            if kind == "idle":
+                return {**carry, "stash": stash, "grad": grad}, zero_act, zero_act
+            role, mb, c, s_slot, g_slot = where["op"]
             small = {k: carry[k] for k in ("g_blocks", "g_top", "loss")}
-            small, fwd, bwd = op(small, stash[c, s_slot], grad[c, g_slot], mb, c)
+            small, fwd, bwd = op(kind, small, stash[c, s_slot], grad[c, g_slot], mb, c, role)
             return {**small, "stash": stash, "grad": grad}, fwd, bwd
 
         return run
 
-    def pick(values):  # this device's entry of a per-device static list
-        return jnp.asarray(values, jnp.int32)[d]
+    def tick(carry, recv, shape, data_FP):
+        """One tick: this device's branch of the tick's `shape` (kinds, sends), storing last
+        tick's receives first, then the tick's sends. `data_FP` [FIELDS, P]: the tick's
+        per-device numbers (a constant when unrolled, a slice of the scanned array when not)."""
+        kinds, fwd_pairs, bwd_pairs = shape
+        row = data_FP[:, d]  # this device's column
+        where = {"op": tuple(row[i] for i in range(1, 6))}
+        got = {}
+        for direction in ("fwd", "bwd"):
+            got[direction] = None if recv[direction] is None else recv[direction][0]
+            where[direction] = None if recv[direction] is None else recv[direction][1:]
+        fns = [branch(k) for k in kinds]
+        carry, fwd, bwd = jax.lax.switch(row[0], fns, carry, got, where)
+        sent = {"fwd": None, "bwd": None}
+        if fwd_pairs:  # collective-permute: stage outputs to the next stage
+            sent["fwd"] = (jax.lax.ppermute(fwd, AXIS, fwd_pairs), row[6].astype(bool),
+                           row[7], row[8])  # fmt: skip
+        if bwd_pairs:  # collective-permute: input gradients to the previous stage
+            sent["bwd"] = (jax.lax.ppermute(bwd, AXIS, bwd_pairs), row[9].astype(bool),
+                           row[10], row[11])  # fmt: skip
+        return carry, sent
 
-    def receiving(recv):  # (valid, chunk, slot) of what this device stores from a transfer
-        return (pick([r is not None for r in recv]).astype(bool),
-                pick([0 if r is None else r[0] for r in recv]),
-                pick([0 if r is None else r[1] for r in recv]))  # fmt: skip
+    def nothing():  # an empty receive, typed as a real one (for a scan's carry)
+        flag = jnp.zeros((plan.config.stages,), jnp.int32)[d]
+        return (zero_act, flag.astype(bool), flag, flag)
 
-    got, where = {"fwd": None, "bwd": None}, {"fwd": None, "bwd": None}
-    for tick in plan.ticks:
-        kinds = sorted({IDLE if op is None else (op.kind, op.role) for op in tick.ops},
-                       key=str)  # fmt: skip
-        index = {k: i for i, k in enumerate(kinds)}
-        ops = tick.ops
-        branch_id = pick([index[IDLE if op is None else (op.kind, op.role)] for op in ops])
-        where = {**where, "op": tuple(
-            pick([0 if op is None else getattr(op, f) for op in ops])
-            for f in ("microbatch", "chunk", "stash_slot", "grad_slot"))}  # fmt: skip
-        fns = [branch(*k) for k in kinds]
-        if len(fns) == 1:
-            carry, fwd, bwd = fns[0](carry, got, where)
-        else:
-            carry, fwd, bwd = jax.lax.switch(branch_id, fns, carry, got, where)
-        got = {"fwd": None, "bwd": None}
-        if tick.fwd:  # collective-permute: stage outputs to the next stage
-            got["fwd"] = jax.lax.ppermute(fwd, AXIS, tick.fwd)
-            where["fwd"] = receiving(tick.fwd_recv)
-        if tick.bwd:  # collective-permute: input gradients to the previous stage
-            got["bwd"] = jax.lax.ppermute(bwd, AXIS, tick.bwd)
-            where["bwd"] = receiving(tick.bwd_recv)
+    recv = {"fwd": None, "bwd": None}
+    for seg in plan.segments():
+        ticks = plan.ticks[seg.start : seg.start + seg.period * seg.reps]
+        shapes = [tick_shape(t) for t in ticks[: seg.period]]
+        data = np.stack([tick_data(t, shapes[i % seg.period][0]) for i, t in enumerate(ticks)])
+        if seg.reps == 1:
+            carry, recv = tick(carry, recv, shapes[0], jnp.asarray(data[0]))
+            continue
+
+        # the steady state: `period` ticks that repeat `reps` times with the same branches and
+        # sends, differing only in numbers (microbatch, slots) -- one loop body, compiled once;
+        # the census multiplies its collective-permutes by the trip count
+        def body(state, data_KFP, shapes=shapes):
+            carry, recv = state
+            for shape, data_FP in zip(shapes, data_KFP, strict=True):
+                carry, recv = tick(carry, recv, shape, data_FP)
+                recv = {k: nothing() if r is None else r for k, r in recv.items()}
+            return (carry, recv), None
+
+        recv = {k: nothing() if r is None else r for k, r in recv.items()}
+        data = jnp.asarray(data.reshape(seg.reps, seg.period, *data.shape[1:]))
+        (carry, recv), _ = jax.lax.scan(body, (carry, recv), data)
     # the schedule ends on the first stage's backward, which sends nothing: no receive is left
-    assert all(v is None for v in got.values()), "the plan's last tick sends"
+    last = plan.ticks[-1]
+    assert not last.fwd and not last.bwd, "the plan's last tick sends"
 
     g_blocks = jax.tree.map(lambda g: g.reshape(-1, *g.shape[2:]), carry["g_blocks"])
     # all-reduce over pipe: the embedding's gradient is on the first stage, the head's on the last
@@ -416,11 +511,6 @@ def _store(buf, got, where):
     """Store a received [B_m, T, D] into buf[chunk, slot] on the devices that receive it."""
     valid, c, s = where
     return buf.at[c, s].set(jnp.where(valid, got, buf[c, s]))
-
-
-def _pair(out):
-    """(output, router losses) of a stage, the latter zero for a dense model."""
-    return out if isinstance(out, tuple) else (out, jnp.zeros((), jnp.float32))
 
 
 def _vary(x, axes):
