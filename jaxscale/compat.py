@@ -22,3 +22,19 @@ def varying_axes(aval) -> frozenset:
     `manual_axis_type.varying`; later lines in `vma`."""
     mat = getattr(aval, "manual_axis_type", None)
     return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def fast_compile_xla_flags() -> str:
+    """XLA flags that make XLA:CPU compile faster where the installed line has them (read
+    before jax starts its backend: call this without importing jax). jaxlib 0.10's XLA:CPU
+    generates kernels with its MLIR fusion emitters by default; its older elemental emitters
+    compile a typical training step in about 40% of the time at the test suite's optimisation
+    level (the same HLO, the same collectives and memory figures). Later lines have only the
+    MLIR emitters, and refuse the flag."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(p) for p in version("jaxlib").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return ""
+    return "--xla_cpu_use_fusion_emitters=false" if (major, minor) == (0, 10) else ""

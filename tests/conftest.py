@@ -2,17 +2,23 @@
 
 The suite compares values, not speed, so XLA's slower optimisation passes are switched off
 (as flax's own example tests do): compiles are ~1.5x faster and results stay within the stated
-tolerances. The environment variable carries the setting into the subprocesses the tests start
-(experiments, launched processes). A test that measures compiled memory or timings can switch
-them back on locally.
+tolerances; on the jax 0.10 line XLA:CPU's older kernel emitters halve compile time again
+(`compat.fast_compile_xla_flags`). The environment variables carry the settings into the
+subprocesses the tests start (experiments, launched processes). A test that measures compiled
+memory or timings can switch them back on locally.
 """
 
 import os
 import sys
 
+from jaxscale import compat as _compat  # imports no jax
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
+_FAST = _compat.fast_compile_xla_flags()
+if _FAST and _FAST not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST}".strip()
 # One persistent compilation cache for the session's workers and the subprocesses they start:
 # a program compiled by one (the single-device reference, an experiment's step) is read by the
 # others instead of compiled again. Under .cache/ (ignored by git); CI starts with it empty.

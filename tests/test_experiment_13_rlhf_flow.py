@@ -31,6 +31,7 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",")]
 
 
+@pytest.mark.slow  # the whole experiment in a subprocess
 def test_experiment_13_one_step_stage_by_stage(tmp_path):
     out = _run(tmp_path, "--no-sweep")
     for stage in STAGES:

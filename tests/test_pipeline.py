@@ -121,6 +121,7 @@ def _check_with_plan(monkeypatch, broken):
     return verify.check(case, verify.reference_for(case, REFS))
 
 
+@pytest.mark.slow  # a dropped ppermute (below) is the fast suite's broken plan
 def test_a_backward_before_its_input_arrives_is_caught(monkeypatch):
     good = pp.make_plan(2, 2, "1f1b")
     grid = [list(row) for row in good.grid]
@@ -145,6 +146,7 @@ def test_a_dropped_ppermute_is_caught(monkeypatch):
     assert result.error is None and result.loss_ok is False and not result.passed
 
 
+@pytest.mark.slow  # the fast suite's pipeline verify case passes the same harness
 def test_the_unbroken_plan_passes_the_same_check(monkeypatch):
     result = _check_with_plan(monkeypatch, pp.make_plan(2, 2, "1f1b"))
     assert result.passed, verify.format_matrix([result])

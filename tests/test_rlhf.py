@@ -170,6 +170,7 @@ def test_a_mesh_gives_the_one_device_run(tiny, one_device, mesh):
     assert ref.history[-1]["kl"] != 0.0  # the actor moved away from the reference
 
 
+@pytest.mark.slow  # the fast suite keeps the one-device equality on two meshes
 def test_grpo_and_a_shared_critic_on_the_mesh(tiny):
     """GRPO (no critic: no value head, the KL in the loss) on fsdp=8 gives the one-device run;
     a shared critic is a value head on the actor's backbone, trained with it."""
@@ -203,6 +204,7 @@ def test_colocated_transfers_against_the_calculator(tiny, one_device):
     assert tr.zero_copy and tr.bytes_moved == tr.bytes_predicted == 0
 
 
+@pytest.mark.slow  # the fast suite keeps the one-device equality on two meshes
 def test_disaggregated_and_stale(tiny):
     actor, rm, train, held = tiny
     rc = RC.replace(placement="disaggregated", iterations=3)
@@ -224,6 +226,7 @@ def test_disaggregated_and_stale(tiny):
     np.testing.assert_array_equal(stale.rollouts[1][1], toks)
 
 
+@pytest.mark.slow  # the fast suite keeps the one-device equality on two meshes
 def test_phase_memory_against_the_calculator(tiny):
     """At the lab's model size (`jaxscale rlhf`'s SFT model): the calculator divides every
     weight by the devices, and the few replicated leaves (norms, the value head) stay inside

@@ -21,10 +21,13 @@ def _id(case):
     return f"{case.label}@{case.mesh}"
 
 
-# Pipeline cases compile an unrolled schedule (10-60 s each on 2 cores): three run in the fast
-# suite, one per mesh family and schedule kind; the rest are `slow` (CI runs them too).
-PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4", "manual:tp+gpipe(M=4) L=8@pp=2,tp=4",
-             "manual:zero1+tp+zb-h1(M=4) L=8@pp=2,dp=2,tp=2"}  # fmt: skip
+# The fast suite runs every dense strategy and training variant once, on the first mesh the
+# list gives it, and one pipeline case; the other meshes, the other pipeline cases (10-30 s
+# each on 2 cores) and the MoE cases are `slow` (CI runs them too, on the first Python line).
+PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4"}
+FIRST_MESH = {}
+for _c in verify.CASES:
+    FIRST_MESH.setdefault(_c.label, _id(_c))
 
 
 # MoE cases (15-25 s each) are slow; the fast suite checks the MoE forward sharded
@@ -35,6 +38,8 @@ MOE_FAST: set[str] = set()
 def _param(case):
     marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
     if case.strategy.schedule and _id(case) not in PIPE_FAST:
+        marks.append(pytest.mark.slow)
+    elif not case.strategy.schedule and FIRST_MESH[case.label] != _id(case):
         marks.append(pytest.mark.slow)
     if case.model and _id(case) not in MOE_FAST:
         marks.append(pytest.mark.slow)

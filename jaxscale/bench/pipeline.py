@@ -14,6 +14,7 @@ For one schedule on one mesh, a row puts side by side
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import jax
@@ -120,26 +121,67 @@ def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
     )  # fmt: skip
 
 
-def sweep(cfg: ModelConfig, tcfg: TrainConfig, ms=SWEEP, schedules=SCHEDULES) -> list[dict]:
+def sweep_point(cfg: ModelConfig, tcfg: TrainConfig, m: int, schedule: str, v: int) -> dict:
+    """One schedule at M microbatches on SWEEP_MESH, compiled (not run)."""
+    mesh, p = SWEEP_MESH
+    # one microbatch of 32 rows x 32 tokens per data shard whatever M (the batch grows with M),
+    # one layer per virtual stage, rematerialised: the stash of stage inputs, not one
+    # microbatch's working set or the parameters, is what M can move
+    t = tcfg.replace(global_batch=32 * m * 4, seq_len=32)
+    c = cfg.replace(n_layers=p * v, remat=True)
+    cpu0 = time.process_time()
+    row = pipe_row(f"manual:dp+{schedule}", mesh, m, v, c, t)
+    cpu_s = time.process_time() - cpu0
+    return {"temp_bytes": row.temp_bytes, "stash_slots": row.stash_slots,
+            "compile_s": row.compile_s, "compile_cpu_s": cpu_s, "ticks": row.ticks,
+            "compiled_ticks": pp.make_plan(p, m, schedule, v).compiled_ticks()}  # fmt: skip
+
+
+def _worker_init(n_devices: int, fast_compile: bool) -> None:
+    jax.config.update("jax_num_cpu_devices", n_devices)
+    jax.config.update("jax_disable_most_optimizations", fast_compile)
+
+
+def _worker_point(job) -> dict:
+    return sweep_point(*job)
+
+
+def sweep(cfg: ModelConfig, tcfg: TrainConfig, ms=SWEEP, schedules=SCHEDULES, workers: int = 1,
+          progress=None) -> list[dict]:  # fmt: skip
     """Each schedule compiled (not run) as M grows at fixed P: compile seconds and the tick
     programs compiled (the steady state is one loop body, so both stop growing once M reaches
     it), and the compiler temporaries (GPipe stashes all M microbatches' stage inputs, 1F1B
-    and its kin at most P)."""
-    mesh, p = SWEEP_MESH
+    and its kin at most P). With `workers` > 1 the compiles run in that many processes (a
+    compile is one thread): compile seconds are then measured with that many compiling at
+    once, one per core."""
+    jobs = [(cfg, tcfg, m, sched, v) for m in ms for sched, v in schedules]
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        init = (jax.device_count(), bool(jax.config.jax_disable_most_optimizations))
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_worker_init, initargs=init) as pool:  # fmt: skip
+            # the longest compiles first (interleaving's, large M), so the pool ends together
+            order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][4], -jobs[i][2]))
+            futures = {i: pool.submit(_worker_point, jobs[i]) for i in order}
+            points = {}
+            for i in order:
+                points[i] = futures[i].result()
+                if progress:
+                    progress.update(1, note=f"sweep {jobs[i][3]} M={jobs[i][2]}")
+            points = [points[i] for i in range(len(jobs))]
+    else:
+        points = []
+        for job in jobs:
+            points.append(sweep_point(*job))
+            if progress:
+                progress.update(1, note=f"sweep {job[3]} M={job[2]}")
     out = []
-    for m in ms:
-        # one microbatch of 32 rows x 32 tokens per data shard whatever M (the batch grows
-        # with M), one layer per virtual stage, rematerialised: the stash of stage inputs, not
-        # one microbatch's working set or the parameters, is what M can move
-        t = tcfg.replace(global_batch=32 * m * 4, seq_len=32)
+    for i, m in enumerate(ms):
         rec = {"microbatches": m}
-        for sched, v in schedules:
-            c = cfg.replace(n_layers=p * v, remat=True)
-            row = pipe_row(f"manual:dp+{sched}", mesh, m, v, c, t)
-            plan = pp.make_plan(p, m, sched, v)
-            rec[sched] = {"temp_bytes": row.temp_bytes, "stash_slots": row.stash_slots,
-                          "compile_s": row.compile_s, "ticks": row.ticks,
-                          "compiled_ticks": plan.compiled_ticks()}  # fmt: skip
+        for k, (sched, _) in enumerate(schedules):
+            rec[sched] = points[i * len(schedules) + k]
         out.append(rec)
     return out
 
@@ -185,23 +227,23 @@ def plot_grids(plans: list[pp.Plan], path: str) -> str:
 def main(args) -> int:
     """`jaxscale bench pipeline`: the rows, the GPipe vs 1F1B temporaries, the grids' plot."""
     import json
+    import os
     from pathlib import Path
 
     from jaxscale.progress import Progress
 
     tcfg = verify.TCFG
     ms = tuple(args.sweep) if args.sweep else ()
-    bar = Progress(len(ROWS) + 1 + len(ms), desc="bench pipeline", enabled=not args.json)
+    n_points = len(ms) * len(SCHEDULES)
+    bar = Progress(len(ROWS) + 1 + n_points, desc="bench pipeline", enabled=not args.json)
     ref = verify.reference(CFG, tcfg)
     bar.update(1, note="reference")
     rows = []
     for text, mesh, m, v in ROWS:
         rows.append(pipe_row(text, mesh, m, v, CFG, tcfg, ref))
         bar.update(1, note=f"{rows[-1].label} {mesh}")
-    swept = []
-    for m in ms:
-        swept += sweep(CFG, tcfg, (m,))
-        bar.update(1, note=f"sweep M={m}")
+    # the sweep's compiles alone on the host's cores, one process per core
+    swept = sweep(CFG, tcfg, ms, workers=min(os.cpu_count() or 1, 4), progress=bar) if ms else []
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
