@@ -42,10 +42,17 @@ test-all: install
 smoke: install
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -m smoke $(PYTEST_ARGS)
 
+# The pipeline suite (compiles: one core each) runs beside the mesh table and the MoE rows; its
+# output is printed after theirs, from results/bench_pipeline.txt.
 bench: $(BENCH_STAMP)
-	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS)
-	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench pipeline
-	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench experts
+	@mkdir -p results
+	@echo "bench pipeline: running beside the mesh table (its output follows the MoE rows)"
+	@JAX_PLATFORMS=cpu $(PY) -m jaxscale bench pipeline > results/bench_pipeline.txt 2>&1 & \
+	pid=$$!; \
+	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS) && \
+	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench experts; rc=$$?; \
+	wait $$pid; prc=$$?; echo; cat results/bench_pipeline.txt; \
+	exit $$(( rc || prc ))
 
 # jaxscale's PPO beside rejax's (installed into the venv as the rl-compare extra).
 bench-rl:

@@ -124,7 +124,7 @@ def test_the_main_tables_rows_all_run_once_each(capsys):
     assert cli_main(["bench", "--dry-run"]) == 0
     listed = [tuple(line.split()) for line in capsys.readouterr().out.splitlines()]
     assert len(listed) == len(set(listed)) == len(meshes.DEFAULT_CASES) > 10
-    cfg, tcfg = MODEL_PRESETS["small"], TrainConfig(global_batch=16, seq_len=128)
+    cfg, tcfg = MODEL_PRESETS["small"], TrainConfig(global_batch=16, seq_len=64)
     for case in meshes.DEFAULT_CASES:
         assert not case.model and case.label == case.strategy.label()  # the dense model as is
         build(case.strategy, cfg, tcfg)  # raises where the row would be skipped

@@ -180,8 +180,32 @@ def test_1f1b_temporaries_stay_flat_as_m_grows_while_gpipes_grow_by_the_stash():
     add 4 activations [32, 32, 64] f32; 1F1B's stash is P slots whatever M, so doubling M must
     not add even one activation."""
     act = 32 * 32 * verify.CFG.d_model * 4
-    (m4, m8) = bench_pp.sweep(verify.CFG, verify.TCFG, (4, 8), (("gpipe", 1), ("1f1b", 1)))
+    _, (m4, m8) = bench_pp.sweep(
+        verify.CFG, verify.TCFG, (4, 8), (("gpipe", 1), ("1f1b", 1)), check_m=None, micro_rows=32
+    )
     gpipe = m8["gpipe"]["temp_bytes"] - m4["gpipe"]["temp_bytes"]
     one_f_one_b = m8["1f1b"]["temp_bytes"] - m4["1f1b"]["temp_bytes"]
     assert gpipe >= 4 * act
     assert abs(one_f_one_b) < act
+
+
+@pytest.mark.slow
+def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, capsys):
+    """`jaxscale bench pipeline` as `make bench` runs it (points in worker processes): every
+    checked row equal to the reference, exact permute bytes and bubble; the sweep's record."""
+    import json
+
+    from jaxscale.cli import main as cli_main
+
+    assert cli_main(["bench", "pipeline", "--sweep", "4", "--no-plot", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "As M grows" in out and "✗" not in out
+    record = json.loads((tmp_path / "bench_pipeline.json").read_text())
+    assert [(r["schedule"], r["microbatches"]) for r in record["rows"]] == [
+        ("gpipe", 1), ("gpipe", 4), ("1f1b", 4), ("interleaved", 4), ("zb-h1", 4)]  # fmt: skip
+    assert all(r["passed"] and r["bubble_ok"] and r["permute_ok"] for r in record["rows"])
+    (m4,) = record["sweep"]
+    assert m4["1f1b"]["compiled_ticks"] == pp.make_plan(2, 4, "1f1b").compiled_ticks()
+    assert m4["1f1b"]["compile_cpu_s"] > 0
+    assert cli_main(["bench", "pipeline", "--dry-run"]) == 0
+    assert "M=1,4,8,16,32" in capsys.readouterr().out  # the default sweep

@@ -32,7 +32,7 @@ from jaxscale.parallel.compose import Strategy, build, check
 from jaxscale.tolerances import MEMORY_RTOL
 from jaxscale.train import step as train_step
 
-DEFAULT_TIMED = 3  # timed steps per row: the checked trajectory's steps after its first
+DEFAULT_TIMED = 2  # timed steps per row: the checked trajectory's steps after its first
 
 
 @dataclass

@@ -28,17 +28,12 @@ from jaxscale.parallel.compose import Strategy, build
 from jaxscale.sim import pipeline as sim
 from jaxscale.sim import timeline
 
-ROWS = (  # (strategy, mesh, microbatches, virtual stages): the bench's pipeline rows
-    ("manual:dp+gpipe", "pp=4,dp=2", 1, 1),  # seed 004's naive model parallelism: M = 1
-    ("manual:dp+gpipe", "pp=4,dp=2", 4, 1),
-    ("manual:dp+1f1b", "pp=4,dp=2", 4, 1),
-    ("manual:dp+interleaved", "pp=4,dp=2", 4, 2),
-    ("manual:dp+zb-h1", "pp=4,dp=2", 4, 1),
-)
-CFG = verify.CFG.replace(n_layers=8)  # 2 layers per stage on pp=4 (1 per virtual stage)
-SWEEP = (4, 8, 16, 32)  # M for compile time and temporaries at fixed P
-SWEEP_MESH = ("pp=2,dp=4", 2)  # mesh and its stage count
+MESH, STAGES, DATA = "pp=2,dp=4", 2, 4  # the pipeline suite's mesh: two stages, four replicas
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+SWEEP = (4, 8, 16, 32)  # M at which every schedule is compiled
+CHECKED_M = 4  # each schedule's row at this M also runs 10 steps against the reference
+MICRO_ROWS = 4  # rows of one microbatch per data shard, whatever M (the batch grows with M)
+CFG = verify.CFG  # with one layer per virtual stage (`point`)
 
 
 @dataclass
@@ -58,9 +53,12 @@ class PipeRow:
     permute_predicted: float
     stash_slots: int
     temp_bytes: float
-    compile_s: float
+    compile_s: float  # lowering + compiling, wall
     layout_bytes: float = 0.0  # per device: interleaving's moves between layouts (GSPMD's)
     passed: bool | None = None  # the 10-step equivalence check (None: not run)
+    compile_cpu_s: float = 0.0  # the same in CPU seconds of this process (other work on the host
+    # does not inflate it)
+    compiled_ticks: int = 0  # tick programs in the compiled step (Plan.compiled_ticks)
 
     @property
     def bubble_ok(self) -> bool:
@@ -85,10 +83,13 @@ def pipe_row(text: str, mesh: str, m: int, v: int, cfg: ModelConfig, tcfg: Train
     """Compile (and, given the reference, run and check) one pipeline strategy."""
     strategy = Strategy.parse(text, mesh, microbatches=m, virtual_stages=v)
     built = build(strategy, cfg, tcfg, with_grads=ref is not None)
+    cpu0 = time.process_time()
     with jax.set_mesh(built.mesh):
         compiled, report = compile_with_report(built.step, *built.abstract_args(
             tcfg.global_batch, tcfg.seq_len))  # fmt: skip
     row = measure(built, report, cfg, tcfg)
+    row.compile_cpu_s = time.process_time() - cpu0
+    row.compiled_ticks = built.plan.compiled_ticks()
     if ref is not None:
         got = verify.run_built(built, tcfg, step=compiled, initial=ref.initial)
         row.passed = verify.compare(verify.Case(strategy), got, ref).passed
@@ -121,20 +122,30 @@ def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
     )  # fmt: skip
 
 
-def sweep_point(cfg: ModelConfig, tcfg: TrainConfig, m: int, schedule: str, v: int) -> dict:
-    """One schedule at M microbatches on SWEEP_MESH, compiled (not run)."""
-    mesh, p = SWEEP_MESH
-    # one microbatch of 32 rows x 32 tokens per data shard whatever M (the batch grows with M),
-    # one layer per virtual stage, rematerialised: the stash of stage inputs, not one
-    # microbatch's working set or the parameters, is what M can move
-    t = tcfg.replace(global_batch=32 * m * 4, seq_len=32)
-    c = cfg.replace(n_layers=p * v, remat=True)
-    cpu0 = time.process_time()
-    row = pipe_row(f"manual:dp+{schedule}", mesh, m, v, c, t)
-    cpu_s = time.process_time() - cpu0
-    return {"temp_bytes": row.temp_bytes, "stash_slots": row.stash_slots,
-            "compile_s": row.compile_s, "compile_cpu_s": cpu_s, "ticks": row.ticks,
-            "compiled_ticks": pp.make_plan(p, m, schedule, v).compiled_ticks()}  # fmt: skip
+def point_configs(cfg: ModelConfig, tcfg: TrainConfig, m: int, v: int,
+                  micro_rows: int = MICRO_ROWS) -> tuple[ModelConfig, TrainConfig]:  # fmt: skip
+    """One layer per virtual stage; one microbatch of `micro_rows` rows x 32 tokens per data
+    shard whatever M, so the stash of stage inputs -- not the microbatch's working set or the
+    parameters -- is what M can move."""
+    return (cfg.replace(n_layers=STAGES * v),
+            tcfg.replace(global_batch=micro_rows * m * DATA, seq_len=32))  # fmt: skip
+
+
+_REFERENCES: dict = {}
+
+
+def point(cfg: ModelConfig, tcfg: TrainConfig, schedule: str, m: int, v: int, check: bool,
+          micro_rows: int = MICRO_ROWS) -> dict:  # fmt: skip
+    """One schedule at M microbatches on MESH: compiled, measured against its plan and
+    formulas, and (check) run against the single-device reference. Compile seconds are wall
+    and CPU (the process's, which other work on the host does not inflate)."""
+    c, t = point_configs(cfg, tcfg, m, v, micro_rows)
+    ref = None
+    if check:
+        if (c, t) not in _REFERENCES:
+            _REFERENCES[c, t] = verify.reference(c, t)
+        ref = _REFERENCES[c, t]
+    return dataclasses.asdict(pipe_row(f"manual:dp+{schedule}", MESH, m, v, c, t, ref))
 
 
 def _worker_init(n_devices: int, fast_compile: bool) -> None:
@@ -143,47 +154,58 @@ def _worker_init(n_devices: int, fast_compile: bool) -> None:
 
 
 def _worker_point(job) -> dict:
-    return sweep_point(*job)
+    return point(*job)
+
+
+def run_points(jobs: list[tuple], workers: int = 1, progress=None) -> list[dict]:
+    """`point(*job)` for every job, in `workers` processes when more than one (a compile is
+    one thread: one process per core): results in the jobs' order."""
+    if workers <= 1:
+        out = []
+        for job in jobs:
+            out.append(point(*job))
+            if progress:
+                progress.update(1, note=f"{job[2]} M={job[3]}")
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    init = (jax.device_count(), bool(jax.config.read("jax_disable_most_optimizations")))
+    # the longest compiles first (interleaving's, then large M), so the workers end together
+    order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][4], -jobs[i][3]))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_init, initargs=init) as pool:  # fmt: skip
+        futures = {i: pool.submit(_worker_point, jobs[i]) for i in order}
+        points = {}
+        for i in order:
+            points[i] = futures[i].result()
+            if progress:
+                progress.update(1, note=f"{jobs[i][2]} M={jobs[i][3]}")
+    return [points[i] for i in range(len(jobs))]
 
 
 def sweep(cfg: ModelConfig, tcfg: TrainConfig, ms=SWEEP, schedules=SCHEDULES, workers: int = 1,
-          progress=None) -> list[dict]:  # fmt: skip
-    """Each schedule compiled (not run) as M grows at fixed P: compile seconds and the tick
-    programs compiled (the steady state is one loop body, so both stop growing once M reaches
-    it), and the compiler temporaries (GPipe stashes all M microbatches' stage inputs, 1F1B
-    and its kin at most P). With `workers` > 1 the compiles run in that many processes (a
-    compile is one thread): compile seconds are then measured with that many compiling at
-    once, one per core."""
-    jobs = [(cfg, tcfg, m, sched, v) for m in ms for sched, v in schedules]
-    if workers > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        init = (jax.device_count(), bool(jax.config.jax_disable_most_optimizations))
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init, initargs=init) as pool:  # fmt: skip
-            # the longest compiles first (interleaving's, large M), so the pool ends together
-            order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][4], -jobs[i][2]))
-            futures = {i: pool.submit(_worker_point, jobs[i]) for i in order}
-            points = {}
-            for i in order:
-                points[i] = futures[i].result()
-                if progress:
-                    progress.update(1, note=f"sweep {jobs[i][3]} M={jobs[i][2]}")
-            points = [points[i] for i in range(len(jobs))]
-    else:
-        points = []
-        for job in jobs:
-            points.append(sweep_point(*job))
-            if progress:
-                progress.update(1, note=f"sweep {job[3]} M={job[2]}")
-    out = []
-    for i, m in enumerate(ms):
-        rec = {"microbatches": m}
-        for k, (sched, _) in enumerate(schedules):
-            rec[sched] = points[i * len(schedules) + k]
-        out.append(rec)
-    return out
+          progress=None, check_m: int | None = CHECKED_M,
+          micro_rows: int = MICRO_ROWS) -> tuple[list[PipeRow], list[dict]]:  # fmt: skip
+    """Every schedule at every M: the checked rows (M = check_m, and GPipe at M = 1, seed 004's
+    naive model parallelism) and, per M, each schedule's compile seconds, tick programs
+    compiled (the steady state is one loop body, so both stop growing once M reaches it) and
+    compiler temporaries (GPipe stashes all M microbatches' stage inputs, the others at most
+    P)."""
+    every_m = sorted(set(ms) | ({check_m} if check_m is not None else set()))
+    jobs = [(cfg, tcfg, sched, m, v, m == check_m, micro_rows)
+            for m in every_m for sched, v in schedules]  # fmt: skip
+    if check_m is not None:
+        jobs.append((cfg, tcfg, "gpipe", 1, 1, True, micro_rows))
+    points = run_points(jobs, workers, progress)
+    by = {(job[2], job[3]): rec for job, rec in zip(jobs, points, strict=True)}
+    fields = {f.name for f in dataclasses.fields(PipeRow)}
+    rows = []
+    if check_m is not None:
+        for sched, m in [("gpipe", 1)] + [(s, check_m) for s, _ in schedules]:
+            rows.append(PipeRow(**{k: v for k, v in by[sched, m].items() if k in fields}))
+    swept = [{"microbatches": m, **{s: by[s, m] for s, _ in schedules}} for m in ms]
+    return rows, swept
 
 
 def executed_result(plan: pp.Plan) -> sim.PipelineResult:
@@ -225,7 +247,7 @@ def plot_grids(plans: list[pp.Plan], path: str) -> str:
 
 
 def main(args) -> int:
-    """`jaxscale bench pipeline`: the rows, the GPipe vs 1F1B temporaries, the grids' plot."""
+    """`jaxscale bench pipeline`: the checked rows, the sweep over M, the grids' plot."""
     import json
     import os
     from pathlib import Path
@@ -234,22 +256,21 @@ def main(args) -> int:
 
     tcfg = verify.TCFG
     ms = tuple(args.sweep) if args.sweep else ()
-    n_points = len(ms) * len(SCHEDULES)
-    bar = Progress(len(ROWS) + 1 + n_points, desc="bench pipeline", enabled=not args.json)
-    ref = verify.reference(CFG, tcfg)
-    bar.update(1, note="reference")
-    rows = []
-    for text, mesh, m, v in ROWS:
-        rows.append(pipe_row(text, mesh, m, v, CFG, tcfg, ref))
-        bar.update(1, note=f"{rows[-1].label} {mesh}")
-    # the sweep's compiles alone on the host's cores, one process per core
-    swept = sweep(CFG, tcfg, ms, workers=min(os.cpu_count() or 1, 4), progress=bar) if ms else []
+    if args.dry_run:  # what would be compiled (and run), nothing more
+        for sched, v in SCHEDULES:
+            every = sorted(set(ms) | {CHECKED_M} | ({1} if sched == "gpipe" else set()))
+            print(f"manual:dp+{sched:<12} {MESH} v={v} M=" + ",".join(map(str, every)))
+        return 0
+    n = len(set(ms) | {CHECKED_M}) * len(SCHEDULES) + 1
+    bar = Progress(n, desc="bench pipeline", enabled=not args.json)
+    # every point in its own worker, one per core (a compile is one thread)
+    rows, swept = sweep(CFG, tcfg, ms, workers=min(os.cpu_count() or 1, 4), progress=bar)
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"rows": [dataclasses.asdict(r) | {"bubble_ok": r.bubble_ok,
                                                 "permute_ok": r.permute_ok} for r in rows],
-              "sweep": swept, "mesh_of_sweep": SWEEP_MESH[0]}  # fmt: skip
+              "sweep": swept, "mesh": MESH, "micro_rows": MICRO_ROWS}  # fmt: skip
     (out / "bench_pipeline.json").write_text(json.dumps(record, indent=1))
     plans = [pp.make_plan(r.stages, r.microbatches, r.schedule, r.virtual_stages)
              for r in rows[1:]]  # fmt: skip
@@ -257,12 +278,11 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(record))
     else:
+        print(f"{MESH}, one layer per virtual stage (d_model {CFG.d_model}), one microbatch of "
+              f"{MICRO_ROWS} rows x 32 tokens per data shard:")  # fmt: skip
         print(format_rows(rows))
         if swept:
-            print(
-                f"\nAs M grows on {SWEEP_MESH[0]} (compiled, not run; one microbatch of 32 "
-                "rows x 32 tokens per data shard, one layer per virtual stage):"
-            )
+            print(f"\nAs M grows (compiled only; the M = {CHECKED_M} programs are the rows'):")
             print(format_sweep(swept))
         print(f"\nwrote {out / 'bench_pipeline.json'}" + (f", {png}" if png else ""))
     ok = all(r.bubble_ok and r.permute_ok and r.passed for r in rows)
@@ -299,19 +319,21 @@ def format_rows(rows: list[PipeRow]) -> str:
 def format_sweep(swept: list[dict]) -> str:
     names = [k for k in swept[0] if k != "microbatches"]
     head = f"{'M':>3} " + " ".join(f"{n:>26}" for n in names)
-    sub = "    " + " ".join(f"{'compile s  ticks  temp KiB':>26}" for _ in names)
+    sub = "    " + " ".join(f"{'cpu s  ticks  temp KiB':>26}" for _ in names)
     lines = [head, sub]
     for rec in swept:
-        cells = [f"{r['compile_s']:>9.1f} {r['compiled_ticks']:>3}/{r['ticks']:<3}"
+        cells = [f"{r['compile_cpu_s']:>9.1f} {r['compiled_ticks']:>3}/{r['ticks']:<3}"
                  f"{r['temp_bytes'] / 1024:>10.0f}" for r in (rec[n] for n in names)]  # fmt: skip
         lines.append(f"{rec['microbatches']:>3} " + " ".join(f"{c:>26}" for c in cells))
     first, last = swept[0], swept[-1]
     if last["microbatches"] > first["microbatches"]:
-        ratios = ", ".join(f"{n} {last[n]['compile_s'] / first[n]['compile_s']:.2f}"
+        ratios = ", ".join(f"{n} {last[n]['compile_cpu_s'] / first[n]['compile_cpu_s']:.2f}"
                            for n in names)  # fmt: skip
-        lines.append(f"compile s at M={last['microbatches']} / M={first['microbatches']}: "
+        lines.append(f"compile at M={last['microbatches']} / M={first['microbatches']}: "
                      f"{ratios}")  # fmt: skip
     lines += [
+        "cpu s: lowering + compiling at XLA's backend optimisation level 0, CPU seconds of the "
+        "compiling process (the suite runs beside other work; wall seconds are in the JSON);",
         "ticks: tick programs compiled / ticks executed: the steady state is one loop body, so "
         "what is compiled stops growing with M once the schedule has one;",
         "temp: compiler temporaries (memory_analysis): GPipe stashes every microbatch's stage "
