@@ -45,6 +45,7 @@ def test_02_seed_faithful_prints_the_seeds_expected():
     assert "After 3 additions of 10: 62.0" in out and "Expected: 72.0" in out  # defect 1
 
 
+@pytest.mark.slow  # whole experiment in a subprocess
 def test_03_collectives_cheatsheet_and_exercises():
     out = run("03_collectives.py", "-w", "4", "-d", "10").stdout
     assert "Rank 3: [10.0, 20.0] | [10.0, 20.0]" in out  # all_reduce, S2 L1855-1867
@@ -54,6 +55,7 @@ def test_03_collectives_cheatsheet_and_exercises():
     assert "all_reduce         2D(N-1)/N     6,144   6 x collective-permute 1,024 B" in out
 
 
+@pytest.mark.slow  # whole experiment in a subprocess
 def test_04_collective_algorithms(tmp_path):
     plot = tmp_path / "04.png"
     out = run(

@@ -96,6 +96,7 @@ def test_bench_all_to_alls_equal_the_prediction_and_the_seed_table():
     assert n_experts.measured == 2 * n_experts.predicted  # ... not N = experts (16 = 2 x 8)
 
 
+@pytest.mark.slow  # whole experiment in a subprocess
 def test_experiment_08_parts_1_to_3():
     env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "true"}
     done = subprocess.run([sys.executable, str(ROOT / "experiments" / "08_experts.py"),

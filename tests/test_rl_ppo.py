@@ -125,6 +125,7 @@ def test_cli_refuses_bad_runs_before_compiling():
     assert r.returncode == 2 and "data axis only" in r.stderr
 
 
+@pytest.mark.slow  # the command in a subprocess; the loop's equality is fast
 def test_cli_trains_and_writes(tmp_path):
     r = _cli(
         "rl",

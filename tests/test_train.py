@@ -75,6 +75,7 @@ def test_gradient_accumulation_equals_full_batch():
     chex.assert_trees_all_close(accum, full, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow  # a learning run
 def test_markov_task_reaches_near_its_known_optimum():
     tcfg = TrainConfig(steps=150, global_batch=16, seq_len=32, lr=1e-2, warmup_steps=10,
                        eval_every=0, eval_batches=4)  # fmt: skip

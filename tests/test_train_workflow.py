@@ -28,6 +28,7 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a run, a resume and a plot; test_checkpoint's bitwise resume is fast
 def test_a_run_directory_from_start_to_resumes(tmp_path, capsys):
     run = tmp_path / "runs" / "a"  # parents are created
     # --ckpt-every divides --steps: the final save is the step just saved, and that is fine
