@@ -81,6 +81,7 @@ def test_remat_cuts_temporaries_below_the_unremat_step():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_bench_command_prints_both_tables_and_writes_json(tmp_path, capsys):
     rc = cli_main(["bench", "--model", "tiny", "--strategies", "auto:dp,manual:zero3",
                    "--steps", "1", "--global-batch", "8", "--seq-len", "16", "--remat-layers", "2",

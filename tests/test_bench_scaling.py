@@ -62,6 +62,7 @@ def test_bad_arguments_are_named_before_compiling(args, message, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_strong_and_weak_runs_are_checked_and_plotted(tmp_path, capsys):
     code = main(["bench", "scaling", "--model", "tiny", "--strategies", "auto:fsdp",
                  "--devices", "1,2", "--steps", "1", "--global-batch", "4", "--seq-len", "32",

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
-pytestmark = pytest.mark.slow  # every engine shape compiled, a server on a loopback port
+# every engine shape compiled, a server on a loopback port
+pytestmark = [pytest.mark.slow, pytest.mark.first_line]
 
 from jaxscale.bench import serve as bench  # noqa: E402
 from jaxscale.cli import main as cli_main  # noqa: E402

@@ -11,6 +11,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "05_data_parallel
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_experiment_05_prints_equivalence_sync_memory_and_comm_tables():
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, str(SCRIPT), "--batch", "16"]

@@ -21,6 +21,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # the whole experiment in a subprocess
+@pytest.mark.first_line
 def test_experiment_06_at_the_seed_defaults():
     done = _run("--iterations", "2", "--warmup", "1")  # -t 4 -H 64 -b 4 -s 16 (the seed's)
     assert done.returncode == 0, done.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-pytestmark = pytest.mark.slow  # each compiles the model in a subprocess
+pytestmark = [pytest.mark.slow, pytest.mark.first_line]  # each compiles the model in a subprocess
 
 
 def _run(script: str, *args: str) -> str:

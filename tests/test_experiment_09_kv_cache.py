@@ -34,6 +34,7 @@ def test_experiment_09_seed_faithful(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_experiment_09_real_cache_matches_the_seed_trie(tmp_path):
     """The seed's six requests through the engine's radix cache (page size 1): 31 of 57 prompt
     tokens served from the cache and 26 KV pages held, the seed trie's [RUN] numbers; the

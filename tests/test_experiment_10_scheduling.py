@@ -16,6 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "10_scheduling.py
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_experiment_10_scheduling():
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, str(SCRIPT), "--batch", "4", "--steps", "8"]

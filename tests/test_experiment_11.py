@@ -15,6 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "11_speculative_c
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_experiment_11_speculative_and_constrained(tmp_path):
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1", "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, str(SCRIPT), "--tokens", "32", "--trained-steps", "20", "--runs",

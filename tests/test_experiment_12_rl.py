@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_experiment_12_runs(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "experiments" / "12_rl_fundamentals.py"),
                         "--seeds", "1", "--steps", "32768", "--out", str(tmp_path)],

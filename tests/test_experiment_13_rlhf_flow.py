@@ -32,6 +32,7 @@ def _floats(text: str) -> list[float]:
 
 
 @pytest.mark.slow  # the whole experiment in a subprocess
+@pytest.mark.first_line
 def test_experiment_13_one_step_stage_by_stage(tmp_path):
     out = _run(tmp_path, "--no-sweep")
     for stage in STAGES:
@@ -80,6 +81,7 @@ def test_experiment_13_one_step_stage_by_stage(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_experiment_13_beta_sweep(tmp_path):
     out = _run(tmp_path, "--iterations", "3")
     assert "Try It 2" in out and "beta 0 (no KL)" in out and "adaptive" in out

@@ -23,6 +23,7 @@ def _int(s: str) -> int:
 
 
 @pytest.mark.slow  # tests/test_rlhf.py checks the same transfers in-process
+@pytest.mark.first_line
 def test_experiment_14_runs(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "experiments" / "14_rlhf_systems.py"),
                         "--random", "--iterations", "2", "--out", str(tmp_path)],

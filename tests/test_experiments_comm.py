@@ -46,6 +46,7 @@ def test_02_seed_faithful_prints_the_seeds_expected():
 
 
 @pytest.mark.slow  # whole experiment in a subprocess
+@pytest.mark.first_line
 def test_03_collectives_cheatsheet_and_exercises():
     out = run("03_collectives.py", "-w", "4", "-d", "10").stdout
     assert "Rank 3: [10.0, 20.0] | [10.0, 20.0]" in out  # all_reduce, S2 L1855-1867
@@ -56,6 +57,7 @@ def test_03_collectives_cheatsheet_and_exercises():
 
 
 @pytest.mark.slow  # whole experiment in a subprocess
+@pytest.mark.first_line
 def test_04_collective_algorithms(tmp_path):
     plot = tmp_path / "04.png"
     out = run(

@@ -26,6 +26,7 @@ CFG = ModelConfig(n_experts=8, top_k=2)
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_train_cli_moe_learns_and_logs_routing(tmp_path):
     metrics = tmp_path / "m.jsonl"
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_DISABLE_MOST_OPTIMIZATIONS": "true"}
@@ -71,6 +72,7 @@ def test_moe_checkpoint_restores_across_meshes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_balance_loss_keeps_the_load_in_band_and_its_absence_is_worse():
     runs = experts.load_balance(150)
     on, off = runs[0.01], runs[0.0]

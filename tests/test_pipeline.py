@@ -190,6 +190,7 @@ def test_1f1b_temporaries_stay_flat_as_m_grows_while_gpipes_grow_by_the_stash():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, capsys):
     """`jaxscale bench pipeline` as `make bench` runs it (points in worker processes): every
     checked row equal to the reference, exact permute bytes and bubble; the sweep's record."""

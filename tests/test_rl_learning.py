@@ -7,7 +7,7 @@ import pytest
 from jaxscale.rl import run, variance
 from jaxscale.rl.config import RLConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.first_line]
 
 
 def test_ppo_solves_cartpole_in_4_of_5_seeds():

@@ -76,6 +76,7 @@ def test_gradient_accumulation_equals_full_batch():
 
 
 @pytest.mark.slow  # a learning run
+@pytest.mark.first_line
 def test_markov_task_reaches_near_its_known_optimum():
     tcfg = TrainConfig(steps=150, global_batch=16, seq_len=32, lr=1e-2, warmup_steps=10,
                        eval_every=0, eval_batches=4)  # fmt: skip
@@ -164,6 +165,7 @@ def _self_only_attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_copy_task_is_learned_only_with_attention(monkeypatch):
     """The Markov task needs only the previous token, so a broken attention could still pass it.
     The copy task cannot be learned without looking `period` tokens back: with attention the

@@ -23,7 +23,9 @@ def _id(case):
 
 # The fast suite runs every dense strategy and training variant once, on the first mesh the
 # list gives it, and one pipeline case; the other meshes, the other pipeline cases (10-30 s
-# each on 2 cores) and the MoE cases are `slow` (CI runs them too, on the first Python line).
+# each on 2 cores) and the MoE cases are `slow`. CI's second Python line skips the `first_line`
+# ones: a dense strategy's other meshes and the pp=8 pipelines (every schedule still runs
+# there at pp=2 and pp=4).
 PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4"}
 FIRST_MESH = {}
 for _c in verify.CASES:
@@ -39,8 +41,10 @@ def _param(case):
     marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
     if case.strategy.schedule and _id(case) not in PIPE_FAST:
         marks.append(pytest.mark.slow)
+        if "pp=8" in case.mesh:
+            marks.append(pytest.mark.first_line)
     elif not case.strategy.schedule and FIRST_MESH[case.label] != _id(case):
-        marks.append(pytest.mark.slow)
+        marks += [pytest.mark.slow, pytest.mark.first_line]
     if case.model and _id(case) not in MOE_FAST:
         marks.append(pytest.mark.slow)
     return pytest.param(case, id=_id(case), marks=marks)

@@ -10,6 +10,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "07_pipeline_sche
 
 
 @pytest.mark.slow  # whole experiment in a subprocess
+@pytest.mark.first_line
 def test_experiment_07_runs(tmp_path):
     argv = [sys.executable, str(SCRIPT), "-s", "3", "-m", "6", "--out", str(tmp_path)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
