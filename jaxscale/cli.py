@@ -69,10 +69,12 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxscale.compat import use_fast_compile_xla_flags
     from jaxscale.devices import default_cpu_devices
     from jaxscale.launch import maybe_initialize_distributed
 
     default_cpu_devices()
+    use_fast_compile_xla_flags()  # jax 0.10's XLA:CPU: the same program in ~60% of the compile
     maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

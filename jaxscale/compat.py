@@ -38,3 +38,14 @@ def fast_compile_xla_flags() -> str:
     except (PackageNotFoundError, ValueError):
         return ""
     return "--xla_cpu_use_fusion_emitters=false" if (major, minor) == (0, 10) else ""
+
+
+def use_fast_compile_xla_flags() -> None:
+    """Add `fast_compile_xla_flags()` to XLA_FLAGS (process edges: the CLI, the test session),
+    unless the user's XLA_FLAGS already choose the emitters. Read when jax starts its backend,
+    so call it before; the environment carries it into child processes."""
+    import os
+
+    flags, fast = os.environ.get("XLA_FLAGS", ""), fast_compile_xla_flags()
+    if fast and "xla_cpu_use_fusion_emitters" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {fast}".strip()

@@ -16,9 +16,7 @@ from jaxscale import compat as _compat  # imports no jax
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
-_FAST = _compat.fast_compile_xla_flags()
-if _FAST and _FAST not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST}".strip()
+_compat.use_fast_compile_xla_flags()
 # One persistent compilation cache for the session's workers and the subprocesses they start:
 # a program compiled by one (the single-device reference, an experiment's step) is read by the
 # others instead of compiled again. Under .cache/ (ignored by git); CI starts with it empty.
