@@ -198,15 +198,15 @@ def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, caps
 
     from jaxscale.cli import main as cli_main
 
-    assert cli_main(["bench", "pipeline", "--sweep", "4", "--no-plot", "--out", str(tmp_path)]) == 0
+    assert cli_main(["bench", "pipeline", "--sweep", "8", "--no-plot", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "As M grows" in out and "✗" not in out
     record = json.loads((tmp_path / "bench_pipeline.json").read_text())
     assert [(r["schedule"], r["microbatches"]) for r in record["rows"]] == [
-        ("gpipe", 1), ("gpipe", 4), ("1f1b", 4), ("interleaved", 4), ("zb-h1", 4)]  # fmt: skip
+        ("gpipe", 1), ("gpipe", 8), ("1f1b", 8), ("interleaved", 8), ("zb-h1", 8)]  # fmt: skip
     assert all(r["passed"] and r["bubble_ok"] and r["permute_ok"] for r in record["rows"])
-    (m4,) = record["sweep"]
-    assert m4["1f1b"]["compiled_ticks"] == pp.make_plan(2, 4, "1f1b").compiled_ticks()
-    assert m4["1f1b"]["compile_cpu_s"] > 0
+    (m8,) = record["sweep"]
+    assert m8["1f1b"]["compiled_ticks"] == pp.make_plan(2, 8, "1f1b").compiled_ticks()
+    assert m8["1f1b"]["compile_cpu_s"] > 0
     assert cli_main(["bench", "pipeline", "--dry-run"]) == 0
-    assert "M=1,4,8,32" in capsys.readouterr().out  # the default sweep
+    assert "M=1,8,32" in capsys.readouterr().out  # the default sweep

@@ -73,10 +73,10 @@ def add_parser(sub) -> None:
     p.add_argument("--remat-layers", type=positive_int, default=8,
                    help="layers of the model used for the remat vs sqrt(L) comparison "
                    "(default 8)")  # fmt: skip
-    p.add_argument("--sweep", type=comma_list(positive_int), default=[4, 8, 32],
+    p.add_argument("--sweep", type=comma_list(positive_int), default=[8, 32],
                    help="pipeline suite: microbatch counts M at which every schedule is "
                    "compiled for its compile time, tick programs and temporaries (default "
-                   "4,8,32)")  # fmt: skip
+                   "8,32)")  # fmt: skip
     p.add_argument("--devices", type=comma_list(positive_int), default=None,
                    help="scaling suite: device counts, starting at 1 (default 1,2,4,... up to "
                    "the devices there are), e.g. 1,2,4,8")  # fmt: skip

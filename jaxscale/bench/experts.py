@@ -160,8 +160,10 @@ def main(args) -> int:
               f"forward and backward)")  # fmt: skip
         print(format_rows(rows))
         if jax.default_backend() == "cpu" and jax.config.read("jax_disable_most_optimizations"):
-            print("ms: median step on simulated CPU devices at XLA's backend optimisation level 0 "
-                  "(how `jaxscale bench experts` compiles on CPU): compare the bytes, not the ms")
+            print(
+                "ms: median step on simulated CPU devices at XLA's backend optimisation level 0 "
+                "(how `jaxscale bench experts` compiles on CPU): compare the bytes, not the ms"
+            )
         print()
         print(format_seed(seed, tcfg.global_batch, tcfg.seq_len))
         for r in rows:
