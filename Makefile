@@ -49,12 +49,14 @@ smoke: install
 # output is printed after theirs, from results/bench_pipeline.txt.
 bench: $(BENCH_STAMP)
 	@mkdir -p results
-	@echo "bench pipeline: running beside the mesh table (its output follows the MoE rows)"
-	@JAX_PLATFORMS=cpu $(PY) -m jaxscale bench pipeline > results/bench_pipeline.txt 2>&1 & \
+	@echo "bench experts, bench pipeline: running beside the mesh table (their output follows it)"
+	@( JAX_PLATFORMS=cpu $(PY) -m jaxscale bench experts > results/bench_experts.txt 2>&1; e=$$?; \
+	   JAX_PLATFORMS=cpu $(PY) -m jaxscale bench pipeline > results/bench_pipeline.txt 2>&1; \
+	   exit $$(( e || $$? )) ) & \
 	pid=$$!; \
-	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS) && \
-	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench experts; rc=$$?; \
-	wait $$pid; prc=$$?; echo; cat results/bench_pipeline.txt; \
+	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS); rc=$$?; \
+	wait $$pid; prc=$$?; \
+	for f in experts pipeline; do echo; cat results/bench_$$f.txt 2>/dev/null; done; \
 	exit $$(( rc || prc ))
 
 # jaxscale's PPO beside rejax's (installed into the venv as the rl-compare extra).

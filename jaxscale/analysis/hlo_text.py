@@ -35,45 +35,61 @@ class Instruction:
 # --- low-level text parsing -------------------------------------------------------------------
 
 
+_SPECIAL = re.compile(r'[()\[\]{}",]')  # the characters the scanners below act on
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _in_quote_end(text: str, i: int) -> int:
+    """Index of the quote that closes the string opened at text[i] (escapes respected)."""
+    j = i
+    while True:
+        j = text.find('"', j + 1)
+        if j < 0:  # unterminated: the rest of the text is the string
+            return len(text) - 1
+        if text[j - 1] != "\\":
+            return j
+
+
 def matching(text: str, start: int) -> int:
-    """Index just past the bracket that closes text[start] (quotes respected)."""
-    pairs = {"(": ")", "[": "]", "{": "}"}
-    depth, i, quote = 0, start, False
-    while i < len(text):
-        c = text[i]
-        if quote:
-            quote = c != '"' or text[i - 1] == "\\"
-        elif c == '"':
-            quote = True
-        elif c in pairs:
+    """Index just past the bracket that closes text[start] (quotes respected). Jumps from one
+    bracket or quote to the next: HLO lines are long and mostly plain text."""
+    depth, i = 0, start
+    while True:
+        m = _SPECIAL.search(text, i)
+        if m is None:
+            raise ValueError(f"unbalanced brackets in HLO text: {text[start : start + 80]!r}")
+        i, c = m.start(), m.group()
+        if c == '"':
+            i = _in_quote_end(text, i)
+        elif c in _OPEN:
             depth += 1
-        elif c in pairs.values():
+        elif c in _CLOSE:
             depth -= 1
             if depth == 0:
                 return i + 1
         i += 1
-    raise ValueError(f"unbalanced brackets in HLO text: {text[start : start + 80]!r}")
 
 
 def _split_top(text: str) -> list[str]:
     """Split at commas that are outside brackets and quotes."""
-    parts, depth, quote, cur = [], 0, False, []
-    for i, c in enumerate(text):
-        if quote:
-            quote = c != '"' or text[i - 1] == "\\"
-        elif c == '"':
-            quote = True
-        elif c in "([{":
+    parts, depth, last, i = [], 0, 0, 0
+    while True:
+        m = _SPECIAL.search(text, i)
+        if m is None:
+            break
+        i, c = m.start(), m.group()
+        if c == '"':
+            i = _in_quote_end(text, i)
+        elif c in _OPEN:
             depth += 1
-        elif c in ")]}":
+        elif c in _CLOSE:
             depth -= 1
-        elif c == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-            continue
-        cur.append(c)
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
+        elif depth == 0:  # a top-level comma
+            parts.append(text[last:i].strip())
+            last = i + 1
+        i += 1
+    if text[last:].strip():
+        parts.append(text[last:].strip())
     return parts
 
 
