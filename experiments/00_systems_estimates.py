@@ -26,10 +26,14 @@ SECTIONS = (
     ("3. Mixture-of-experts parameters", ["calc", "moe"], False, None),
     ("4. GPU requirements and training time", ["calc", "time"], False, "training_time"),
     ("5. FLOPs of a transformer block, 6N check", ["calc", "flops"], True, None),
-    ("6. Memory per GPU for LLaMA-2-70B layouts", ["calc", "memory", "--scenario", "seed001"],
-     True, None),
+    (
+        "6. Memory per GPU for LLaMA-2-70B layouts",
+        ["calc", "memory", "--scenario", "seed001"],
+        True,
+        None,
+    ),
     ("7. Communication: TP and ZeRO/FSDP", ["calc", "comm"], True, None),
-)  # fmt: skip
+)
 LATER_SECTIONS = (
     ("9. Inference latency and throughput", ["calc", "inference"], True, None),
     ("9. GPUs to serve a load", ["calc", "serving"], True, None),

@@ -24,9 +24,13 @@ from jaxscale.sim import batching, speculative
 GB = 1e9
 A100_GB = 80
 MODELS = {"GPT-2 (124M)": 124e6, "LLaMA 7B": 7e9, "LLaMA 70B": 70e9}  # L144-148
-CONFIGS = [("(a) GPT-2, 1 GPU", 124e6, 1), ("(b) GPT-2, 4 GPUs", 124e6, 4),  # L1230-1234
-           ("(c) LLaMA 7B, 4 GPUs", 7e9, 4), ("(d) LLaMA 70B, 8 GPUs", 70e9, 8),
-           ("(e) 175B Model, 64 GPUs", 175e9, 64)]  # fmt: skip
+CONFIGS = [
+    ("(a) GPT-2, 1 GPU", 124e6, 1),
+    ("(b) GPT-2, 4 GPUs", 124e6, 4),  # L1230-1234
+    ("(c) LLaMA 7B, 4 GPUs", 7e9, 4),
+    ("(d) LLaMA 70B, 8 GPUs", 70e9, 8),
+    ("(e) 175B Model, 64 GPUs", 175e9, 64),
+]
 
 
 def _gb(x: float) -> str:
@@ -38,8 +42,14 @@ def exercise1(gpus: int, out: Path) -> None:
     header = ["stage", "weights", "grads", "optimizer", "total/GPU", "fits A100"]
     for name, n in MODELS.items():
         mems = [training_memory_per_device(n, dp=gpus, zero_stage=z) for z in range(4)]
-        rows = [[f"ZeRO-{z}", *map(_gb, (m.weights, m.gradients, m.optimizer, m.total)),
-                 ("NO", "YES")[m.total <= A100_GB * GB]] for z, m in enumerate(mems)]  # fmt: skip
+        rows = [
+            [
+                f"ZeRO-{z}",
+                *map(_gb, (m.weights, m.gradients, m.optimizer, m.total)),
+                ("NO", "YES")[m.total <= A100_GB * GB],
+            ]
+            for z, m in enumerate(mems)
+        ]
         print(f"--- {name}: {_gb(12 * n)} on one GPU\n" + grid(header, rows))
     zero1 = lambda n, g: _gb(training_memory_per_device(n, dp=g, zero_stage=1).total)  # noqa: E731
     z1 = [[name] + [zero1(n, g) for g in (1, 2, 4, 8)] for name, n in MODELS.items()]
@@ -62,9 +72,19 @@ def exercise2(trials: int, out: Path) -> None:
     points = speculative.k_sweep(cfg)
     print(f"=== Exercise 2: speculative decoding, {cfg.total_tokens} tokens x {trials} trials")
     expect = lambda k: speculative.expected_tokens_per_pass(cfg.match_prob, k)  # noqa: E731
-    rows = [[str(p.k), f"{p.avg_accepted_per_round:.2f}", f"{p.avg_tokens_per_round:.2f}",
-             f"{expect(p.k):.2f}", f"{p.avg_rounds:.1f}", f"{p.avg_time_ms:.0f}",
-             f"{p.baseline_time_ms:.0f}", f"{p.speedup:.2f}x"] for p in points]  # fmt: skip
+    rows = [
+        [
+            str(p.k),
+            f"{p.avg_accepted_per_round:.2f}",
+            f"{p.avg_tokens_per_round:.2f}",
+            f"{expect(p.k):.2f}",
+            f"{p.avg_rounds:.1f}",
+            f"{p.avg_time_ms:.0f}",
+            f"{p.baseline_time_ms:.0f}",
+            f"{p.speedup:.2f}x",
+        ]
+        for p in points
+    ]
     header = ["K", "acc/round", "tok/round", "E[tok]", "rounds", "time ms", "baseline", "speedup"]
     print(grid(header, rows, label_column=False))
     top = speculative.best(points)
@@ -73,9 +93,16 @@ def exercise2(trials: int, out: Path) -> None:
     perfect = [speculative.perfect_draft_speedup(k, 10, 50, seed_faithful=f) for f in (False, True)]
     print(f"Perfect draft, K={k}: {perfect[0]:.2f}x (seed L637, no +1 token: {perfect[1]:.2f}x)")
     sweep = speculative.match_prob_sweep(cfg)
-    print(grid(["match_prob", "best K", "speedup"],
-               [[f"{mp}", str(speculative.best(p).k), f"{speculative.best(p).speedup:.2f}x"]
-                for mp, p in sweep.items()]) + "\n")  # fmt: skip
+    print(
+        grid(
+            ["match_prob", "best K", "speedup"],
+            [
+                [f"{mp}", str(speculative.best(p).k), f"{speculative.best(p).speedup:.2f}x"]
+                for mp, p in sweep.items()
+            ],
+        )
+        + "\n"
+    )
     with figure(out / "00_ex2_speculative.png", 1, 2, figsize=(13, 5)) as (_, (ax1, ax2)):
         ks = speculative.DRAFT_LENGTHS  # what k_sweep and match_prob_sweep run
         ax1.plot(ks, [p.speedup for p in points], marker="o")
@@ -91,9 +118,17 @@ def exercise3(requests: int, batch_size: int, out: Path) -> None:
     static = batching.simulate_static(lengths, batch_size)
     cont = batching.simulate_continuous(lengths, batch_size)
     print(f"=== Exercise 3: {requests} requests, batch {batch_size}, first {lengths[:10].tolist()}")
-    rows = [[name, str(r.total_steps), f"{r.avg_utilization:.1%}", f"{r.avg_service_latency:.0f}",
-             f"{r.avg_completion:.0f}", f"{r.wasted_slot_steps} ({r.waste_fraction:.1%})"]
-            for name, r in (("static", static), ("continuous", cont))]  # fmt: skip
+    rows = [
+        [
+            name,
+            str(r.total_steps),
+            f"{r.avg_utilization:.1%}",
+            f"{r.avg_service_latency:.0f}",
+            f"{r.avg_completion:.0f}",
+            f"{r.wasted_slot_steps} ({r.waste_fraction:.1%})",
+        ]
+        for name, r in (("static", static), ("continuous", cont))
+    ]
     header = ["strategy", "steps", "utilization", "latency", "completion", "wasted"]
     print(grid(header, rows))
     print(f"Throughput: {static.total_steps / cont.total_steps:.2f}x fewer steps with continuous")
@@ -125,12 +160,14 @@ def exercise4() -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpus", type=positive_int, default=8, help="GPUs for exercise 1 (8)")
-    p.add_argument("--trials", type=positive_int, default=200,
-                   help="speculative trials per point (200)")  # fmt: skip
+    p.add_argument(
+        "--trials", type=positive_int, default=200, help="speculative trials per point (200)"
+    )
     p.add_argument("--requests", type=positive_int, default=50, help="batching requests (50)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="batching slots (8)")
-    p.add_argument("--out", type=writable_dir, default="results",
-                   help="folder for the plots (results)")  # fmt: skip
+    p.add_argument(
+        "--out", type=writable_dir, default="results", help="folder for the plots (results)"
+    )
     args = p.parse_args()
     exercise1(args.gpus, Path(args.out))
     exercise2(args.trials, Path(args.out))

@@ -24,9 +24,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", "-w", type=int, default=None, help="ranks (default 4)")
     parser.add_argument(
-        "--backend", "-b", default="gloo", choices=["gloo", "nccl"],
+        "--backend",
+        "-b",
+        default="gloo",
+        choices=["gloo", "nccl"],
         help="the seed's torch backend; under JAX the platform decides",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     import jax

@@ -75,15 +75,21 @@ def main() -> int:
         print(f"Expected: {chain.seed_printed_expected}   <- the seed's formula (defect 1)")
     else:
         print(f"After {chain.relays} relay additions of 10: {chain.final}")
-        print(f"Expected: {chain.expected}   (init + 10 x #relays; the seed prints "
-              f"{chain.seed_printed_expected})")  # fmt: skip
+        print(
+            f"Expected: {chain.expected}   (init + 10 x #relays; the seed prints "
+            f"{chain.seed_printed_expected})"
+        )
     sim = p2p.simulate(*p2p.chain(w))
-    print(f"Same chain with blocking send/recv in the simulator: {sim.status}, sink holds "
-          f"{sim.env[-1]['x']}")  # fmt: skip
+    print(
+        f"Same chain with blocking send/recv in the simulator: {sim.status}, sink holds "
+        f"{sim.env[-1]['x']}"
+    )
 
     print("\n=== Ex1 RING: value goes round once, every non-origin rank adds 10")
-    print(f"  from 0: rank 0 ends with {demos.ring_pass(mesh, 0.0)[0]}; "
-          f"from 42: {demos.ring_pass(mesh, 42.0)[0]}")  # fmt: skip
+    print(
+        f"  from 0: rank 0 ends with {demos.ring_pass(mesh, 0.0)[0]}; "
+        f"from 42: {demos.ring_pass(mesh, 42.0)[0]}"
+    )
     if w % 2 == 0:
         sent, received = demos.even_odd_swap(mesh)
         print("\n=== Ex2 EVEN <-> ODD in one ppermute")
@@ -109,8 +115,10 @@ def main() -> int:
     t0 = time.perf_counter()
     jax.block_until_ready([f(x) for _ in range(reps)])  # "non-blocking": dispatch all, wait once
     overlapped = (time.perf_counter() - t0) / reps
-    print(f"  wait every call: {blocking * 1e3:.3f} ms/call; dispatch all then wait: "
-          f"{overlapped * 1e3:.3f} ms/call (CPU, indicative)")  # fmt: skip
+    print(
+        f"  wait every call: {blocking * 1e3:.3f} ms/call; dispatch all then wait: "
+        f"{overlapped * 1e3:.3f} ms/call (CPU, indicative)"
+    )
 
     p, m, b, h = w, args.num_microbatches, args.batch_size, args.hidden_size
     print(f"\n=== PIPELINE: {p} stages (Linear+ReLU), {m} microbatches of [{b}, {h}], forward")
@@ -124,8 +132,10 @@ def main() -> int:
         ref = np.maximum(ref @ w_[s] + b_[s], 0.0)
     for i in range(m):
         print(f"  [Stage {p - 1}] Microbatch {i}: Completed! Output mean: {out[i].mean():.4f}")
-    print(f"  max |pipeline - sequential| = {np.abs(out - ref).max():.2e}; "
-          f"hops per microbatch: {p - 1}; ticks: {m + p - 1}")  # fmt: skip
+    print(
+        f"  max |pipeline - sequential| = {np.abs(out - ref).max():.2e}; "
+        f"hops per microbatch: {p - 1}; ticks: {m + p - 1}"
+    )
     print("  In a real pipeline the backward pass sends gradients back (see experiment 07).\n")
     show_patterns()
     return 0

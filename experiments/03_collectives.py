@@ -103,8 +103,10 @@ def main() -> int:
     print(f"{'=' * 60}\n DISTRIBUTED MEAN: Weighted Approach (unequal sizes)\n{'=' * 60}")
     m = DC.distributed_mean(mesh, args.data_size, weighted=True)
     for r in range(w):
-        print(f"[Rank {r}] Size: {m.local_sizes[r]}, Local mean: {m.local_means[r]:.4f}, "
-              f"Weighted global mean: {m.global_mean:.4f}")  # fmt: skip
+        print(
+            f"[Rank {r}] Size: {m.local_sizes[r]}, Local mean: {m.local_means[r]:.4f}, "
+            f"Weighted global mean: {m.global_mean:.4f}"
+        )
     print(f"  numpy over all valid data: {m.reference:.4f}")
     before, after = DC.gradient_sync(mesh)
     print(f"{'=' * 60}\n PRACTICAL EXAMPLE: Gradient Synchronization\n{'=' * 60}")
@@ -117,8 +119,10 @@ def main() -> int:
     best, owner = DC.distributed_argmax(mesh, values)
     print(f"  Ex2 argmax over {values.tolist()}: max {best} on rank {owner} (lowest rank on ties)")
     after_ring = DC.cheatsheet_after(mesh, "all_reduce", "ppermute")
-    print(f"  Ex3 ring all-reduce of [r+1, 2(r+1)]: {after_ring[0].tolist()} "
-          f"({2 * (w - 1)} ppermute steps of D/N)")  # fmt: skip
+    print(
+        f"  Ex3 ring all-reduce of [r+1, 2(r+1)]: {after_ring[0].tolist()} "
+        f"({2 * (w - 1)} ppermute steps of D/N)"
+    )
     logits = np.random.default_rng(1).normal(size=(2, 4 * w)).astype(np.float32) * 5
     err = np.abs(DC.sharded_softmax(mesh, logits) - np.asarray(jax.nn.softmax(logits))).max()
     print(f"  distributed softmax (vocab split {w} ways) vs jax.nn.softmax: max diff {err:.1e}")

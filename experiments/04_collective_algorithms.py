@@ -55,17 +55,22 @@ def schedules(w: int) -> None:
 def model_tables(faithful: bool) -> None:
     mode = "seed-faithful" if faithful else "corrected"
     print(f"\n1 GB ALL-REDUCE ON 8 GPUS (S2 L2452-2460), {mode} mode")
-    seed = {k: comm.seed002_allreduce_intuition_s(1e9, bw) for k, bw in (("nvlink4", 900e9),
-            ("pcie4", 32e9))}  # fmt: skip
-    ring = {k: comm.collective_cost("all-reduce", "ring", 8, 1e9, comm.LINKS[k]).total_s
-            for k in seed}  # fmt: skip
+    seed = {
+        k: comm.seed002_allreduce_intuition_s(1e9, bw)
+        for k, bw in (("nvlink4", 900e9), ("pcie4", 32e9))
+    }
+    ring = {
+        k: comm.collective_cost("all-reduce", "ring", 8, 1e9, comm.LINKS[k]).total_s for k in seed
+    }
     first, second = (seed, ring) if faithful else (ring, seed)
     labels = ("seed: D/(headline/2)", "ring model") if faithful else ("ring model", "seed prints")
     print(f"{'link':<10}{labels[0]:>22}{labels[1]:>22}")
     for k in seed:
         print(f"{k:<10}{first[k] * 1e3:>19.2f} ms{second[k] * 1e3:>19.2f} ms")
-    print(f"ratio PCIe/NVLink: {first['pcie4'] / first['nvlink4']:.1f}x "
-          f"({labels[1]}: {second['pcie4'] / second['nvlink4']:.1f}x)")  # fmt: skip
+    print(
+        f"ratio PCIe/NVLink: {first['pcie4'] / first['nvlink4']:.1f}x "
+        f"({labels[1]}: {second['pcie4'] / second['nvlink4']:.1f}x)"
+    )
 
     print(f"\nSEED 004 simulate_allreduce_time (S4 L1492-1543), {mode} mode")
     cols = ("seed prints", "corrected") if faithful else ("corrected", "seed prints")
@@ -77,8 +82,10 @@ def model_tables(faithful: bool) -> None:
     print("(the seed reads its 'Gbps' argument as GB/s; corrected divides by 8)")
 
     print("\nTREE vs RING with a latency term: crossover sizes, N = 8")
-    print(f"{'link':<13}{'alpha us':>9}{'GB/s':>7}{'tree<ring below':>17}{'DBT<ring below':>16}"
-          f"{'best @1KB':>20}{'best @1MB':>20}{'best @100MB':>13}")  # fmt: skip
+    print(
+        f"{'link':<13}{'alpha us':>9}{'GB/s':>7}{'tree<ring below':>17}{'DBT<ring below':>16}"
+        f"{'best @1KB':>20}{'best @1MB':>20}{'best @100MB':>13}"
+    )
     for key, link in comm.LINKS.items():
         tree = comm.crossover_bytes("all-reduce", "tree", "ring", 8, link)
         dbt = comm.crossover_bytes("all-reduce", "double_binary_tree", "ring", 8, link)
@@ -109,8 +116,10 @@ def benchmark(args) -> list:
     for size in bench.parse_sizes(args.sizes):
         r = bench.measure("psum", w, size, args.iterations, 1, args.budget_s)
         rows.append(r)
-        print(f"{bench.format_bytes(r.size_bytes):<12}{r.latency_s * 1e3:>12.3f}"
-              f"{bench.format_bytes(r.busbw_Bps) + '/s':>14}")  # fmt: skip
+        print(
+            f"{bench.format_bytes(r.size_bytes):<12}{r.latency_s * 1e3:>12.3f}"
+            f"{bench.format_bytes(r.busbw_Bps) + '/s':>14}"
+        )
     if len(rows) >= 2:
         size_ratio = rows[-1].size_bytes / rows[0].size_bytes
         lat_ratio = rows[-1].latency_s / rows[0].latency_s

@@ -34,8 +34,11 @@ from jaxscale.parallel.compose import Strategy, build, step_shape  # noqa: E402
 
 MiB = 1 << 20
 SEED_COMM = {0: "0 / 2D / 0", 1: "0 / 2D / D", 2: "0 / D / D", 3: "2D / 2D / D"}  # L3318-3324
-WIRE = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
-        "reduce-scatter": lambda n: (n - 1) / n}  # fmt: skip
+WIRE = {
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "all-gather": lambda n: (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+}
 
 
 def main() -> None:
@@ -50,10 +53,12 @@ def main() -> None:
     ref = verify.reference(cfg, tcfg)
     for case in (verify.Case(Strategy("dp=8")), verify.Case(Strategy.parse("manual:dp", "dp=8"))):
         r = verify.check(case, ref, cfg, tcfg)
-        print(f"   {case.label:<11} loss {ref.losses[0]:.6f} |dloss| {r.loss_err:.1e}  grads "
-              f"within "
-              f"{r.grad_ratio:.2f} of tolerance  10-step |dparam| {r.traj_param_err:.1e}  "
-              f"{'✓' if r.passed else '✗'}")  # fmt: skip
+        print(
+            f"   {case.label:<11} loss {ref.losses[0]:.6f} |dloss| {r.loss_err:.1e}  grads "
+            f"within "
+            f"{r.grad_ratio:.2f} of tolerance  10-step |dparam| {r.traj_param_err:.1e}  "
+            f"{'✓' if r.passed else '✗'}"
+        )
 
     print("\n2. Gradient sync: w_up_DF[0,0,0] per device before and after the all-reduce")
     mesh = build_mesh("dp=8")
@@ -94,9 +99,11 @@ def main() -> None:
             )
         m, p = predict.layout_state(built), predict.predicted_state(built, cfg)
         args_mb = reports[stage].memory.argument / MiB
-        print(f"   stage {stage}: params {m.params / MiB:.3f}/{p.params / MiB:.3f}  grads "
-              f"{m.grads / MiB:.3f}/{p.grads / MiB:.3f}  adam {m.optimizer / MiB:.3f}/"
-              f"{p.optimizer / MiB:.3f}  args {args_mb:.3f}")  # fmt: skip
+        print(
+            f"   stage {stage}: params {m.params / MiB:.3f}/{p.params / MiB:.3f}  grads "
+            f"{m.grads / MiB:.3f}/{p.grads / MiB:.3f}  adam {m.optimizer / MiB:.3f}/"
+            f"{p.optimizer / MiB:.3f}  args {args_mb:.3f}"
+        )
 
     print("\n4. Communication per step (census, then ring wire bytes in units of D = grad bytes)")
     grad_bytes = step_shape(cfg, 0).matrix_params * 4

@@ -78,10 +78,20 @@ def mlp_and_comm(mesh, args) -> None:
     # shared/seeds/002 L4150-4158 writes each all-reduce as 2*b*s*h/T values; a ring sends
     # 2*b*s*h*(T-1)/T per GPU, and its own total line 8*b*s*h*(T-1)/T counts values, not bytes.
     seed_row, ring_row = 2 * b * s * h / t, 2 * b * s * h * (t - 1) / t
-    rows = [["one (MLP/attention, fwd/bwd)", f"{seed_row:,.0f}", f"{ring_row:,.0f}",
-             f"{ring_row * 4 / KB:.1f} KB"],
-            ["4 per layer", f"{4 * seed_row:,.0f}", f"{4 * ring_row:,.0f}",
-             f"{comm.layer_fwd_bwd_bytes_per_gpu / KB:.1f} KB"]]  # fmt: skip
+    rows = [
+        [
+            "one (MLP/attention, fwd/bwd)",
+            f"{seed_row:,.0f}",
+            f"{ring_row:,.0f}",
+            f"{ring_row * 4 / KB:.1f} KB",
+        ],
+        [
+            "4 per layer",
+            f"{4 * seed_row:,.0f}",
+            f"{4 * ring_row:,.0f}",
+            f"{comm.layer_fwd_bwd_bytes_per_gpu / KB:.1f} KB",
+        ],
+    ]
     print("\nAll-reduces per transformer layer, values sent per GPU:")
     print(grid(["all-reduce", "seed 2bsh/T", "ring 2bsh(T-1)/T", "f32 bytes"], rows))
 

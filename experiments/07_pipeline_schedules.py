@@ -28,18 +28,30 @@ def _peaks(peaks) -> str:
     return " ".join(f"{x:g}" for x in peaks)
 
 
-SUMMARY_COLS = [Col("name", "schedule"), Col("makespan", "makespan", "g"),
-                Col("bubble_s2", "bubble (idle/total)", ".2%"),
-                Col("bubble_s4", "bubble (idle/ideal)", ".2%"),
-                Col("peak_activations", "peak act/stage", _peaks)]  # fmt: skip
+SUMMARY_COLS = [
+    Col("name", "schedule"),
+    Col("makespan", "makespan", "g"),
+    Col("bubble_s2", "bubble (idle/total)", ".2%"),
+    Col("bubble_s4", "bubble (idle/ideal)", ".2%"),
+    Col("peak_activations", "peak act/stage", _peaks),
+]
 
 
 def summary(results) -> str:
-    return table(SUMMARY_COLS, [
-        {"name": r.config.schedule
-         + (f" v={r.config.virtual_stages}" if r.config.virtual_stages > 1 else ""),
-         "makespan": r.makespan, "bubble_s2": r.bubble_s2, "bubble_s4": r.bubble_s4,
-         "peak_activations": r.peak_activations} for r in results])  # fmt: skip
+    return table(
+        SUMMARY_COLS,
+        [
+            {
+                "name": r.config.schedule
+                + (f" v={r.config.virtual_stages}" if r.config.virtual_stages > 1 else ""),
+                "makespan": r.makespan,
+                "bubble_s2": r.bubble_s2,
+                "bubble_s4": r.bubble_s4,
+                "peak_activations": r.peak_activations,
+            }
+            for r in results
+        ],
+    )
 
 
 def schedules(p: int, m: int, v: int, t_b: float) -> list:
@@ -54,17 +66,29 @@ def main() -> None:
     a = ap.add_argument("--pp", "-s", type=positive_int, default=4, help="pipeline stages P (4)")
     hidden_alias(ap, a, "--stages")
     ap.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M (8)")
-    ap.add_argument("--virtual-stages", "-v", type=positive_int, default=2,
-                    help="model chunks per device, interleaved (2)")  # fmt: skip
-    ap.add_argument("--backward-ratio", type=positive_float, default=2.0,
-                    help="t_B / t_F for table 2 (2)")  # fmt: skip
+    ap.add_argument(
+        "--virtual-stages",
+        "-v",
+        type=positive_int,
+        default=2,
+        help="model chunks per device, interleaved (2)",
+    )
+    ap.add_argument(
+        "--backward-ratio", type=positive_float, default=2.0, help="t_B / t_F for table 2 (2)"
+    )
     ap.add_argument("--out", type=writable_dir, default="results", help="folder for the plots")
     args = ap.parse_args()
     p, m, v = args.pp, args.microbatches, args.virtual_stages
     try:  # the bounds of `jaxscale simulate pipeline`
         at_most(MAX_STAGES, "stages", WHY, pp=p)
-        at_most(MAX_STAGE_MICROBATCHES, "stage-microbatches", WHY, pp=p, microbatches=m,
-                virtual_stages=v)  # fmt: skip
+        at_most(
+            MAX_STAGE_MICROBATCHES,
+            "stage-microbatches",
+            WHY,
+            pp=p,
+            microbatches=m,
+            virtual_stages=v,
+        )
     except ValueError as err:
         ap.error(str(err))
 
@@ -81,15 +105,29 @@ def main() -> None:
 
     rows = pp.bubble_table(p, virtual_stages=v)
     print(f"\n== bubble vs microbatches, P={p} (seed 002 L5603-5627; seed 004 L722-744) ==")
-    print(table([Col("microbatches", "M"), Col("bubble_s2", "(P-1)/(M+P-1)", ".1%"),
-                 Col("simulated_1f1b_bubble", "simulated 1F1B", ".1%"),
-                 Col("simulated_interleaved_bubble", f"interleaved v={v}", ".1%"),
-                 Col("bubble_s4", "(P-1)/M", ".1%"),
-                 Col("efficiency_s4", "seed 004 efficiency", ".1%")], rows))  # fmt: skip
+    print(
+        table(
+            [
+                Col("microbatches", "M"),
+                Col("bubble_s2", "(P-1)/(M+P-1)", ".1%"),
+                Col("simulated_1f1b_bubble", "simulated 1F1B", ".1%"),
+                Col("simulated_interleaved_bubble", f"interleaved v={v}", ".1%"),
+                Col("bubble_s4", "(P-1)/M", ".1%"),
+                Col("efficiency_s4", "seed 004 efficiency", ".1%"),
+            ],
+            rows,
+        )
+    )
 
     print(f"\n== peak activations, stage 0 (microbatches held), P={p} ==")
-    peaks = [{"M": mb} | {s: pp.simulate(pp.PipelineConfig(p, mb, s)).peak_activations[0]
-                          for s in ("gpipe", "1f1b")} for mb in (4, 8, 16, 32)]  # fmt: skip
+    peaks = [
+        {"M": mb}
+        | {
+            s: pp.simulate(pp.PipelineConfig(p, mb, s)).peak_activations[0]
+            for s in ("gpipe", "1f1b")
+        }
+        for mb in (4, 8, 16, 32)
+    ]
     print(table([Col("M", "M"), Col("gpipe", "GPipe", "g"), Col("1f1b", "1F1B", "g")], peaks))
 
     os.makedirs(args.out, exist_ok=True)
@@ -105,15 +143,20 @@ def executor_grids(p: int, m: int, v: int, path: str) -> str:
     from jaxscale.bench.pipeline import executed_result, plot_grids
     from jaxscale.parallel import pp as executor
 
-    plans = [executor.make_plan(p, m, s, v if s == "interleaved" else 1) for s in pp.SCHEDULES
-             if s != "interleaved" or m % p == 0]  # fmt: skip
+    plans = [
+        executor.make_plan(p, m, s, v if s == "interleaved" else 1)
+        for s in pp.SCHEDULES
+        if s != "interleaved" or m % p == 0
+    ]
     print(f"\n== the executor's program vs the simulator (P={p}, M={m}, t_B = 2 t_F) ==")
     for plan in plans:
         run, sim_ = executed_result(plan), pp.simulate(plan.config)
         occ = plan.occupancy()
-        print(f"{plan.config.schedule:<12} executed makespan {run.makespan:g} (simulated "
-              f"{sim_.makespan:g}), idle ticks per device {occ['idle']}, bubble "
-              f"{occ['bubble']:.1%}, stash slots {plan.stash_slots}")  # fmt: skip
+        print(
+            f"{plan.config.schedule:<12} executed makespan {run.makespan:g} (simulated "
+            f"{sim_.makespan:g}), idle ticks per device {occ['idle']}, bubble "
+            f"{occ['bubble']:.1%}, stash slots {plan.stash_slots}"
+        )
     return plot_grids(plans, path)
 
 

@@ -35,11 +35,23 @@ def part1() -> list[dict]:
     rows = []
     for n, reading in ((64, "N = 64 experts"), (8, "N = 8 EP ranks")):
         v = comm.moe_layer_volumes(tokens, hidden, k, n)
-        rows.append({"reading": reading, "S": v["S"] / MIB, "tp": v["tp_2S"] / MIB,
-                     "ring": v["tp_2S_ring"] / MIB, "ep": v["ep_2kS_over_n"] / MIB})  # fmt: skip
+        rows.append(
+            {
+                "reading": reading,
+                "S": v["S"] / MIB,
+                "tp": v["tp_2S"] / MIB,
+                "ring": v["tp_2S_ring"] / MIB,
+                "ep": v["ep_2kS_over_n"] / MIB,
+            }
+        )
     print("1. seed ex. 2: 64 experts, top-2, h=4096, 4x1024 tokens, bf16 (MiB)")
-    cols = [Col("reading", "EP's N"), Col("S", "S", ".0f"), Col("tp", "TP 2S", ".0f"),
-            Col("ring", "TP 2S ring", ".0f"), Col("ep", "EP 2kS/N", ".0f")]  # fmt: skip
+    cols = [
+        Col("reading", "EP's N"),
+        Col("S", "S", ".0f"),
+        Col("tp", "TP 2S", ".0f"),
+        Col("ring", "TP 2S ring", ".0f"),
+        Col("ep", "EP 2kS/N", ".0f"),
+    ]
     print(table(cols, rows))
     return rows
 
@@ -49,8 +61,12 @@ def part2() -> None:
     from jaxscale.bench import experts
 
     tcfg = verify.TCFG
-    print("\n2. " + experts.format_seed(experts.seed_table(tcfg.global_batch, tcfg.seq_len),
-                                        tcfg.global_batch, tcfg.seq_len))  # fmt: skip
+    print(
+        "\n2. "
+        + experts.format_seed(
+            experts.seed_table(tcfg.global_batch, tcfg.seq_len), tcfg.global_batch, tcfg.seq_len
+        )
+    )
 
 
 def part3() -> None:
@@ -60,9 +76,15 @@ def part3() -> None:
     from jaxscale.model import counts
     from jaxscale.model import state as ms
 
-    rows = [{"model": name, "total": m.total_params / 1e9, "active": m.active_params / 1e9,
-             "ratio": m.total_params / m.active_params}
-            for name, m in sl.MOE_MODELS.items()]  # fmt: skip
+    rows = [
+        {
+            "model": name,
+            "total": m.total_params / 1e9,
+            "active": m.active_params / 1e9,
+            "ratio": m.total_params / m.active_params,
+        }
+        for name, m in sl.MOE_MODELS.items()
+    ]
     print("\n3. total vs active parameters (calc moe; billions)")
     cols = [
         Col("model", "model"),
@@ -88,12 +110,28 @@ def part4(steps: int, out: str) -> None:
     print(
         f"\n4. load balance over {steps} steps (ep=4,dp=2, markov data), last {experts.LATE} steps:"
     )
-    rows = [{"w": w, "mean": experts.late(r).mean(), "max": experts.late(r).max(),
-             "drop": experts.late(r, "drop").mean(), "ce": r["ce"][-1]}
-            for w, r in runs.items()]  # fmt: skip
-    print(table([Col("w", "aux weight", "g"), Col("mean", "max/mean load (mean)", ".2f"),
-                 Col("max", "max/mean load (worst)", ".2f"), Col("drop", "drop fraction", ".3f"),
-                 Col("ce", "final ce", ".3f")], rows))  # fmt: skip
+    rows = [
+        {
+            "w": w,
+            "mean": experts.late(r).mean(),
+            "max": experts.late(r).max(),
+            "drop": experts.late(r, "drop").mean(),
+            "ce": r["ce"][-1],
+        }
+        for w, r in runs.items()
+    ]
+    print(
+        table(
+            [
+                Col("w", "aux weight", "g"),
+                Col("mean", "max/mean load (mean)", ".2f"),
+                Col("max", "max/mean load (worst)", ".2f"),
+                Col("drop", "drop fraction", ".3f"),
+                Col("ce", "final ce", ".3f"),
+            ],
+            rows,
+        )
+    )
     path = os.path.join(out, "08_expert_load.png")
     experts.plot(runs, path)
     print(f"band: max/mean <= {experts.BAND:g} with the balance loss; wrote {path}")

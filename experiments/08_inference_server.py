@@ -33,13 +33,19 @@ def main() -> None:
 
     print(f"\n2. the real engine: {a.batch_size} slots, 20 new tokens per request\n")
     cfg = ModelConfig(max_seq=128)
-    eng = Engine(ms.init_params(cfg, 0), cfg, EngineConfig(max_num_seqs=a.batch_size,
-                                                           max_num_batched_tokens=64,
-                                                           page_size=16))  # fmt: skip
-    print(f"compiling {eng.warmup()} shapes (batch sizes {eng.batch_sizes} x decode and prefill "
-          f"chunks {eng.buckets})")  # fmt: skip
-    reqs = [Request(str(i), list(PROMPTS[i % len(PROMPTS)].encode()), 20,
-                    SamplingParams(1.0, seed=i)) for i in range(a.num_requests)]  # fmt: skip
+    eng = Engine(
+        ms.init_params(cfg, 0),
+        cfg,
+        EngineConfig(max_num_seqs=a.batch_size, max_num_batched_tokens=64, page_size=16),
+    )
+    print(
+        f"compiling {eng.warmup()} shapes (batch sizes {eng.batch_sizes} x decode and prefill "
+        f"chunks {eng.buckets})"
+    )
+    reqs = [
+        Request(str(i), list(PROMPTS[i % len(PROMPTS)].encode()), 20, SamplingParams(1.0, seed=i))
+        for i in range(a.num_requests)
+    ]
     for r in reqs:
         eng.add(r)
     first, done, t0, step = {}, {}, time.perf_counter(), 0
@@ -52,18 +58,23 @@ def main() -> None:
             if ev.finish_reason:
                 done[ev.request_id] = t
         if step < 12 or not eng.scheduler.has_work():
-            print(f"  step {step:>3} {t:>8.1f} ms  running before: {plan_running or '-'}  "
-                  f"tokens to: {[ev.request_id for ev in events]}")  # fmt: skip
+            print(
+                f"  step {step:>3} {t:>8.1f} ms  running before: {plan_running or '-'}  "
+                f"tokens to: {[ev.request_id for ev in events]}"
+            )
         step += 1
     print(f"\n{'request':>8} {'prompt bytes':>13} {'tokens':>7} {'TTFT ms':>9} {'done ms':>9}")
     for r in reqs:
-        print(f"{r.id:>8} {len(r.prompt):>13} {len(r.out):>7} {first[r.id]:>9.1f} "
-              f"{done[r.id]:>9.1f}")  # fmt: skip
+        print(
+            f"{r.id:>8} {len(r.prompt):>13} {len(r.out):>7} {first[r.id]:>9.1f} {done[r.id]:>9.1f}"
+        )
     total = sum(len(r.out) for r in reqs)
     end = max(done.values())
-    print(f"\n{total} tokens in {end:.0f} ms: {total / end * 1e3:,.0f} tokens/s on "
-          f"{eng.steps} engine steps, {eng.compiles} compiled shapes "
-          "(CPU: indicative)")  # fmt: skip
+    print(
+        f"\n{total} tokens in {end:.0f} ms: {total / end * 1e3:,.0f} tokens/s on "
+        f"{eng.steps} engine steps, {eng.compiles} compiled shapes "
+        "(CPU: indicative)"
+    )
     print(
         "\n3. prefill vs prompt length, decode vs batch size: experiments/08_inference_roofline.py"
     )

@@ -104,21 +104,34 @@ def real_cache() -> None:
 
     def serve(max_tokens: int, cached: bool):
         """(engine, each request's generated tokens), the requests served one after another."""
-        eng = Engine(params, cfg, EngineConfig(max_num_seqs=1, max_num_batched_tokens=16,
-                                               page_size=1, n_pages=128,
-                                               prefix_cache=cached))  # fmt: skip
-        done = eng.run([Request(str(i), p, max_tokens, SamplingParams(0.0))
-                        for i, p in enumerate(prompts)])  # fmt: skip
+        eng = Engine(
+            params,
+            cfg,
+            EngineConfig(
+                max_num_seqs=1,
+                max_num_batched_tokens=16,
+                page_size=1,
+                n_pages=128,
+                prefix_cache=cached,
+            ),
+        )
+        done = eng.run(
+            [Request(str(i), p, max_tokens, SamplingParams(0.0)) for i, p in enumerate(prompts)]
+        )
         return eng, [done[str(i)].out for i in range(len(prompts))]
 
     # one token each: the tree then holds the prompts' keys and values only
     c = serve(1, True)[0].cache
     held = c.pages_held()
-    print(f"  {c.query_tokens} prompt tokens, {c.hit_tokens} served from the cache (hit rate "
-          f"{c.hit_rate:.1%}); the tree holds {held} KV pages")  # fmt: skip
+    print(
+        f"  {c.query_tokens} prompt tokens, {c.hit_tokens} served from the cache (hit rate "
+        f"{c.hit_rate:.1%}); the tree holds {held} KV pages"
+    )
     demo = prefix.radix_demo()
-    print(f"  the seed's trie: {demo.total_tokens} tokens, {demo.unique_kv_entries} unique, "
-          f"{demo.shared_accesses} shared, saved {demo.savings:.1%}")  # fmt: skip
+    print(
+        f"  the seed's trie: {demo.total_tokens} tokens, {demo.unique_kv_entries} unique, "
+        f"{demo.shared_accesses} shared, saved {demo.savings:.1%}"
+    )
     (_, with_cache), (_, without) = serve(5, True), serve(5, False)
     print(f"  5 greedy tokens per request, with the cache == without: {with_cache == without}")
 
@@ -128,8 +141,11 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100", choices=list(GPUS), help="GPU preset")
     parser.add_argument("--seed-faithful", action="store_true", help="the seed's single GPU")
     parser.add_argument("--out", default="results", help="directory for the plot")
-    parser.add_argument("--calculators-only", action="store_true",
-                        help="skip the real cache's section (it compiles the model)")  # fmt: skip
+    parser.add_argument(
+        "--calculators-only",
+        action="store_true",
+        help="skip the real cache's section (it compiles the model)",
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     faithful = ["--seed-faithful"] if args.seed_faithful else []

@@ -63,8 +63,12 @@ def capture_and_replay(cfg, params, B) -> None:
     banner("1. capture and replay: a decode step's first call against the next ones")
     step = make_step(cfg)
     cache = kv_cache.init_cache(cfg, B)
-    args = (jnp.full((B,), 65, jnp.int32), jnp.zeros((B,), jnp.int32),
-            jnp.arange(B, dtype=jnp.uint32), 0)  # fmt: skip
+    args = (
+        jnp.full((B,), 65, jnp.int32),
+        jnp.zeros((B,), jnp.int32),
+        jnp.arange(B, dtype=jnp.uint32),
+        0,
+    )
     t0 = time.perf_counter()
     cache, tok = step(params, cache, *args)
     tok.block_until_ready()
@@ -80,10 +84,18 @@ def capture_and_replay(cfg, params, B) -> None:
     print(f"  a new shape compiles again: batch {B + 1} ->", end=" ")
     t0 = time.perf_counter()
     c2 = kv_cache.init_cache(cfg, B + 1)
-    step(params, c2, jnp.full((B + 1,), 65, jnp.int32), jnp.zeros((B + 1,), jnp.int32),
-         jnp.arange(B + 1, dtype=jnp.uint32), 0)[1].block_until_ready()  # fmt: skip
-    print(f"{(time.perf_counter() - t0) * 1e3:.1f} ms (JAX recompiles; a CUDA graph must be "
-          "recaptured)")  # fmt: skip
+    step(
+        params,
+        c2,
+        jnp.full((B + 1,), 65, jnp.int32),
+        jnp.zeros((B + 1,), jnp.int32),
+        jnp.arange(B + 1, dtype=jnp.uint32),
+        0,
+    )[1].block_until_ready()
+    print(
+        f"{(time.perf_counter() - t0) * 1e3:.1f} ms (JAX recompiles; a CUDA graph must be "
+        "recaptured)"
+    )
 
 
 def small_matmuls(n: int = 100, d: int = 64) -> None:
@@ -110,8 +122,10 @@ def small_matmuls(n: int = 100, d: int = 64) -> None:
     for name, ms_, out in rows:
         same = bool(jnp.allclose(out, ref, rtol=1e-5))
         print(f"  {name:<16} {ms_:9.3f} ms per call   {rows[0][1] / ms_:7.1f}x   same: {same}")
-    print(f"  per dispatch (op by op): {rows[0][1] / n * 1e3:.1f} us: the launch cost a compiled "
-          "program pays once")  # fmt: skip
+    print(
+        f"  per dispatch (op by op): {rows[0][1] / n * 1e3:.1f} us: the launch cost a compiled "
+        "program pays once"
+    )
 
 
 def buckets(cfg, params, B) -> None:
@@ -120,8 +134,11 @@ def buckets(cfg, params, B) -> None:
     from jaxscale.serve.scheduler import Request
 
     banner("3. exercise 2: shape buckets bound the compiles")
-    eng = Engine(params, cfg, EngineConfig(max_num_seqs=B, max_num_batched_tokens=4 * B,
-                                           page_size=16, n_pages=128))  # fmt: skip
+    eng = Engine(
+        params,
+        cfg,
+        EngineConfig(max_num_seqs=B, max_num_batched_tokens=4 * B, page_size=16, n_pages=128),
+    )
     rng = np.random.default_rng(0)
     for i in range(3 * B):  # prompts of 1..40 bytes, outputs of 1..24 tokens: ragged batches
         prompt = [int(t) for t in rng.integers(32, 127, rng.integers(1, 41))]
@@ -133,8 +150,10 @@ def buckets(cfg, params, B) -> None:
     print(f"  {3 * B} requests, {eng.steps} engine steps, {wall:.1f} s (compiles included)")
     print(f"  programs compiled (bucketed): {eng.compiles}  {sorted(eng.shapes)}")
     print(f"  shapes an unbucketed engine would compile: {len(eng.exact_shapes)}")
-    print(f"  the bound: {len(eng.batch_sizes)} batch sizes x (decode + {len(eng.buckets)} "
-          f"prefill buckets) = {len(eng.batch_sizes) * (1 + len(eng.buckets))}")  # fmt: skip
+    print(
+        f"  the bound: {len(eng.batch_sizes)} batch sizes x (decode + {len(eng.buckets)} "
+        f"prefill buckets) = {len(eng.batch_sizes) * (1 + len(eng.buckets))}"
+    )
 
 
 def overlap(cfg, params, B, steps, sched_frac, post_frac) -> dict:
@@ -188,39 +207,58 @@ def overlap(cfg, params, B, steps, sched_frac, post_frac) -> dict:
         toks = fn()
         res[name] = ((time.perf_counter() - t0) * 1e3, np.stack(toks))
     same = bool((res["sequential"][1] == res["futuremap"][1]).all())
-    sim_cfg = ov.SchedulingConfig(batches=steps, scheduling_ms=S, compute_ms=C,
-                                  postprocess_ms=P)  # fmt: skip
-    pred = {m: timeline.makespan(ov.simulate_scheduling(sim_cfg, m))
-            for m in ("sequential", "futuremap")}  # fmt: skip
-    print(f"  batch {B}, {steps} decode steps; device step C = {C:.2f} ms (measured), host "
-          f"S = {S:.2f} ms before and P = {P:.2f} ms after each step")  # fmt: skip
+    sim_cfg = ov.SchedulingConfig(batches=steps, scheduling_ms=S, compute_ms=C, postprocess_ms=P)
+    pred = {
+        m: timeline.makespan(ov.simulate_scheduling(sim_cfg, m))
+        for m in ("sequential", "futuremap")
+    }
+    print(
+        f"  batch {B}, {steps} decode steps; device step C = {C:.2f} ms (measured), host "
+        f"S = {S:.2f} ms before and P = {P:.2f} ms after each step"
+    )
     print(f"  {'loop':<12}{'measured ms':>13}{'simulate overlap ms':>21}")
     for m in ("sequential", "futuremap"):
         print(f"  {m:<12}{res[m][0]:>13.1f}{pred[m]:>21.1f}")
     got = res["sequential"][0] / res["futuremap"][0]
     want = pred["sequential"] / pred["futuremap"]
     print(f"  speedup: measured {got:.2f}x, predicted {want:.2f}x; the same tokens: {same}")
-    print("  (the sequential loop also waits for each step's tokens to reach the host, a round "
-          "trip the simulation does not count; the overlapped loop hides it)")  # fmt: skip
-    return {"C_ms": C, "measured": {k: v[0] for k, v in res.items()}, "predicted": pred,
-            "same_tokens": same}  # fmt: skip
+    print(
+        "  (the sequential loop also waits for each step's tokens to reach the host, a round "
+        "trip the simulation does not count; the overlapped loop hides it)"
+    )
+    return {
+        "C_ms": C,
+        "measured": {k: v[0] for k, v in res.items()},
+        "predicted": pred,
+        "same_tokens": same,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=positive_int, default=8, help="decode batch (8)")
     p.add_argument("--steps", type=positive_int, default=40, help="decode steps timed (40)")
-    p.add_argument("--sched-frac", type=float, default=0.4,
-                   help="host scheduling S, a fraction of the device step (0.4)")  # fmt: skip
-    p.add_argument("--post-frac", type=float, default=0.2,
-                   help="host post-processing P, a fraction of the device step (0.2)")  # fmt: skip
+    p.add_argument(
+        "--sched-frac",
+        type=float,
+        default=0.4,
+        help="host scheduling S, a fraction of the device step (0.4)",
+    )
+    p.add_argument(
+        "--post-frac",
+        type=float,
+        default=0.2,
+        help="host post-processing P, a fraction of the device step (0.2)",
+    )
     a = p.parse_args()
     if not (a.sched_frac > 0 and a.post_frac > 0):
         p.error("--sched-frac and --post-frac must be > 0")
     cfg = ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=768, max_seq=256)
     params = ms.init_params(cfg, 0)
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; model d_model "
-          f"{cfg.d_model}, {cfg.n_layers} layers, context {cfg.max_seq}")  # fmt: skip
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].device_kind}; model d_model "
+        f"{cfg.d_model}, {cfg.n_layers} layers, context {cfg.max_seq}"
+    )
     capture_and_replay(cfg, params, a.batch)
     small_matmuls()
     buckets(cfg, params, a.batch)

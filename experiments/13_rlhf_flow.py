@@ -64,11 +64,17 @@ def stages(tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc: RLHFConfig, cfg, 
     o["adv_response"] = rw.whiten(o["adv"], m_BN, "response")
     o["adv_batch"] = rw.whiten(o["adv"], m_BN, "batch")
     o["new_logp"] = models.response_logits_logp(tree["actor"], seq_BS, P, cfg)[0]
-    mb = {"seq": seq_BS, "mask": m_BN, "old_logp": logp_BN, "adv": o["adv_response"],
-          "ret": o["ret"]}  # fmt: skip
+    mb = {
+        "seq": seq_BS,
+        "mask": m_BN,
+        "old_logp": logp_BN,
+        "adv": o["adv_response"],
+        "ret": o["ret"],
+    }
     _, o["loss"] = rlhf.loss(tree, mb, beta, rc, cfg, sh, pieces.DENSE)
-    o["phase"], _ = rlhf.score(tree, ref, rm, seq_BS, valid_BN, logp_BN, beta,
-                               rc.replace(whiten="response"), cfg, sh)  # fmt: skip
+    o["phase"], _ = rlhf.score(
+        tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc.replace(whiten="response"), cfg, sh
+    )
     return o
 
 
@@ -85,10 +91,14 @@ def flow(cfg, actor, rm, prompts_BP, args, task):
     toks, valid, logp = jax.device_get(gen(actor, prompts_BP, seeds))
     lengths = valid.sum(-1)
     true = tk.scores(prompts_BP, toks, valid, task)
-    print(f"prompts {shape(prompts_BP)}, responses {shape(toks)}, valid mask {shape(valid)}, "
-          f"actor log-probs {shape(logp)} (temperature 1, read during decode)")  # fmt: skip
-    print(f"response lengths {lengths.tolist()} of budget {N} ({int(lengths.sum())} tokens; "
-          "a newline ends a response)")  # fmt: skip
+    print(
+        f"prompts {shape(prompts_BP)}, responses {shape(toks)}, valid mask {shape(valid)}, "
+        f"actor log-probs {shape(logp)} (temperature 1, read during decode)"
+    )
+    print(
+        f"response lengths {lengths.tolist()} of budget {N} ({int(lengths.sum())} tokens; "
+        "a newline ends a response)"
+    )
     for b in range(B):
         text = bytes(prompts_BP[b].tolist()) + bytes(toks[b][valid[b]].tolist())
         print(f"  [{b}] true {true[b]:.2f}  {text.decode('utf-8', 'backslashreplace')!r}")
@@ -100,29 +110,39 @@ def flow(cfg, actor, rm, prompts_BP, args, task):
 
     banner("(2) score: the reward model reads the last valid token")
     print(f"RM scores {shape(o['rm'])}: {vec(o['rm'])}")
-    print(f"rank by RM {np.argsort(-o['rm']).tolist()}, by true score "
-          f"{np.argsort(-true, kind='stable').tolist()}")  # fmt: skip
+    print(
+        f"rank by RM {np.argsort(-o['rm']).tolist()}, by true score "
+        f"{np.argsort(-true, kind='stable').tolist()}"
+    )
 
     banner("(3) reference log-probs and per-token KL")
     print(f"reference log-probs {shape(o['ref_logp'])}, KL per token {shape(o['k1'])}")
     mean_k1 = float(np.mean((o["k1"] * m).sum(-1) / np.maximum(lengths, 1)))
-    print(f"mean KL (the seed's: per-token mean, then over responses): k1 {mean_k1:+.2e}, "
-          f"k3 {float(np.mean(o['k3'].sum(-1) / np.maximum(lengths, 1))):.2e}")  # fmt: skip
-    print(f"max |k1| over tokens {np.abs(o['k1']).max():.1e}. At the first step the actor IS the "
-          "reference,\n  so the KL is rounding (KV-cached decode vs full forward); the seed's "
-          "mean KL 0.1520 is random placeholders")  # fmt: skip
+    print(
+        f"mean KL (the seed's: per-token mean, then over responses): k1 {mean_k1:+.2e}, "
+        f"k3 {float(np.mean(o['k3'].sum(-1) / np.maximum(lengths, 1))):.2e}"
+    )
+    print(
+        f"max |k1| over tokens {np.abs(o['k1']).max():.1e}. At the first step the actor IS the "
+        "reference,\n  so the KL is rounding (KV-cached decode vs full forward); the seed's "
+        "mean KL 0.1520 is random placeholders"
+    )
 
     banner("(4) critic values")
-    print(f"values {shape(o['values'])}: mean {float(rw.masked_mean(o['values'], m)):+.4f}, max "
-          f"|V| {np.abs(o['values']).max():.1e}: a fresh value head is zeros, so V = 0 until "
-          "the PPO epochs train it")  # fmt: skip
+    print(
+        f"values {shape(o['values'])}: mean {float(rw.masked_mean(o['values'], m)):+.4f}, max "
+        f"|V| {np.abs(o['values']).max():.1e}: a fresh value head is zeros, so V = 0 until "
+        "the PPO epochs train it"
+    )
 
     banner(f"(5) per-token rewards: -beta*KL (beta {beta:g}), + RM score at the last token")
     print(f"rewards {shape(o['rewards'])}; row 0 ({lengths[0]} tokens):")
     print("  " + vec(o["rewards"][0][: lengths[0]], "+.4f"))
     for b in range(B):
-        print(f"  [{b}] final token reward {o['rewards'][b, lengths[b] - 1]:+.3f} "
-              f"(score={o['rm'][b]:+.3f}, kl_penalty included)")  # fmt: skip
+        print(
+            f"  [{b}] final token reward {o['rewards'][b, lengths[b] - 1]:+.3f} "
+            f"(score={o['rm'][b]:+.3f}, kl_penalty included)"
+        )
 
     banner(f"(6) GAE (gamma {rc.gamma:g}, lambda {rc.lam:g}), advantages and returns")
     print(f"advantages {shape(o['adv'])}, returns {shape(o['ret'])} = values + advantages")
@@ -130,59 +150,83 @@ def flow(cfg, actor, rm, prompts_BP, args, task):
     stds = lambda a: np.sqrt((np.square(a - means(a)[:, None]) * m).sum(-1) / lengths)  # noqa: E731
     print(f"raw advantages: row means {vec(means(o['adv']))}")
     r, bt = o["adv_response"], o["adv_batch"]
-    print(f"whitened per response (the seed's): row means {vec(means(r), '+.4f')} "
-          f"row stds {vec(stds(r), '.3f')}")  # fmt: skip
+    print(
+        f"whitened per response (the seed's): row means {vec(means(r), '+.4f')} "
+        f"row stds {vec(stds(r), '.3f')}"
+    )
     print(f"whitened per batch (the lab's default): row means {vec(means(bt), '+.4f')}")
-    print("  per response, every row has mean 0, so the loss cannot favour one response over "
-          "another;\n  per batch keeps the differences between responses")  # fmt: skip
+    print(
+        "  per response, every row has mean 0, so the loss cannot favour one response over "
+        "another;\n  per batch keeps the differences between responses"
+    )
     diff = np.abs(o["phase"]["adv"] - r).max()
     print(f"the library's score phase (rlhf.score, whiten=response): max |difference| {diff:.1e}")
 
     banner("(7) PPO losses before any update (the seed's placeholder: ratio 1)")
     L, lr_ = o["loss"], (o["new_logp"] - logp) * m
-    print(f"ratio = exp(new - old log-probs): max |log ratio| {np.abs(lr_).max():.1e} "
-          "(the training forward vs the cached decode)")  # fmt: skip
+    print(
+        f"ratio = exp(new - old log-probs): max |log ratio| {np.abs(lr_).max():.1e} "
+        "(the training forward vs the cached decode)"
+    )
     print(f"clip fraction {float(L['clip_frac']):.4f}")
-    print(f"policy loss {float(L['policy_loss']):+.6f} (= -mean(whitened A) "
-          f"{-float(rw.masked_mean(r, m)):+.6f})")  # fmt: skip
+    print(
+        f"policy loss {float(L['policy_loss']):+.6f} (= -mean(whitened A) "
+        f"{-float(rw.masked_mean(r, m)):+.6f})"
+    )
     mse_ret = float(rw.masked_mean(np.square(o["values"] - o["ret"]), m))
     mse_rew = float(rw.masked_mean(np.square(o["values"] - o["rewards"]), m))
-    print(f"value loss mean((V - returns)^2) {mse_ret:.4f}, the right target (the GAE return, "
-          f"V + A; rlhf.loss: 0.5 x it = {float(L['value_loss']):.4f})")  # fmt: skip
-    print(f"value loss mean((V - rewards)^2) {mse_rew:.4f}, the seed's target. It is wrong: a "
-          "per-token reward leaves\n  out the future, so V would learn the RM score on the "
-          "last token only")  # fmt: skip
+    print(
+        f"value loss mean((V - returns)^2) {mse_ret:.4f}, the right target (the GAE return, "
+        f"V + A; rlhf.loss: 0.5 x it = {float(L['value_loss']):.4f})"
+    )
+    print(
+        f"value loss mean((V - rewards)^2) {mse_rew:.4f}, the seed's target. It is wrong: a "
+        "per-token reward leaves\n  out the future, so V would learn the RM score on the "
+        "last token only"
+    )
 
     banner("(8) one PPO update on this batch (which the seed never makes)")
     batch = dict(o["phase"], adv=o["adv_batch"])  # the library's default whitening
     opt = rlhf.optimizer(rc).init(tree)
     train = rlhf.Train(jax.jit(partial(rlhf.update, rc=rc, cfg=cfg, sh=sh)), rc)
     new, _, tm = train(tree, opt, batch, beta)
-    new_lp = np.asarray(jax.jit(lambda a, s: models.response_logits_logp(a, s, P, cfg)[0])(
-        new["actor"], seq)) * m  # fmt: skip
+    new_lp = (
+        np.asarray(
+            jax.jit(lambda a, s: models.response_logits_logp(a, s, P, cfg)[0])(new["actor"], seq)
+        )
+        * m
+    )
     ratio = np.exp(new_lp - logp)[valid]
     k1 = (new_lp - o["ref_logp"]) * m
-    print(f"{rc.epochs} epochs x {rc.minibatches} minibatches of {B // rc.minibatches}: mean "
-          f"policy loss {float(tm['policy_loss']):+.4f}, value loss {float(tm['value_loss']):.4f}, "
-          f"clip fraction {float(tm['clip_frac']):.3f}")  # fmt: skip
-    print(f"after: ratio in [{ratio.min():.3f}, {ratio.max():.3f}], clipped (|ratio-1| > "
-          f"{rc.clip_eps:g}) {np.mean(np.abs(ratio - 1) > rc.clip_eps):.3f}; KL to the reference "
-          f"per response (k1 sums) {vec(k1.sum(-1))}")  # fmt: skip
-    print(f"  {rc.epochs * rc.minibatches} Adam steps on {B} responses fit them: the clip zeroes a "
-          "token's gradient past 1 +- eps,\n  but the shared weights keep moving (the lab's "
-          f"iterations use {rc.rows} responses)")  # fmt: skip
+    print(
+        f"{rc.epochs} epochs x {rc.minibatches} minibatches of {B // rc.minibatches}: mean "
+        f"policy loss {float(tm['policy_loss']):+.4f}, value loss {float(tm['value_loss']):.4f}, "
+        f"clip fraction {float(tm['clip_frac']):.3f}"
+    )
+    print(
+        f"after: ratio in [{ratio.min():.3f}, {ratio.max():.3f}], clipped (|ratio-1| > "
+        f"{rc.clip_eps:g}) {np.mean(np.abs(ratio - 1) > rc.clip_eps):.3f}; KL to the reference "
+        f"per response (k1 sums) {vec(k1.sum(-1))}"
+    )
+    print(
+        f"  {rc.epochs * rc.minibatches} Adam steps on {B} responses fit them: the clip zeroes a "
+        "token's gradient past 1 +- eps,\n  but the shared weights keep moving (the lab's "
+        f"iterations use {rc.rows} responses)"
+    )
 
     logits = lambda a, s: models.lm_logits(a, models.hidden(a, s, cfg)[:, P - 1 : -1], cfg)  # noqa: E731
-    seed_shapes = (("prompts", "(4, 64)", shape(prompts_BP)),
-                   ("generated tokens", "(4, 128)", shape(toks)),
-                   ("actor logits", "(4, 128, 50257)", shape(jax.eval_shape(logits, actor, seq))),
-                   ("old / reference log probs", "(4, 128)", shape(o["ref_logp"])),
-                   ("scores", "[0.73, 0.45, 0.91, 0.62]", vec(o["rm"], ".2f")),
-                   ("mean KL", "0.23", f"{mean_k1:.2e}"),
-                   ("total rewards", "[0.50, 0.28, 0.75, 0.41]", vec(o["rewards"].sum(-1), ".2f")),
-                   ("values, GAE advantages", "(4, 128)", shape(o["adv"])),
-                   ("actor loss", "-0.042", f"{float(L['policy_loss']):+.3f}"),
-                   ("critic loss", "0.156", f"{float(L['value_loss']):.3f}"))  # fmt: skip
+    seed_shapes = (
+        ("prompts", "(4, 64)", shape(prompts_BP)),
+        ("generated tokens", "(4, 128)", shape(toks)),
+        ("actor logits", "(4, 128, 50257)", shape(jax.eval_shape(logits, actor, seq))),
+        ("old / reference log probs", "(4, 128)", shape(o["ref_logp"])),
+        ("scores", "[0.73, 0.45, 0.91, 0.62]", vec(o["rm"], ".2f")),
+        ("mean KL", "0.23", f"{mean_k1:.2e}"),
+        ("total rewards", "[0.50, 0.28, 0.75, 0.41]", vec(o["rewards"].sum(-1), ".2f")),
+        ("values, GAE advantages", "(4, 128)", shape(o["adv"])),
+        ("actor loss", "-0.042", f"{float(L['policy_loss']):+.3f}"),
+        ("critic loss", "0.156", f"{float(L['value_loss']):.3f}"),
+    )
     print("\nthe seed page's example vs this step (vocab 256: byte tokens):")
     print(grid(["", "seed page", "here"], seed_shapes))
     return rc, o, new_lp, lengths
@@ -192,63 +236,107 @@ def try_it_1(cfg, rc: RLHFConfig, P: int, B: int = 4, N: int = 100) -> None:
     banner(f"Try It 1: data flow for {B} prompts, max response {N}")
     S, M, G, K = P + N, rc.minibatches, cfg.n_kv_heads, cfg.head_dim
     sep = rc.critic == "separate"
-    print(grid(["tensor", "shape"], [
-        ["prompts", f"[{B}, {P}]"], ["responses, valid mask, old log-probs", f"[{B}, {N}]"],
-        ["actor logits per decode step", f"[{B}, {cfg.vocab}]"],
-        ["KV cache (K and V, per layer)", f"2 x {cfg.n_layers} x [{B}, {S}, {G}, {K}]"],
-        ["RM score", f"[{B}]"],
-        ["ref log-probs, KL, values, rewards, advantages, returns", f"[{B}, {N}]"],
-        ["PPO minibatch (prompt + response)", f"[{B // M}, {S}]"]]))  # fmt: skip
+    print(
+        grid(
+            ["tensor", "shape"],
+            [
+                ["prompts", f"[{B}, {P}]"],
+                ["responses, valid mask, old log-probs", f"[{B}, {N}]"],
+                ["actor logits per decode step", f"[{B}, {cfg.vocab}]"],
+                ["KV cache (K and V, per layer)", f"2 x {cfg.n_layers} x [{B}, {S}, {G}, {K}]"],
+                ["RM score", f"[{B}]"],
+                ["ref log-probs, KL, values, rewards, advantages, returns", f"[{B}, {N}]"],
+                ["PPO minibatch (prompt + response)", f"[{B // M}, {S}]"],
+            ],
+        )
+    )
     crit = "critic" if sep else "actor backbone + value head (shared critic)"
-    print(grid(["model", "passes per RLHF step", "each over"], [
-        ["actor (generate)", f"1 prefill + {N} decode steps", f"[{B}, {P}], then [{B}, 1]"],
-        ["reference", "1 forward", f"[{B}, {S}]"],
-        ["reward model", "1 forward (read at the last valid token)", f"[{B}, {S}]"],
-        [crit, "1 forward", f"[{B}, {S}]"],
-        ["actor (train)", f"{M} fwd+bwd per epoch, {rc.epochs * M} per step", f"[{B // M}, {S}]"],
-        ["critic (train)", f"{M} fwd+bwd per epoch, {rc.epochs * M} per step" if sep
-         else "shares the actor's forward", f"[{B // M}, {S}]"]]))  # fmt: skip
-    print(f"the decode loop is a scan of exactly {N} steps: a row that has stopped at its newline "
-          "keeps stepping, masked (static shapes)")  # fmt: skip
-    print("communication on fsdp=8: every forward all-gathers each layer's weights, every backward "
-          "reduce-scatters\n  the gradients, and once per iteration the actor is resharded "
-          "to the generation layout")  # fmt: skip
+    print(
+        grid(
+            ["model", "passes per RLHF step", "each over"],
+            [
+                ["actor (generate)", f"1 prefill + {N} decode steps", f"[{B}, {P}], then [{B}, 1]"],
+                ["reference", "1 forward", f"[{B}, {S}]"],
+                ["reward model", "1 forward (read at the last valid token)", f"[{B}, {S}]"],
+                [crit, "1 forward", f"[{B}, {S}]"],
+                [
+                    "actor (train)",
+                    f"{M} fwd+bwd per epoch, {rc.epochs * M} per step",
+                    f"[{B // M}, {S}]",
+                ],
+                [
+                    "critic (train)",
+                    f"{M} fwd+bwd per epoch, {rc.epochs * M} per step"
+                    if sep
+                    else "shares the actor's forward",
+                    f"[{B // M}, {S}]",
+                ],
+            ],
+        )
+    )
+    print(
+        f"the decode loop is a scan of exactly {N} steps: a row that has stopped at its newline "
+        "keeps stepping, masked (static shapes)"
+    )
+    print(
+        "communication on fsdp=8: every forward all-gathers each layer's weights, every backward "
+        "reduce-scatters\n  the gradients, and once per iteration the actor is resharded "
+        "to the generation layout"
+    )
 
 
 def sweep(args, cfg, actor, rm, train_p, held_p, task) -> None:
     base = RLHFConfig(iterations=args.iterations, seed=args.seed)
     fixed = {f"beta {b:g} fixed": base.replace(beta=b, kl_target=0.0) for b in BIG_BETAS}
-    runs = {"beta 0 (no KL)": base.replace(beta=0.0, kl_target=0.0),
-            f"adaptive (beta {base.beta:g}, target {base.kl_target:g})": base, **fixed}  # fmt: skip
-    banner(f"Try It 2: the KL coefficient, {args.iterations} iterations x {base.rows} responses "
-           "on fsdp=8")  # fmt: skip
+    runs = {
+        "beta 0 (no KL)": base.replace(beta=0.0, kl_target=0.0),
+        f"adaptive (beta {base.beta:g}, target {base.kl_target:g})": base,
+        **fixed,
+    }
+    banner(
+        f"Try It 2: the KL coefficient, {args.iterations} iterations x {base.rows} responses "
+        "on fsdp=8"
+    )
     hist, rows, ends, held = {}, [], {}, {}
     for label, rc in runs.items():
-        res = rlhf_run.iterate(rlhf_run.build(rc, cfg, actor, rm, "fsdp=8", task), train_p,
-                               held_p, task)  # fmt: skip
+        res = rlhf_run.iterate(
+            rlhf_run.build(rc, cfg, actor, rm, "fsdp=8", task), train_p, held_p, task
+        )
         h = hist[label] = res.history
         k = min(5, len(h))
-        first, last = ({key: np.mean([r[key] for r in part]) for key in SWEEP_KEYS}
-                       for part in (h[:k], h[-k:]))  # fmt: skip
+        first, last = (
+            {key: np.mean([r[key] for r in part]) for key in SWEEP_KEYS} for part in (h[:k], h[-k:])
+        )
         ends[label], held[label] = (first, last), res.final_true
-        rows.append([label, *(f"{first[key]:.3f} -> {last[key]:.3f}" for key in SWEEP_KEYS),
-                     f"{res.initial_true:.3f} -> {res.final_true:.3f}"])  # fmt: skip
+        rows.append(
+            [
+                label,
+                *(f"{first[key]:.3f} -> {last[key]:.3f}" for key in SWEEP_KEYS),
+                f"{res.initial_true:.3f} -> {res.final_true:.3f}",
+            ]
+        )
         print(f"  {label}: done", flush=True)
     print(f"first {k} -> last {k} iterations (means):")
     print(grid(["run", *SWEEP_KEYS, "held-out true"], rows))
     print(f"wrote {rlhf_report.plot(hist, Path(args.out) / 'rlhf_beta_sweep.png')}")
-    print("the seed: beta = 0 gives reward hacking (degenerate text the RM likes); beta = 10: "
-          "the policy\n  barely moves; tune beta to a KL target (the adaptive controller). "
-          "Here:")  # fmt: skip
+    print(
+        "the seed: beta = 0 gives reward hacking (degenerate text the RM likes); beta = 10: "
+        "the policy\n  barely moves; tune beta to a KL target (the adaptive controller). "
+        "Here:"
+    )
     for label, (f, la) in ends.items():
-        print(f"  {label}: KL {la['kl']:.2f} nats per response; change over the run: RM score "
-              f"{la['rm_score'] - f['rm_score']:+.2f}, true score "
-              f"{la['true_score'] - f['true_score']:+.3f}, parse rate "
-              f"{la['parses_rate'] - f['parses_rate']:+.3f}, length "
-              f"{la['length'] - f['length']:+.1f}")  # fmt: skip
+        print(
+            f"  {label}: KL {la['kl']:.2f} nats per response; change over the run: RM score "
+            f"{la['rm_score'] - f['rm_score']:+.2f}, true score "
+            f"{la['true_score'] - f['true_score']:+.3f}, parse rate "
+            f"{la['parses_rate'] - f['parses_rate']:+.3f}, length "
+            f"{la['length'] - f['length']:+.1f}"
+        )
     best = max(held, key=held.get)
-    print(f"  largest KL: {max(ends, key=lambda lab: ends[lab][1]['kl'])}; best held-out true "
-          f"score: {best} ({held[best]:.3f})")  # fmt: skip
+    print(
+        f"  largest KL: {max(ends, key=lambda lab: ends[lab][1]['kl'])}; best held-out true "
+        f"score: {best} ({held[best]:.3f})"
+    )
 
 
 def shaping_table(o, new_lp, lengths, beta: float) -> None:
@@ -258,15 +346,28 @@ def shaping_table(o, new_lp, lengths, beta: float) -> None:
     out = calc_reward.compute_rewards(actor_lps, ref_lps, float(o["rm"][0]), beta)
     k3 = calc_reward.compute_rewards(actor_lps, ref_lps, float(o["rm"][0]), beta, estimator="k3")
     cols = zip(actor_lps, ref_lps, out.kl, out.penalties, out.rm, out.rewards, strict=True)
-    rows = [[t, f"{a:+.3f}", f"{r:+.3f}", f"{k:+.4f}", f"{p:+.4f}", f"{m:+.4f}", f"{x:+.4f}"]
-            for t, (a, r, k, p, m, x) in enumerate(cols)]  # fmt: skip
-    rows.append(["Total", "-", "-", f"{out.total_kl:+.4f}", f"{out.penalty:+.4f}",
-                 f"{sum(out.rm):+.4f}", f"{out.net:+.4f}"])  # fmt: skip
+    rows = [
+        [t, f"{a:+.3f}", f"{r:+.3f}", f"{k:+.4f}", f"{p:+.4f}", f"{m:+.4f}", f"{x:+.4f}"]
+        for t, (a, r, k, p, m, x) in enumerate(cols)
+    ]
+    rows.append(
+        [
+            "Total",
+            "-",
+            "-",
+            f"{out.total_kl:+.4f}",
+            f"{out.penalty:+.4f}",
+            f"{sum(out.rm):+.4f}",
+            f"{out.net:+.4f}",
+        ]
+    )
     print(f"beta {beta:g}, RM score {out.rm_score:+.4f} at the last token, {n} tokens")
     print(grid(["Token", "actor lp", "ref lp", "KL (k1)", "penalty beta*KL", "RM", "Reward"], rows))
-    print(f"net reward {out.net:+.4f} = RM - beta*sum k1 "
-          f"({calc_reward.effect(out.rm_score, out.penalty)}); with k3 (>= 0 per token): sum KL "
-          f"{k3.total_kl:.4f}, net {k3.net:+.4f}")  # fmt: skip
+    print(
+        f"net reward {out.net:+.4f} = RM - beta*sum k1 "
+        f"({calc_reward.effect(out.rm_score, out.penalty)}); with k3 (>= 0 per token): sum KL "
+        f"{k3.total_kl:.4f}, net {k3.net:+.4f}"
+    )
 
 
 def main() -> int:
@@ -286,7 +387,8 @@ def main() -> int:
         print(f"random tiny model {cfg.d_model}x{cfg.n_layers} (--random), random reward head")
     else:
         cfg, actor, rm, _, train_p, held_p = rlhf_setup.prepare(
-            args.runs, task, args.sft_steps, args.rm_steps, say=print)  # fmt: skip
+            args.runs, task, args.sft_steps, args.rm_steps, say=print
+        )
     pick = np.random.default_rng(args.seed).choice(len(train_p), 4, replace=False)
     rc, o, new_lp, lengths = flow(cfg, actor, rm, train_p[pick].astype(np.int32), args, task)
     try_it_1(cfg, rc, task.prompt_len)

@@ -36,8 +36,12 @@ RUNS = {  # name: (label, RLHFConfig fields, training mesh)
     "disagg": ("disaggregated", {"placement": "disaggregated"}, "fsdp=4"),
     "stale": ("disaggregated, stale", {"placement": "disaggregated", "stale": True}, "fsdp=4"),
 }
-PHASES = (("generate", "t_generate_s", "tab:blue"), ("score", "t_score_s", "tab:orange"),
-          ("train", "t_train_s", "tab:green"), ("transfer", "t_transfer_s", "tab:red"))  # fmt: skip
+PHASES = (
+    ("generate", "t_generate_s", "tab:blue"),
+    ("score", "t_score_s", "tab:orange"),
+    ("train", "t_train_s", "tab:green"),
+    ("transfer", "t_transfer_s", "tab:red"),
+)
 RANDOM_MODEL = dict(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq=32)
 
 
@@ -69,15 +73,17 @@ def _setup(args):
 
     if not args.random:
         task = rlhf_task.TaskConfig()
-        cfg, actor, rm, _, train, held = rlhf_setup.prepare(args.runs, task, args.sft_steps,
-                                                            args.rm_steps, say=print)  # fmt: skip
+        cfg, actor, rm, _, train, held = rlhf_setup.prepare(
+            args.runs, task, args.sft_steps, args.rm_steps, say=print
+        )
         return cfg, actor, rm, task, RLHFConfig(iterations=args.iterations), train, held
     cfg = ModelConfig(**RANDOM_MODEL)
     task = rlhf_task.TaskConfig(prompt_len=8, max_new=8, min_new=0, max_lines=400)
     train, held = rlhf_task.split(rlhf_task.prompt_lines(load_stdlib_corpus(300_000), task))
     actor, rm = rlhf_setup.random_models(cfg, 0)
-    rc = RLHFConfig(iterations=args.iterations, responses=8, epochs=2, minibatches=2, lr=1e-3,
-                    kl_target=1.0)  # fmt: skip
+    rc = RLHFConfig(
+        iterations=args.iterations, responses=8, epochs=2, minibatches=2, lr=1e-3, kl_target=1.0
+    )
     print(f"random model {RANDOM_MODEL}, random reward model")
     return cfg, actor, rm, task, rc, train, held
 
@@ -102,9 +108,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     leaves = jax.tree.leaves(actor)
     actor_bytes = sum(x.nbytes for x in leaves)
-    print(f"actor: {sum(x.size for x in leaves):,} parameters, {actor_bytes:,} bytes; "
-          f"{rc.iterations} iterations x {rc.rows} responses per run, "
-          f"{jax.device_count()} {jax.devices()[0].platform} devices")  # fmt: skip
+    print(
+        f"actor: {sum(x.size for x in leaves):,} parameters, {actor_bytes:,} bytes; "
+        f"{rc.iterations} iterations x {rc.rows} responses per run, "
+        f"{jax.device_count()} {jax.devices()[0].platform} devices"
+    )
     runs = {}
     with open(out / "rlhf_systems.jsonl", "w") as log:
         for name, (label, fields, mesh) in RUNS.items():
@@ -115,27 +123,36 @@ def main() -> int:
             tick = lambda r, s=stamps: s.append(time.perf_counter())  # noqa: E731
             res = rlhf_run.iterate(lab, train_p, held_p, task, log=write, progress=tick)
             runs[name] = Run(lab, res, stamps)
-            print(f"{label:<26} train {dict(lab.meshes.train.shape)} generate "
-                  f"{dict(lab.meshes.gen.shape)}: {time.perf_counter() - t:.1f} s with compiles, "
-                  f"true score {res.initial_true:.3f} -> {res.final_true:.3f}")  # fmt: skip
+            print(
+                f"{label:<26} train {dict(lab.meshes.train.shape)} generate "
+                f"{dict(lab.meshes.gen.shape)}: {time.perf_counter() - t:.1f} s with compiles, "
+                f"true score {res.initial_true:.3f} -> {res.final_true:.3f}"
+            )
 
     banner("Co-located, generation in the training layout: the hybrid engine")
     tr = runs["hybrid"].res.transfers
-    print(f"mode switch (over {len(tr)} switches): bytes moved {max(t.bytes_moved for t in tr):,} "
-          f"(predicted {max(t.bytes_predicted for t in tr):,}), same buffers (zero copy): "
-          f"{all(t.zero_copy for t in tr)}")  # fmt: skip
-    print("device_put to the layout the weights already have returns their own buffers: "
-          "verl's\n'mode switch (no data movement!)', 'only metadata changes' (the seed's CUDA "
-          "IPC case)")  # fmt: skip
+    print(
+        f"mode switch (over {len(tr)} switches): bytes moved {max(t.bytes_moved for t in tr):,} "
+        f"(predicted {max(t.bytes_predicted for t in tr):,}), same buffers (zero copy): "
+        f"{all(t.zero_copy for t in tr)}"
+    )
+    print(
+        "device_put to the layout the weights already have returns their own buffers: "
+        "verl's\n'mode switch (no data movement!)', 'only metadata changes' (the seed's CUDA "
+        "IPC case)"
+    )
 
     banner("Co-located, replicated generation: the FSDP -> replicated reshard")
     lab, tr = runs["reshard"].lab, runs["reshard"].res.transfers
-    split = sum(x.nbytes for x in jax.tree.leaves(lab.tree["actor"])
-                if not x.sharding.is_fully_replicated)  # fmt: skip
+    split = sum(
+        x.nbytes for x in jax.tree.leaves(lab.tree["actor"]) if not x.sharding.is_fully_replicated
+    )
     n = lab.meshes.gen.devices.size
-    print(f"reshard per iteration: bytes moved {tr[-1].bytes_moved:,}, predicted "
-          f"{tr[-1].bytes_predicted:,} (reshard_bytes); all {len(tr)} as predicted: "
-          f"{all(t.bytes_moved == t.bytes_predicted for t in tr)}")  # fmt: skip
+    print(
+        f"reshard per iteration: bytes moved {tr[-1].bytes_moved:,}, predicted "
+        f"{tr[-1].bytes_predicted:,} (reshard_bytes); all {len(tr)} as predicted: "
+        f"{all(t.bytes_moved == t.bytes_predicted for t in tr)}"
+    )
     print(
         f"  = {n} devices x {split:,} bytes of FSDP-split leaves x {n - 1}/{n} that each lacks "
         f"({tr[-1].bytes_moved / actor_bytes:.2f} x the actor; replicated leaves cost nothing)"
@@ -145,10 +162,12 @@ def main() -> int:
     banner("Disaggregated: train fsdp=4 on devices 0-3, generate dp=4 on devices 4-7")
     lab, tr = runs["disagg"].lab, runs["disagg"].res.transfers
     n_gen = lab.meshes.gen.devices.size
-    print(f"cross-mesh device_put: bytes moved {tr[-1].bytes_moved:,} per transfer, predicted "
-          f"{tr[-1].bytes_predicted:,} (cross_mesh_bytes: {n_gen} generation devices x "
-          f"{actor_bytes:,} actor bytes); all {len(tr)} as predicted: "
-          f"{all(t.bytes_moved == t.bytes_predicted for t in tr)}")  # fmt: skip
+    print(
+        f"cross-mesh device_put: bytes moved {tr[-1].bytes_moved:,} per transfer, predicted "
+        f"{tr[-1].bytes_predicted:,} (cross_mesh_bytes: {n_gen} generation devices x "
+        f"{actor_bytes:,} actor bytes); all {len(tr)} as predicted: "
+        f"{all(t.bytes_moved == t.bytes_predicted for t in tr)}"
+    )
     sec = float(np.median([t.seconds for t in tr[1:]]))
     gb = tr[-1].bytes_moved / 1e9
     print(
@@ -156,13 +175,27 @@ def main() -> int:
         f"devices)\nthe seed's methods (calc.weight_transfer) for these bytes and for its 140 GB:"
     )
     arch = {a: wt.applicable_methods(a) for a in wt.ARCHITECTURES}
-    print(grid(["method", f"{tr[-1].bytes_moved:,} B", f"{wt.SEED_MODEL_SIZE_GB:.0f} GB",
-                "note (140 GB)", "applies to"],
-               [[m.name, wt.format_duration(wt.transfer_time_s(m, gb)),
-                 wt.format_duration(wt.transfer_time_s(m, wt.SEED_MODEL_SIZE_GB)),
-                 wt.rating(m, wt.transfer_time_s(m, wt.SEED_MODEL_SIZE_GB)),
-                 ", ".join(a.replace("disaggregated-", "") for a in arch if k in arch[a])]
-                for k, m in wt.TRANSFER_METHODS.items()]))  # fmt: skip
+    print(
+        grid(
+            [
+                "method",
+                f"{tr[-1].bytes_moved:,} B",
+                f"{wt.SEED_MODEL_SIZE_GB:.0f} GB",
+                "note (140 GB)",
+                "applies to",
+            ],
+            [
+                [
+                    m.name,
+                    wt.format_duration(wt.transfer_time_s(m, gb)),
+                    wt.format_duration(wt.transfer_time_s(m, wt.SEED_MODEL_SIZE_GB)),
+                    wt.rating(m, wt.transfer_time_s(m, wt.SEED_MODEL_SIZE_GB)),
+                    ", ".join(a.replace("disaggregated-", "") for a in arch if k in arch[a]),
+                ]
+                for k, m in wt.TRANSFER_METHODS.items()
+            ],
+        )
+    )
     print("at these bytes every method is its setup time; at 140 GB bandwidth decides")
 
     banner("Memory per phase, per device: compiled (memory_analysis) vs calc.rlhf_memory")
@@ -171,38 +204,72 @@ def main() -> int:
         rows = rlhf_report.phase_memory(runs[name].lab, train_p)
         rows = rows if name == "reshard" else rows[:1]
         print(f"{RUNS[name][0]}:")
-        print(grid(cols, [[r["phase"], r["holds"], f"{r['arguments'] / 1e6:.3f}",
-                           f"{r['calc_fixed'] / 1e6:.3f}", f"{r['temp'] / 1e6:.3f}",
-                           f"{r['calc_scaling'] / 1e6:.3f}"] for r in rows]))  # fmt: skip
-    print("arguments: what the phase's program is handed (weights, Adam moments, the batch) vs\n"
-          "the calculator's fixed rows; temp: what it makes while running (the KV cache while\n"
-          "generating, activations and gradients while training) vs its scaling rows (the seed's\n"
-          "~10 x hidden values per token per layer is a large-model rule). In the train layout\n"
-          "generation is handed 1/8 of the actor per device and its compiled decode loop\n"
-          "all-gathers the FSDP-split weights at every step: the zero-copy switch moves the\n"
-          "gather into generation; the replicated layout pays it once per iteration.")  # fmt: skip
+        print(
+            grid(
+                cols,
+                [
+                    [
+                        r["phase"],
+                        r["holds"],
+                        f"{r['arguments'] / 1e6:.3f}",
+                        f"{r['calc_fixed'] / 1e6:.3f}",
+                        f"{r['temp'] / 1e6:.3f}",
+                        f"{r['calc_scaling'] / 1e6:.3f}",
+                    ]
+                    for r in rows
+                ],
+            )
+        )
+    print(
+        "arguments: what the phase's program is handed (weights, Adam moments, the batch) vs\n"
+        "the calculator's fixed rows; temp: what it makes while running (the KV cache while\n"
+        "generating, activations and gradients while training) vs its scaling rows (the seed's\n"
+        "~10 x hidden values per token per layer is a large-model rule). In the train layout\n"
+        "generation is handed 1/8 of the actor per device and its compiled decode loop\n"
+        "all-gathers the FSDP-split weights at every step: the zero-copy switch moves the\n"
+        "gather into generation; the replicated layout pays it once per iteration."
+    )
     m70 = rm_calc.get_timeline_model("70b")
     b, s = rm_calc.SEED_SCALING_BATCH, rm_calc.SEED_SCALING_SEQ
     print(f"\nthe seed's 70B (memory_timeline.py, batch {b} x {s}, `jaxscale calc rl timeline`):")
-    print(grid(["phase", "fixed GB", "scaling GB", "total GB", "per GPU at TP=8"],
-               [[ph, f"{pm.fixed_gb:.1f}", f"{pm.scaling_gb:.1f}", f"{pm.total_gb:.1f}",
-                 f"{rm_calc.phase_memory(m70, b, s, ph, tp=8).total_gb:.1f}"]
+    print(
+        grid(
+            ["phase", "fixed GB", "scaling GB", "total GB", "per GPU at TP=8"],
+            [
+                [
+                    ph,
+                    f"{pm.fixed_gb:.1f}",
+                    f"{pm.scaling_gb:.1f}",
+                    f"{pm.total_gb:.1f}",
+                    f"{rm_calc.phase_memory(m70, b, s, ph, tp=8).total_gb:.1f}",
+                ]
                 for ph in rm_calc.TIMELINE_PHASES
-                for pm in [rm_calc.phase_memory(m70, b, s, ph)]]))  # fmt: skip
+                for pm in [rm_calc.phase_memory(m70, b, s, ph)]
+            ],
+        )
+    )
 
     banner("Time per iteration: the seed's timeline and ours (simulated CPU: indicative)")
     for key in wt.SEED_TIMELINE_METHODS:
         one, two = wt.rlhf_timeline(key), wt.rlhf_timeline(key, transfers=2)
-        print(f"seed 70B, {wt.TRANSFER_METHODS[key].name}: generate {one.generation_s:.0f} s + "
-              f"train {one.training_s:.0f} s + transfer {wt.format_duration(one.transfer_s)} = "
-              f"{one.total_s:.2f} s ({one.overhead:.1%} transfer); the seed's two transfers: "
-              f"{two.total_s:.2f} s ({two.overhead:.1%})")  # fmt: skip
+        print(
+            f"seed 70B, {wt.TRANSFER_METHODS[key].name}: generate {one.generation_s:.0f} s + "
+            f"train {one.training_s:.0f} s + transfer {wt.format_duration(one.transfer_s)} = "
+            f"{one.total_s:.2f} s ({one.overhead:.1%} transfer); the seed's two transfers: "
+            f"{two.total_s:.2f} s ({two.overhead:.1%})"
+        )
     rows = []
     for name, run in runs.items():
         t = rlhf_report.time_breakdown(run.res.history)
         wall = run.wall_s()
-        rows.append([RUNS[name][0], *(f"{t[k] * 1e3:.1f}" for _, k, _ in PHASES),
-                     f"{wall * 1e3:.1f}", f"{t['t_transfer_s'] / wall:.1%}"])  # fmt: skip
+        rows.append(
+            [
+                RUNS[name][0],
+                *(f"{t[k] * 1e3:.1f}" for _, k, _ in PHASES),
+                f"{wall * 1e3:.1f}",
+                f"{t['t_transfer_s'] / wall:.1%}",
+            ]
+        )
     print("ours, mean ms per iteration after the first (which compiles):")
     print(grid(["run", "generate", "score", "train", "transfer", "wall", "transfer share"], rows))
     ratio = runs["stale"].wall_s() / runs["disagg"].wall_s()
@@ -227,9 +294,11 @@ def _staleness(runs, train_p, actor) -> None:
     from jaxscale.rl import rlhf_run
 
     lab, res = runs["stale"].lab, runs["stale"].res
-    print("staleness: rollout k+1 comes from the weights before update k (one update behind);"
-          "\nPPO's ratio is taken against those weights' own log-probs, so its clip bounds the "
-          "lag")  # fmt: skip
+    print(
+        "staleness: rollout k+1 comes from the weights before update k (one update behind);"
+        "\nPPO's ratio is taken against those weights' own log-probs, so its clip bounds the "
+        "lag"
+    )
     if len(res.rollouts) < 2:
         return
     rows, seeds = rlhf_run.batch_rows(lab, train_p, 1)
@@ -268,8 +337,16 @@ def _plot(runs, path) -> str:
                 bars.append(("host", g_end, max(x - g_end, 0.0)))
                 if name == "stale" and k >= 2:  # batch k, dispatched in iteration k-1
                     d0 = st[k - 2] - st[0] + h[k - 1]["t_generate_s"]
-                    ax.barh(len(runs), (g_end - d0) * 1e3, left=d0 * 1e3, height=0.5, lw=0.3,
-                            color=colors["generate"], alpha=0.45, edgecolor="k")  # fmt: skip
+                    ax.barh(
+                        len(runs),
+                        (g_end - d0) * 1e3,
+                        left=d0 * 1e3,
+                        height=0.5,
+                        lw=0.3,
+                        color=colors["generate"],
+                        alpha=0.45,
+                        edgecolor="k",
+                    )
                 for ph, left, w in bars:
                     ax.barh(y, w * 1e3, left=left * 1e3, height=0.6, color=colors[ph])
                 ax.plot([end * 1e3] * 2, [y - 0.4, y + 0.4], color="k", lw=0.8)
@@ -277,8 +354,13 @@ def _plot(runs, path) -> str:
         ax.invert_yaxis()
         ax.set_xlabel("ms since the end of iteration 0 (which compiles); | = an iteration ends")
         ax.set_title("RLHF iterations, measured on 8 simulated CPU devices (times indicative)")
-        ax.legend(handles=[Patch(color=c, label=p) for p, c in colors.items()], ncol=5,
-                  loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=8)  # fmt: skip
+        ax.legend(
+            handles=[Patch(color=c, label=p) for p, c in colors.items()],
+            ncol=5,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.18),
+            fontsize=8,
+        )
         ax.grid(axis="x", alpha=0.3)
     return str(path)
 

@@ -44,16 +44,26 @@ def main() -> None:
     p.add_argument("--remat", action="store_true")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     a = p.parse_args()
-    cfg = ModelConfig(d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
-                      n_kv_heads=a.kv_heads or a.heads, d_ff=a.d_ff, max_seq=a.seq_len,
-                      compute_dtype=a.compute_dtype, param_dtype=a.param_dtype,
-                      attention_impl=a.attention, remat=a.remat)  # fmt: skip
+    cfg = ModelConfig(
+        d_model=a.d_model,
+        n_layers=a.layers,
+        n_heads=a.heads,
+        n_kv_heads=a.kv_heads or a.heads,
+        d_ff=a.d_ff,
+        max_seq=a.seq_len,
+        compute_dtype=a.compute_dtype,
+        param_dtype=a.param_dtype,
+        attention_impl=a.attention,
+        remat=a.remat,
+    )
     tcfg = TrainConfig(global_batch=a.batch, seq_len=a.seq_len, warmup_steps=0)
     kind = jax.devices()[0].device_kind
     device = for_device_kind(kind)
-    print(f"device {kind}, jax {jax.__version__}; {counts.param_count(cfg) / 1e6:.1f}M params, "
-          f"batch {a.batch} x {a.seq_len}, {a.compute_dtype} compute, {a.param_dtype} params, "
-          f"attention {a.attention}{', remat' if a.remat else ''}")  # fmt: skip
+    print(
+        f"device {kind}, jax {jax.__version__}; {counts.param_count(cfg) / 1e6:.1f}M params, "
+        f"batch {a.batch} x {a.seq_len}, {a.compute_dtype} compute, {a.param_dtype} params, "
+        f"attention {a.attention}{', remat' if a.remat else ''}"
+    )
 
     # 1. the compiled step, every layer unrolled so cost_analysis counts each one
     tokens = np.random.default_rng(0).integers(0, cfg.vocab, (a.batch, a.seq_len + 1), np.int32)
@@ -61,9 +71,11 @@ def main() -> None:
     step = st.jit_train_step(cfg.replace(unroll_layers=True), tcfg)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (state, tokens))
     compiled, rep = compile_with_report(step, *abstract)
-    print(f"compiled in {rep.compile_s:.1f} s: {rep.flops / 1e12:.2f} TFLOP, "
-          f"{rep.bytes_accessed / 1e9:.2f} GB accessed, temporaries "
-          f"{rep.memory.temp / 2**30:.2f} GiB")  # fmt: skip
+    print(
+        f"compiled in {rep.compile_s:.1f} s: {rep.flops / 1e12:.2f} TFLOP, "
+        f"{rep.bytes_accessed / 1e9:.2f} GB accessed, temporaries "
+        f"{rep.memory.temp / 2**30:.2f} GiB"
+    )
 
     # 2. the roofline floor. The FLOPs side uses the larger of the compiled and the model
     # count: XLA:GPU's cost_analysis leaves out library calls (cuBLAS gemms, cuDNN attention),
@@ -74,9 +86,11 @@ def main() -> None:
         t_flops = work / device.flops_per_s
         t_bytes = rep.bytes_accessed / device.hbm_bytes_per_s
         bound = "compute" if t_flops >= t_bytes else "memory"
-        print(f"roofline floor: FLOPs {t_flops * 1e3:.1f} ms, bytes {t_bytes * 1e3:.1f} ms "
-              f"({bound}-bound); intensity {work / rep.bytes_accessed:.0f} FLOP/byte vs "
-              f"ridge {device.flops_per_s / device.hbm_bytes_per_s:.0f}")  # fmt: skip
+        print(
+            f"roofline floor: FLOPs {t_flops * 1e3:.1f} ms, bytes {t_bytes * 1e3:.1f} ms "
+            f"({bound}-bound); intensity {work / rep.bytes_accessed:.0f} FLOP/byte vs "
+            f"ridge {device.flops_per_s / device.hbm_bytes_per_s:.0f}"
+        )
     else:
         print("roofline: this device's peak is not in jaxscale/hardware.py")
 
@@ -88,9 +102,11 @@ def main() -> None:
         state, metrics = compiled(state, tokens)
     jax.block_until_ready(metrics)
     step_s = (time.perf_counter() - t0) / a.steps
-    print(f"step {step_s * 1e3:.1f} ms, {a.batch * a.seq_len / step_s:,.0f} tokens/s; model "
-          f"{model / 1e12:.2f} TFLOP per step, compiled/model = "
-          f"{rep.flops / model:.2f}")  # fmt: skip
+    print(
+        f"step {step_s * 1e3:.1f} ms, {a.batch * a.seq_len / step_s:,.0f} tokens/s; model "
+        f"{model / 1e12:.2f} TFLOP per step, compiled/model = "
+        f"{rep.flops / model:.2f}"
+    )
 
     # 4. MFU (never on CPU: its peak is unknown)
     value = mfu(model, step_s, kind)

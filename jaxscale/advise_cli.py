@@ -49,43 +49,90 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--batch-size 512",
     )
     a = p.add_argument
-    a("--params", type=parse_count, default=70e9,
-      help="parameter count, all experts included (default 70B)")  # fmt: skip
+    a(
+        "--params",
+        type=parse_count,
+        default=70e9,
+        help="parameter count, all experts included (default 70B)",
+    )
     a("--gpus", type=positive_int, default=64, help="number of GPUs")
     a("--gpu-mem", type=positive_float, default=GPU.memory_gb, help="memory per GPU in GB")
     a("--gpus-per-node", type=positive_int, default=8, help="GPUs per node sharing NVLink")
-    hidden_alias(p, a("--seq-len", type=positive_int, default=4096, help="tokens per sequence"),
-                 "--seq")  # fmt: skip
-    hidden_alias(p, a("--batch-size", type=positive_int, default=512,
-                      help="global batch in sequences per step"), "--batch")  # fmt: skip
+    hidden_alias(
+        p, a("--seq-len", type=positive_int, default=4096, help="tokens per sequence"), "--seq"
+    )
+    hidden_alias(
+        p,
+        a(
+            "--batch-size",
+            type=positive_int,
+            default=512,
+            help="global batch in sequences per step",
+        ),
+        "--batch",
+    )
     a("--micro-batch", type=positive_int, default=1, help="sequences per forward pass per GPU")
-    hidden_alias(p, a("--d-model", type=non_negative_int, default=0,
-                      help="hidden size; 0 derives it from --params"), "--hidden")  # fmt: skip
+    hidden_alias(
+        p,
+        a(
+            "--d-model",
+            type=non_negative_int,
+            default=0,
+            help="hidden size; 0 derives it from --params",
+        ),
+        "--hidden",
+    )
     a("--layers", type=non_negative_int, default=0, help="layers; 0 derives them from --params")
     a("--moe", action="store_true", help="mixture of experts: also choose an expert degree")
     a("--num-experts", type=positive_int, default=64, help="experts per MoE layer, with --moe")
     a("--top-k", type=positive_int, default=2, help="experts per token, with --moe")
-    a("--precision", choices=sorted(_PRECISION_BYTES), default="bf16",
-      help="of the weights and gradients")  # fmt: skip
+    a(
+        "--precision",
+        choices=sorted(_PRECISION_BYTES),
+        default="bf16",
+        help="of the weights and gradients",
+    )
     a("--master-weights", action="store_true", help="keep an fp32 master copy (+4 B/param)")
-    a("--recompute", choices=list(RECOMPUTE_CHOICES), default="auto",
-      help="full activation recomputation: auto lets the ranking decide")  # fmt: skip
-    a("--headroom", type=probability, default=1 - USABLE_FRACTION,
-      help="fraction of memory kept free, below 1")  # fmt: skip
-    a("--intra-node-gbs", type=positive_float, default=GPU.link_gb_s,
-      help="NVLink GB/s per GPU, one direction")  # fmt: skip
-    a("--inter-node-gbs", type=positive_float, default=INTER_NODE_BYTES_PER_S / GB,
-      help="InfiniBand GB/s per GPU")  # fmt: skip
+    a(
+        "--recompute",
+        choices=list(RECOMPUTE_CHOICES),
+        default="auto",
+        help="full activation recomputation: auto lets the ranking decide",
+    )
+    a(
+        "--headroom",
+        type=probability,
+        default=1 - USABLE_FRACTION,
+        help="fraction of memory kept free, below 1",
+    )
+    a(
+        "--intra-node-gbs",
+        type=positive_float,
+        default=GPU.link_gb_s,
+        help="NVLink GB/s per GPU, one direction",
+    )
+    a(
+        "--inter-node-gbs",
+        type=positive_float,
+        default=INTER_NODE_BYTES_PER_S / GB,
+        help="InfiniBand GB/s per GPU",
+    )
     a("--peak-tflops", type=positive_float, default=GPU.bf16_tflops, help="peak TFLOP/s per GPU")
     a("--mfu", type=fraction, default=ASSUMED_MFU, help="assumed fraction of peak achieved")
     a("--top", type=non_negative_int, default=5, help="alternative layouts to list")
     a("--seed002-table", action="store_true", help="print seed 002's strategy comparison table")
-    a("--seed-faithful", action="store_true",
-      help="seed 002 calculator as the seed prints it (defect 6), with its table")  # fmt: skip
+    a(
+        "--seed-faithful",
+        action="store_true",
+        help="seed 002 calculator as the seed prints it (defect 6), with its table",
+    )
     a("--json", action="store_true", help="print one JSON object")
-    a("--validate", action="store_true",
-      help="scale the recommended layout down to the simulated devices, compile it, and compare "
-      "its memory and collectives with the predictions (imports jax)")  # fmt: skip
+    a(
+        "--validate",
+        action="store_true",
+        help="scale the recommended layout down to the simulated devices, compile it, and compare "
+        "its memory and collectives with the predictions (imports jax)",
+    )
     p.set_defaults(func=lambda args: _run(args, p))
 
 
@@ -94,35 +141,47 @@ def _check(args) -> None:
     if args.params < MIN_PARAMS:
         raise ValueError(f"--params {args.params:g} is a parameter count (e.g. 70B), not billions")
     if args.headroom >= 1:
-        raise ValueError(f"--headroom must be below 1 (some memory must be usable), got "
-                         f"{args.headroom:g}")  # fmt: skip
+        raise ValueError(
+            f"--headroom must be below 1 (some memory must be usable), got {args.headroom:g}"
+        )
     if args.micro_batch > args.batch_size:
-        raise ValueError(f"--micro-batch {args.micro_batch} exceeds --batch-size "
-                         f"{args.batch_size}")  # fmt: skip
+        raise ValueError(f"--micro-batch {args.micro_batch} exceeds --batch-size {args.batch_size}")
     if args.moe and args.top_k > args.num_experts:
         raise ValueError(f"--top-k {args.top_k} exceeds --num-experts {args.num_experts}")
     g, node = args.gpus, args.gpus_per_node
     if (g > node and g % node) or (g < node and node % g):
-        raise ValueError(f"--gpus {g} does not factor into nodes of --gpus-per-node {node}: use "
-                         f"a multiple of {node} or a divisor of it")  # fmt: skip
+        raise ValueError(
+            f"--gpus {g} does not factor into nodes of --gpus-per-node {node}: use "
+            f"a multiple of {node} or a divisor of it"
+        )
 
 
 def _inputs(args) -> tuple[Workload, Hardware]:
     _check(args)
     state_bytes = _PRECISION_BYTES[args.precision]
     workload = Workload(
-        n_params=args.params, seq=args.seq_len, batch=args.batch_size,
-        micro_batch=args.micro_batch, hidden=args.d_model, layers=args.layers,
-        num_experts=args.num_experts if args.moe else 1, top_k=args.top_k if args.moe else 1,
-        weight_bytes=state_bytes, grad_bytes=state_bytes,
+        n_params=args.params,
+        seq=args.seq_len,
+        batch=args.batch_size,
+        micro_batch=args.micro_batch,
+        hidden=args.d_model,
+        layers=args.layers,
+        num_experts=args.num_experts if args.moe else 1,
+        top_k=args.top_k if args.moe else 1,
+        weight_bytes=state_bytes,
+        grad_bytes=state_bytes,
         master_bytes=4 if args.master_weights else 0,
-    )  # fmt: skip
+    )
     hardware = Hardware(
-        num_gpus=args.gpus, gpu_memory_bytes=args.gpu_mem * GB, gpus_per_node=args.gpus_per_node,
+        num_gpus=args.gpus,
+        gpu_memory_bytes=args.gpu_mem * GB,
+        gpus_per_node=args.gpus_per_node,
         intra_node_bytes_per_s=args.intra_node_gbs * GB,
-        inter_node_bytes_per_s=args.inter_node_gbs * GB, peak_flops=args.peak_tflops * 1e12,
-        assumed_mfu=args.mfu, usable_fraction=1 - args.headroom,
-    )  # fmt: skip
+        inter_node_bytes_per_s=args.inter_node_gbs * GB,
+        peak_flops=args.peak_tflops * 1e12,
+        assumed_mfu=args.mfu,
+        usable_fraction=1 - args.headroom,
+    )
     return workload, hardware
 
 
@@ -184,26 +243,41 @@ def _table(cols: list[Col], records, extra=(), *, label_column: bool = True) -> 
 
 
 _RULE_COLS = [
-    Col("rule", "rule set"), Col("tp", "TP"), Col("pp", "PP"), Col("dp", "DP"),
-    Col("zero_stage", "ZeRO"), Col("gpus_used", "GPUs"), Col("per_gpu_bytes", "rule's mem", _gb),
+    Col("rule", "rule set"),
+    Col("tp", "TP"),
+    Col("pp", "PP"),
+    Col("dp", "DP"),
+    Col("zero_stage", "ZeRO"),
+    Col("gpus_used", "GPUs"),
+    Col("per_gpu_bytes", "rule's mem", _gb),
     # jaxscale's model applied to the rule's layout
     Col("jaxscale_model", "recompute", lambda m: _yes(m["layout"]["recompute"])),
     Col("jaxscale_model", "mem/GPU", lambda m: _gb(m["memory"]["total"])),
     Col("jaxscale_model", "fits", lambda m: _yes(m["fits"])),
     Col("jaxscale_model", "step", lambda m: _s(m["step_s"])),
-]  # fmt: skip
+]
 _SEED002_COLS = [
-    Col("tp", "TP"), Col("pp", "PP"), Col("dp", "DP"),
-    Col("memory_per_gpu_gb", "mem/GPU", _in_gb(1)), Col("fits", "fits", _yes),
-    Col("tp_comm_gb", "TP comm", _in_gb(2)), Col("pp_comm_gb", "PP comm", _in_gb(2)),
+    Col("tp", "TP"),
+    Col("pp", "PP"),
+    Col("dp", "DP"),
+    Col("memory_per_gpu_gb", "mem/GPU", _in_gb(1)),
+    Col("fits", "fits", _yes),
+    Col("tp_comm_gb", "TP comm", _in_gb(2)),
+    Col("pp_comm_gb", "PP comm", _in_gb(2)),
     Col("dp_comm_gb", "DP comm", _in_gb(2)),
-]  # fmt: skip
+]
 _MEMORY_COLS = [Col("state", "state"), Col("bytes", "per GPU", _gb)]
-_COMM_COLS = [Col("kind", "kind"), Col("bytes_per_gpu", "volume", _gb),
-              Col("inter_node", "link", lambda x: "InfiniBand" if x else "NVLink"),
-              Col("seconds", "time", _s)]  # fmt: skip
-_ALT_COLS = [Col("label", "layout"), Col("memory", "mem/GPU", lambda m: _gb(m["total"])),
-             Col("step_s", "step (est.)", _s)]  # fmt: skip
+_COMM_COLS = [
+    Col("kind", "kind"),
+    Col("bytes_per_gpu", "volume", _gb),
+    Col("inter_node", "link", lambda x: "InfiniBand" if x else "NVLink"),
+    Col("seconds", "time", _s),
+]
+_ALT_COLS = [
+    Col("label", "layout"),
+    Col("memory", "mem/GPU", lambda m: _gb(m["total"])),
+    Col("step_s", "step (est.)", _s),
+]
 
 
 def render(advice: AdviceReport, top: int = 5, *, seed002_table: bool = False) -> Report:
@@ -212,13 +286,20 @@ def render(advice: AdviceReport, top: int = 5, *, seed002_table: bool = False) -
     mode = "seed-faithful" if s2.seed_faithful else "corrected"
     rec = _cost(best)
     out = Report(
-        "advise", workload=_record(w), hardware=_record(hw), hidden=advice.hidden,
-        layers=advice.layers, seed002_mode=mode,
+        "advise",
+        workload=_record(w),
+        hardware=_record(hw),
+        hidden=advice.hidden,
+        layers=advice.layers,
+        seed002_mode=mode,
         rules=[{**_record(rc.advice), "jaxscale_model": _cost(rc.cost)} for rc in advice.rules],
-        recommendation=rec, alternatives=[_cost(c) for c in advice.ranked[1 : top + 1]],
-        layouts_considered=advice.layouts_considered, layouts_fitting=len(advice.ranked),
-        reasoning=list(advice.reasoning), seed002=_record(s2),
-    )  # fmt: skip
+        recommendation=rec,
+        alternatives=[_cost(c) for c in advice.ranked[1 : top + 1]],
+        layouts_considered=advice.layouts_considered,
+        layouts_fitting=len(advice.ranked),
+        reasoning=list(advice.reasoning),
+        seed002=_record(s2),
+    )
     derived = "" if w.hidden and w.layers else ", derived"
     moe = f", MoE {w.num_experts} experts top-{w.top_k}" if w.is_moe else ""
     nodes = -(-hw.num_gpus // hw.gpus_per_node)
@@ -234,8 +315,10 @@ def render(advice: AdviceReport, top: int = 5, *, seed002_table: bool = False) -
     )
     own, rules = "jaxscale (analytic)", out.data["rules"]  # last row: the recommendation
     if rec:
-        rules = [*rules, {"rule": own, **rec["layout"], "gpus_used": best.layout.gpus,
-                          "jaxscale_model": rec}]  # fmt: skip
+        rules = [
+            *rules,
+            {"rule": own, **rec["layout"], "gpus_used": best.layout.gpus, "jaxscale_model": rec},
+        ]
     none_fits = [] if rec else [[own, *["-"] * 7, "nothing fits", "-", "-"]]
     out.say(_table(_RULE_COLS, rules, none_fits), "")
     for a in (rc.advice for rc in advice.rules):
@@ -249,17 +332,26 @@ def render(advice: AdviceReport, top: int = 5, *, seed002_table: bool = False) -
     out.say(*(f"  - {line}" for line in advice.reasoning))
     if best is None:
         return out
-    memory = {k: rec["memory"][k] for k in ("weights", "gradients", "optimizer", "master",
-                                             "activations", "total")}  # fmt: skip
+    memory = {
+        k: rec["memory"][k]
+        for k in ("weights", "gradients", "optimizer", "master", "activations", "total")
+    }
     memory.update(usable=hw.usable_bytes, GPU=hw.gpu_memory_bytes)
     memory = [{"state": k, "bytes": v} for k, v in memory.items()]
     bubble_s = best.compute_s / (1 - best.bubble_fraction) - best.compute_s
-    totals = [["bubble", f"{best.bubble_fraction:.1%}", "-", _s(bubble_s)],
-              ["compute", "-", "-", _s(best.compute_s)],
-              ["step (est.)", "-", "-", _s(best.step_s)]]  # fmt: skip
-    out.say("", "Per-GPU memory", _table(_MEMORY_COLS, memory), "",
-            "Communication per step (per GPU, no overlap assumed)",
-            _table(_COMM_COLS, rec["comms"], totals))  # fmt: skip
+    totals = [
+        ["bubble", f"{best.bubble_fraction:.1%}", "-", _s(bubble_s)],
+        ["compute", "-", "-", _s(best.compute_s)],
+        ["step (est.)", "-", "-", _s(best.step_s)],
+    ]
+    out.say(
+        "",
+        "Per-GPU memory",
+        _table(_MEMORY_COLS, memory),
+        "",
+        "Communication per step (per GPU, no overlap assumed)",
+        _table(_COMM_COLS, rec["comms"], totals),
+    )
     if top and len(advice.ranked) > 1:
         out.say("", "Alternatives that fit", _table(_ALT_COLS, out.data["alternatives"]))
     return out

@@ -13,10 +13,13 @@ import sys
 
 
 def _add_doctor(sub):
-    p = sub.add_parser("doctor", help="versions, backend, devices, and a psum smoke test",
-                       description="Versions, backend, devices and processes, and a psum over "
-                       "every device checked against its closed form.",
-                       epilog="example: jaxscale doctor --json")  # fmt: skip
+    p = sub.add_parser(
+        "doctor",
+        help="versions, backend, devices, and a psum smoke test",
+        description="Versions, backend, devices and processes, and a psum over "
+        "every device checked against its closed form.",
+        epilog="example: jaxscale doctor --json",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=lambda a: _lazy("jaxscale.devices", "doctor_main")(a))
 

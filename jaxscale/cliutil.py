@@ -179,8 +179,13 @@ def add_dataclass_args(parser, cls, skip: tuple[str, ...] = ()) -> None:
         kind, flag = kinds[str(f.type)], flag_of(f)
         help_text = f"{f.metadata.get('help', '')} (default {f.default})".strip()
         if kind is bool:
-            action = parser.add_argument(flag, dest=f.name, default=None, help=help_text,
-                                         action=argparse.BooleanOptionalAction)  # fmt: skip
+            action = parser.add_argument(
+                flag,
+                dest=f.name,
+                default=None,
+                help=help_text,
+                action=argparse.BooleanOptionalAction,
+            )
         else:
             choices = f.metadata.get("choices")
             metavar = None if choices else {_int: "INT", finite_float: "FLOAT"}.get(kind, "STR")
@@ -228,8 +233,14 @@ def hidden_alias(parser, action: argparse.Action, *old_flags: str) -> None:
     if action.nargs == 0:  # a switch
         parser.add_argument(*old_flags, action="store_const", const=action.const, **kw)
     else:
-        parser.add_argument(*old_flags, type=action.type, choices=action.choices,
-                            nargs=action.nargs, metavar=action.metavar, **kw)  # fmt: skip
+        parser.add_argument(
+            *old_flags,
+            type=action.type,
+            choices=action.choices,
+            nargs=action.nargs,
+            metavar=action.metavar,
+            **kw,
+        )
 
 
 # --- output flags and errors ------------------------------------------------------------------
@@ -249,8 +260,11 @@ def add_output_flags(p: argparse.ArgumentParser, *, plot: bool = False, faithful
 
 def command_name(args: argparse.Namespace) -> str:
     """'calc kv', 'simulate pipeline', 'advise' ... from the parsed subcommands."""
-    parts = [getattr(args, "command", None), getattr(args, "calc_name", None),
-             getattr(args, "sim_name", None)]  # fmt: skip
+    parts = [
+        getattr(args, "command", None),
+        getattr(args, "calc_name", None),
+        getattr(args, "sim_name", None),
+    ]
     return " ".join(p for p in parts if p)
 
 
@@ -288,13 +302,22 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default {str(default).replace('%', '%%')})".lstrip()
 
     def _fill_text(self, text, width, indent):
-        return "\n".join(indent + line if line.startswith(" ") else
-                         super(HelpFormatter, self)._fill_text(line, width, indent)
-                         for line in text.splitlines())  # fmt: skip
+        return "\n".join(
+            indent + line
+            if line.startswith(" ")
+            else super(HelpFormatter, self)._fill_text(line, width, indent)
+            for line in text.splitlines()
+        )
 
 
 def add_command(sub, name: str, *, help: str, description: str, example: str, **kw):
     """A subcommand's parser, its --help formatted by `HelpFormatter` and ending with an example
     command line."""
-    return sub.add_parser(name, help=help, description=description, formatter_class=HelpFormatter,
-                          epilog=f"example:\n  {example}", **kw)  # fmt: skip
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        formatter_class=HelpFormatter,
+        epilog=f"example:\n  {example}",
+        **kw,
+    )

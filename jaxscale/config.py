@@ -34,8 +34,10 @@ def _require(ok: bool, message: str) -> None:
 def _counts(cfg, names: tuple[str, ...], minimum: int = 1) -> None:
     for name in names:
         value = getattr(cfg, name)
-        _require(minimum <= value <= INT_MAX,
-                 f"{name} must be an integer in [{minimum}, {INT_MAX}], got {value}")  # fmt: skip
+        _require(
+            minimum <= value <= INT_MAX,
+            f"{name} must be an integer in [{minimum}, {INT_MAX}], got {value}",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,12 +91,15 @@ class ModelConfig:
 
     def __post_init__(self):
         _counts(self, ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq"))
-        _require(self.d_model % self.n_heads == 0,
-                 f"n_heads={self.n_heads} does not divide d_model={self.d_model} "
-                 f"(head_dim would be {self.d_model / self.n_heads:g})")  # fmt: skip
-        _require(self.n_heads % self.n_kv_heads == 0,
-                 f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads} "
-                 "(GQA groups)")  # fmt: skip
+        _require(
+            self.d_model % self.n_heads == 0,
+            f"n_heads={self.n_heads} does not divide d_model={self.d_model} "
+            f"(head_dim would be {self.d_model / self.n_heads:g})",
+        )
+        _require(
+            self.n_heads % self.n_kv_heads == 0,
+            f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads} (GQA groups)",
+        )
         _require(
             self.head_dim % 2 == 0,
             f"d_model / n_heads must be even for RoPE, got head_dim {self.head_dim}",
@@ -109,9 +114,11 @@ class ModelConfig:
             self.attention_impl in ATTENTION_IMPLS,
             f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}",
         )
-        _require(self.attention_impl != "cudnn" or self.compute_dtype != "float32",
-                 "attention_impl='cudnn' needs compute_dtype bfloat16 or float16 (cuDNN's "
-                 "flash attention has no float32 kernel)")  # fmt: skip
+        _require(
+            self.attention_impl != "cudnn" or self.compute_dtype != "float32",
+            "attention_impl='cudnn' needs compute_dtype bfloat16 or float16 (cuDNN's "
+            "flash attention has no float32 kernel)",
+        )
         for name in ("rope_base", "norm_eps"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value}")
@@ -120,21 +127,29 @@ class ModelConfig:
     def _check_moe(self):
         _counts(self, ("n_experts",), minimum=0)
         _counts(self, ("top_k", "moe_every"))
-        _require(self.moe_mode in ("capacity", "dropless"),
-                 f"moe_mode must be 'capacity' or 'dropless', got {self.moe_mode!r}")  # fmt: skip
+        _require(
+            self.moe_mode in ("capacity", "dropless"),
+            f"moe_mode must be 'capacity' or 'dropless', got {self.moe_mode!r}",
+        )
         for name in ("aux_loss_weight", "z_loss_weight"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value >= 0, f"{name} must be >= 0, got {value}")
-        _require(math.isfinite(self.capacity_factor) and self.capacity_factor > 0,
-                 f"capacity_factor must be > 0, got {self.capacity_factor}")  # fmt: skip
+        _require(
+            math.isfinite(self.capacity_factor) and self.capacity_factor > 0,
+            f"capacity_factor must be > 0, got {self.capacity_factor}",
+        )
         if not self.n_experts:
             return
-        _require(self.top_k <= self.n_experts,
-                 f"top_k={self.top_k} exceeds n_experts={self.n_experts} (a token picks k "
-                 "distinct experts)")  # fmt: skip
-        _require(self.n_layers % self.moe_every == 0,
-                 f"moe_every={self.moe_every} does not divide n_layers={self.n_layers} (the "
-                 "stack scans over groups of moe_every layers, the last of each MoE)")  # fmt: skip
+        _require(
+            self.top_k <= self.n_experts,
+            f"top_k={self.top_k} exceeds n_experts={self.n_experts} (a token picks k "
+            "distinct experts)",
+        )
+        _require(
+            self.n_layers % self.moe_every == 0,
+            f"moe_every={self.moe_every} does not divide n_layers={self.n_layers} (the "
+            "stack scans over groups of moe_every layers, the last of each MoE)",
+        )
 
     @property
     def head_dim(self) -> int:  # K
@@ -188,15 +203,18 @@ class TrainConfig:
     log_every: int = opt(10, "steps between metrics records (the last step is always recorded)")
 
     def __post_init__(self):
-        _counts(self, ("steps", "global_batch", "seq_len", "grad_accum", "eval_batches",
-                       "log_every"))  # fmt: skip
+        _counts(
+            self, ("steps", "global_batch", "seq_len", "grad_accum", "eval_batches", "log_every")
+        )
         _counts(self, ("warmup_steps", "eval_every", "ckpt_every", "seed"), minimum=0)
-        _require(self.global_batch % self.grad_accum == 0,
-                 f"grad_accum={self.grad_accum} does not divide global_batch="
-                 f"{self.global_batch}")  # fmt: skip
+        _require(
+            self.global_batch % self.grad_accum == 0,
+            f"grad_accum={self.grad_accum} does not divide global_batch={self.global_batch}",
+        )
         _require(math.isfinite(self.lr) and self.lr > 0, f"lr must be > 0, got {self.lr}")
-        _require(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got "
-                 f"{self.min_lr_ratio}")  # fmt: skip
+        _require(
+            0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"
+        )
         for name in ("b1", "b2"):
             value = getattr(self, name)
             _require(0 <= value < 1, f"{name} must be in [0, 1), got {value}")

@@ -78,8 +78,10 @@ def child_env(total_devices: int, num_processes: int, process_id: int, port: int
     if num_processes < 1:
         raise ValueError(f"--num-processes: need at least one process, got {num_processes}")
     if total_devices < 1 or total_devices % num_processes:
-        raise ValueError(f"--num-processes {num_processes}: {total_devices} devices (--devices) "
-                         f"do not split evenly over {num_processes} processes")  # fmt: skip
+        raise ValueError(
+            f"--num-processes {num_processes}: {total_devices} devices (--devices) "
+            f"do not split evenly over {num_processes} processes"
+        )
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")  # the loopback lab runs on CPU devices
     env.update(
@@ -94,8 +96,10 @@ def child_env(total_devices: int, num_processes: int, process_id: int, port: int
     return env
 
 
-_GLOO = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of "
-                   r"connected peer ranks is : ?\d*")  # fmt: skip
+_GLOO = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of "
+    r"connected peer ranks is : ?\d*"
+)
 
 
 def _forward(proc, prefix: str, lock, show: bool, verbose: bool, tail: collections.deque):
@@ -130,8 +134,14 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             time.sleep(0.05)
 
 
-def run_processes(cmd: list[str], num_processes: int, total_devices: int, timeout_s: float,
-                  all_ranks: bool = False, verbose: bool = False) -> int:  # fmt: skip
+def run_processes(
+    cmd: list[str],
+    num_processes: int,
+    total_devices: int,
+    timeout_s: float,
+    all_ranks: bool = False,
+    verbose: bool = False,
+) -> int:
     """Start the children, forward their output, and supervise them. Returns the exit code."""
     argv = child_command(cmd)
     port = _free_port()
@@ -140,14 +150,22 @@ def run_processes(cmd: list[str], num_processes: int, total_devices: int, timeou
     procs, readers, tails = [], [], []
     for i, env in enumerate(envs):
         p = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            bufsize=1, start_new_session=True,
-        )  # fmt: skip
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         procs.append(p)
         tails.append(collections.deque(maxlen=20))
         prefix = f"[p{i}]" if all_ranks else ""
-        t = threading.Thread(target=_forward, args=(p, prefix, lock, all_ranks or i == 0, verbose,
-                                                    tails[-1]), daemon=True)  # fmt: skip
+        t = threading.Thread(
+            target=_forward,
+            args=(p, prefix, lock, all_ranks or i == 0, verbose, tails[-1]),
+            daemon=True,
+        )
         t.start()
         readers.append(t)
     deadline = time.monotonic() + timeout_s
@@ -197,8 +215,9 @@ def _launch_main(args) -> int:
         child_command(args.cmd)
     except ValueError as e:
         args.parser.error(str(e))
-    return run_processes(args.cmd, args.num_processes, total, args.timeout, args.all_ranks,
-                         args.verbose)  # fmt: skip
+    return run_processes(
+        args.cmd, args.num_processes, total, args.timeout, args.all_ranks, args.verbose
+    )
 
 
 def add_parser(sub) -> None:
@@ -209,16 +228,21 @@ def add_parser(sub) -> None:
         "(the multi-host path on one machine).",
         epilog="example: jaxscale launch -n 2 -- jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 50",
     )
-    p.add_argument("-n", "--num-processes", type=positive_int, default=2,
-                   help="processes (default 2)")  # fmt: skip
+    p.add_argument(
+        "-n", "--num-processes", type=positive_int, default=2, help="processes (default 2)"
+    )
     p.add_argument(
         "--devices",
         type=positive_int,
         default=None,
         help="CPU devices in total, split evenly (default: $JAX_NUM_CPU_DEVICES or 8)",
     )
-    p.add_argument("--timeout", type=positive_float, default=600.0,
-                   help="seconds before stopping all (default 600)")  # fmt: skip
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=600.0,
+        help="seconds before stopping all (default 600)",
+    )
     p.add_argument(
         "--all-ranks",
         action="store_true",

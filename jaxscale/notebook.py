@@ -31,11 +31,15 @@ class Runtime:
     def describe(self) -> str:
         where = "Colab" if self.colab else "local"
         if self.kind == "cpu":
-            return (f"{where} CPU runtime ({self.why}): everything runs on {SIMULATED} simulated "
-                    "CPU devices")  # fmt: skip
-        return (f"{where} {self.kind.upper()} runtime ({self.why}): single-device work on the "
-                f"{self.kind.upper()}, mesh demos on {SIMULATED} simulated CPU devices in a "
-                "subprocess")  # fmt: skip
+            return (
+                f"{where} CPU runtime ({self.why}): everything runs on {SIMULATED} simulated "
+                "CPU devices"
+            )
+        return (
+            f"{where} {self.kind.upper()} runtime ({self.why}): single-device work on the "
+            f"{self.kind.upper()}, mesh demos on {SIMULATED} simulated CPU devices in a "
+            "subprocess"
+        )
 
 
 def detect() -> Runtime:
@@ -71,8 +75,12 @@ def simulated_env(n: int = SIMULATED) -> dict[str, str]:
 def jaxscale(*args: str, simulated: bool = True, check: bool = True) -> str:
     """Run `python -m jaxscale ARGS` (on simulated CPU devices unless simulated=False), print
     and return its output; a failing command raises with its output, so a notebook stops."""
-    proc = subprocess.run([sys.executable, "-m", "jaxscale", *args], capture_output=True,
-                          text=True, env=simulated_env() if simulated else None)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxscale", *args],
+        capture_output=True,
+        text=True,
+        env=simulated_env() if simulated else None,
+    )
     # jaxscale's own stderr lines (headers, warnings) first, then the tables
     notes = "".join(line + "\n" for line in proc.stderr.splitlines() if _worth_showing(line))
     out = notes + proc.stdout

@@ -133,8 +133,15 @@ class Report:
         self.data.update(fields)
         return self
 
-    def table(self, key: str | None, cols: Sequence[Col], records: Sequence[dict], *,
-              title: str | None = None, label_column: bool = True) -> list[dict]:  # fmt: skip
+    def table(
+        self,
+        key: str | None,
+        cols: Sequence[Col],
+        records: Sequence[dict],
+        *,
+        title: str | None = None,
+        label_column: bool = True,
+    ) -> list[dict]:
         """Render `records` as a table and store them under `key` in the JSON (None: text only,
         for a table whose records the JSON already holds in another shape)."""
         records = list(records)
@@ -161,8 +168,9 @@ class Report:
 
 
 @contextmanager
-def figure(path: str | Path, nrows: int = 1, ncols: int = 1, *, figsize=(10, 5), dpi=100,
-           rect=(0, 0, 1, 1)):  # fmt: skip
+def figure(
+    path: str | Path, nrows: int = 1, ncols: int = 1, *, figsize=(10, 5), dpi=100, rect=(0, 0, 1, 1)
+):
     """`with figure(path, 1, 2) as (fig, axes):` draw; the PNG is written (parent directories
     created, tight layout within `rect`, e.g. (0, 0, 1, 0.95) to keep a figure legend clear)
     when the block ends. matplotlib is imported here only."""

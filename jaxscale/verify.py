@@ -77,9 +77,13 @@ def _case(text: str, mesh: str, bench: bool = False, **variant) -> Case:
 # the MoE cases' model: 8 experts, top-2; capacity factor 2 gives C = 16 slots of a 32-token
 # sequence's 64 assignments: nothing drops at the start (tests/test_moe.py checks the first batch)
 MOE = (("n_experts", 8), ("top_k", 2), ("capacity_factor", 2.0))
-_SHORT_MODEL = {"n_experts": lambda v: f" E={v}", "top_k": lambda v: f" k={v}",
-                "capacity_factor": lambda v: f" cf={v:g}", "moe_mode": lambda v: f" {v}",
-                "moe_every": lambda v: f" every={v}"}  # fmt: skip
+_SHORT_MODEL = {
+    "n_experts": lambda v: f" E={v}",
+    "top_k": lambda v: f" k={v}",
+    "capacity_factor": lambda v: f" cf={v:g}",
+    "moe_mode": lambda v: f" {v}",
+    "moe_every": lambda v: f" every={v}",
+}
 
 
 def _moe(text: str, mesh: str, bench: bool = False, **changes) -> Case:
@@ -105,49 +109,82 @@ PIPE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 # Every strategy x mesh the lab checks. `bench=True`: also a row of a bench suite -- the dense
 # cases `make bench`'s mesh table, the MoE cases `bench experts` (`bench_cases`).
 CASES: tuple[Case, ...] = (
-    _case("auto", "dp=8", True), _case("auto", "fsdp=8", True), _case("auto", "tp=8", True),
-    _case("auto", "dp=2,tp=4", True), _case("auto", "dp=4,tp=2"),
-    _case("auto", "fsdp=2,tp=4"), _case("auto", "fsdp=4,tp=2", True),
-    _case("auto", "dp=2,fsdp=4"), _case("auto", "dp=4,fsdp=2"),
+    _case("auto", "dp=8", True),
+    _case("auto", "fsdp=8", True),
+    _case("auto", "tp=8", True),
+    _case("auto", "dp=2,tp=4", True),
+    _case("auto", "dp=4,tp=2"),
+    _case("auto", "fsdp=2,tp=4"),
+    _case("auto", "fsdp=4,tp=2", True),
+    _case("auto", "dp=2,fsdp=4"),
+    _case("auto", "dp=4,fsdp=2"),
     _case("auto", "dp=2,fsdp=2,tp=2", True),
-    _case("manual:dp", "dp=8", True), _case("manual:zero1", "dp=8", True),
-    _case("manual:zero2", "dp=8", True), _case("manual:zero3", "fsdp=8", True),
-    _case("manual:zero3", "dp=2,fsdp=4"), _case("manual:zero1", "dp=4,fsdp=2"),
+    _case("manual:dp", "dp=8", True),
+    _case("manual:zero1", "dp=8", True),
+    _case("manual:zero2", "dp=8", True),
+    _case("manual:zero3", "fsdp=8", True),
+    _case("manual:zero3", "dp=2,fsdp=4"),
+    _case("manual:zero1", "dp=4,fsdp=2"),
     _case("manual:zero2", "dp=2,fsdp=4"),
-    _case("manual:dp", "dp=2,fsdp=4"), _case("manual:dp", "dp=4,fsdp=2"),
-    _case("manual:tp", "tp=8", True), _case("manual:tp_sp", "tp=8", True),
+    _case("manual:dp", "dp=2,fsdp=4"),
+    _case("manual:dp", "dp=4,fsdp=2"),
+    _case("manual:tp", "tp=8", True),
+    _case("manual:tp_sp", "tp=8", True),
     _case("manual:tp_gather", "tp=8"),
-    _case("manual:dp+tp", "dp=2,tp=4"), _case("manual:dp+tp", "dp=4,tp=2"),
-    _case("manual:zero1+tp", "dp=4,tp=2"), _case("manual:zero2+tp", "dp=2,tp=4"),
-    _case("manual:zero3+tp", "fsdp=4,tp=2", True), _case("manual:zero3+tp", "fsdp=2,tp=4"),
+    _case("manual:dp+tp", "dp=2,tp=4"),
+    _case("manual:dp+tp", "dp=4,tp=2"),
+    _case("manual:zero1+tp", "dp=4,tp=2"),
+    _case("manual:zero2+tp", "dp=2,tp=4"),
+    _case("manual:zero3+tp", "fsdp=4,tp=2", True),
+    _case("manual:zero3+tp", "fsdp=2,tp=4"),
     _case("manual:zero3+tp_sp", "dp=2,fsdp=2,tp=2"),
     # gradient accumulation: one reduction per step, microbatch gradients averaged
     _case("manual:dp", "dp=8", grad_accum=2),
-    _case("manual:zero3", "fsdp=8", grad_accum=2), _case("manual:zero2+tp", "dp=2,tp=4",
-                                                         grad_accum=2),
+    _case("manual:zero3", "fsdp=8", grad_accum=2),
+    _case("manual:zero2+tp", "dp=2,tp=4", grad_accum=2),
     # plain SGD: the update is the gradient itself, nothing normalises a scale error away
     _case("manual:zero3+tp", "fsdp=4,tp=2", optimizer="sgd"),
     _case("auto", "dp=2,fsdp=2,tp=2", compute_dtype="bfloat16"),
     _case("manual:zero3+tp", "fsdp=4,tp=2", compute_dtype="bfloat16"),
     # pipelines: every schedule on every pipelined mesh (8 layers; interleaved on pp=8: 16)
-    *(case for sched in PIPE_SCHEDULES for case in (
-        _pipe(f"manual:{sched}", "pp=8", 8, layers=16 if sched == "interleaved" else 8,
-              v=2 if sched == "interleaved" else 1),
-        _pipe(f"manual:dp+{sched}", "pp=2,dp=4", 4, v=2 if sched == "interleaved" else 1),
-        _pipe(f"manual:zero3+{sched}", "pp=4,fsdp=2", 4, v=2 if sched == "interleaved" else 1),
-        _pipe(f"manual:tp+{sched}", "pp=2,tp=4", 4, v=2 if sched == "interleaved" else 1),
-        _pipe(f"manual:zero1+tp+{sched}", "pp=2,dp=2,tp=2", 4,
-              v=2 if sched == "interleaved" else 1),
-    )),
+    *(
+        case
+        for sched in PIPE_SCHEDULES
+        for case in (
+            _pipe(
+                f"manual:{sched}",
+                "pp=8",
+                8,
+                layers=16 if sched == "interleaved" else 8,
+                v=2 if sched == "interleaved" else 1,
+            ),
+            _pipe(f"manual:dp+{sched}", "pp=2,dp=4", 4, v=2 if sched == "interleaved" else 1),
+            _pipe(f"manual:zero3+{sched}", "pp=4,fsdp=2", 4, v=2 if sched == "interleaved" else 1),
+            _pipe(f"manual:tp+{sched}", "pp=2,tp=4", 4, v=2 if sched == "interleaved" else 1),
+            _pipe(
+                f"manual:zero1+tp+{sched}",
+                "pp=2,dp=2,tp=2",
+                4,
+                v=2 if sched == "interleaved" else 1,
+            ),
+        )
+    ),
     _pipe("manual:zero1+tp+1f1b", "pp=2,dp=2,tp=2", 4, compute_dtype="bfloat16"),
     # mixture of experts: expert parallelism (all-to-all), TP of experts, and the auto path
-    _moe("manual:ep", "ep=8", True), _moe("manual:dp+ep", "ep=4,dp=2", True),
-    _moe("manual:zero3+ep+tp", "ep=2,fsdp=2,tp=2"), _moe("manual:tp", "tp=8", True),
-    _moe("auto", "ep=4,dp=2", True), _moe("auto", "ep=8"), _moe("auto", "ep=2,fsdp=2,tp=2"),
-    _moe("manual:zero1+ep", "dp=2,ep=4", True), _moe("manual:zero2+ep+tp_sp", "dp=2,ep=2,tp=2"),
-    _moe("manual:ep", "ep=8", moe_mode="dropless"), _moe("auto", "ep=4,dp=2", moe_mode="dropless"),
+    _moe("manual:ep", "ep=8", True),
+    _moe("manual:dp+ep", "ep=4,dp=2", True),
+    _moe("manual:zero3+ep+tp", "ep=2,fsdp=2,tp=2"),
+    _moe("manual:tp", "tp=8", True),
+    _moe("auto", "ep=4,dp=2", True),
+    _moe("auto", "ep=8"),
+    _moe("auto", "ep=2,fsdp=2,tp=2"),
+    _moe("manual:zero1+ep", "dp=2,ep=4", True),
+    _moe("manual:zero2+ep+tp_sp", "dp=2,ep=2,tp=2"),
+    _moe("manual:ep", "ep=8", moe_mode="dropless"),
+    _moe("auto", "ep=4,dp=2", moe_mode="dropless"),
     _moe("manual:dp+ep", "ep=4,dp=2", capacity_factor=0.5),  # drops: the same tokens
-    _moe("auto", "ep=8", capacity_factor=0.5), _moe("manual:tp", "tp=8", capacity_factor=0.5),
+    _moe("auto", "ep=8", capacity_factor=0.5),
+    _moe("manual:tp", "tp=8", capacity_factor=0.5),
     _moe("manual:dp+ep", "ep=4,dp=2", n_experts=4, top_k=1, moe_every=2),  # top-1, every 2nd
     _moe("manual:ep", "ep=8", grad_accum=2),
     _moe("manual:dp+ep", "ep=4,dp=2", compute_dtype="bfloat16", bf16_reference=True),
@@ -156,9 +193,14 @@ CASES: tuple[Case, ...] = (
     _pipe("manual:ep+gpipe", "pp=2,ep=4", 2, layers=4, model=MOE),
     _pipe("manual:ep+tp+zb-h1", "pp=2,ep=2,tp=2", 4, layers=4, model=MOE),
     _pipe("manual:ep+interleaved", "pp=2,ep=4", 2, layers=4, v=2, model=MOE),
-    _pipe("manual:dp+1f1b", "pp=2,dp=4", 4, layers=4,
-          model=tuple({**dict(MOE), "top_k": 1, "moe_every": 2}.items())),
-)  # fmt: skip
+    _pipe(
+        "manual:dp+1f1b",
+        "pp=2,dp=4",
+        4,
+        layers=4,
+        model=tuple({**dict(MOE), "top_k": 1, "moe_every": 2}.items()),
+    ),
+)
 
 
 def bench_cases(suite: str) -> tuple[Case, ...]:
@@ -190,8 +232,13 @@ def run(step, state, put, batches) -> Trajectory:
         norms.append(float(metrics["grad_norm"]))
         if grads0 is None and "grads" in metrics:
             grads0 = jax.device_get(metrics["grads"])
-    return Trajectory(np.asarray(losses), np.asarray(norms), jax.device_get(state["params"]),
-                      grads0, step_ms=tuple(times))  # fmt: skip
+    return Trajectory(
+        np.asarray(losses),
+        np.asarray(norms),
+        jax.device_get(state["params"]),
+        grads0,
+        step_ms=tuple(times),
+    )
 
 
 def batches(tcfg: TrainConfig, steps: int = TRAJ_STEPS) -> list[np.ndarray]:
@@ -199,8 +246,9 @@ def batches(tcfg: TrainConfig, steps: int = TRAJ_STEPS) -> list[np.ndarray]:
     return [task.rows(tcfg.seed, s, range(tcfg.global_batch), tcfg.seq_len) for s in range(steps)]
 
 
-def reference(cfg: ModelConfig, tcfg: TrainConfig, steps: int = TRAJ_STEPS,
-              with_grads: bool = True) -> Trajectory:  # fmt: skip
+def reference(
+    cfg: ModelConfig, tcfg: TrainConfig, steps: int = TRAJ_STEPS, with_grads: bool = True
+) -> Trajectory:
     """The oracle: the unsharded step on one device."""
     step = train_step.jit_train_step(cfg, tcfg, None, with_grads=with_grads)
     initial = jax.device_get(train_step.init_state(cfg, tcfg))
@@ -208,8 +256,9 @@ def reference(cfg: ModelConfig, tcfg: TrainConfig, steps: int = TRAJ_STEPS,
     return dataclasses.replace(traj, initial=initial)
 
 
-def run_built(built: Built, tcfg: TrainConfig, steps: int = TRAJ_STEPS, step=None,
-              initial: dict | None = None) -> Trajectory:  # fmt: skip
+def run_built(
+    built: Built, tcfg: TrainConfig, steps: int = TRAJ_STEPS, step=None, initial: dict | None = None
+) -> Trajectory:
     """The strategy's trajectory, from its own init or from `initial` placed in its layout (the
     reference's state: the same numbers, and one compile fewer per case)."""
     with jax.set_mesh(built.mesh):
@@ -249,8 +298,9 @@ class Result:
     def traj_ok(self) -> bool:
         atol = tol.BF16_TRAJ_ATOL if self.bf16 else tol.TRAJ_ATOL
         norm_rtol = tol.BF16_NORM_RTOL if self.bf16 else tol.TRAJ_NORM_RTOL
-        return (max(self.traj_loss_err, self.traj_param_err) <= atol
-                and self.traj_norm_err <= norm_rtol)  # fmt: skip
+        return (
+            max(self.traj_loss_err, self.traj_param_err) <= atol and self.traj_norm_err <= norm_rtol
+        )
 
     @property
     def passed(self) -> bool:
@@ -267,13 +317,17 @@ def compare(case: Case, got: Trajectory, ref: Trajectory, label: str = "") -> Re
             if ref.truth0 is not None
             else [None] * len(jax.tree.leaves(ref.grads0))
         )
-        r.grad_ratio = max(_ratio(g, w, bf16, case.bf16_reference, t) for g, w, t in
-                           zip(jax.tree.leaves(got.grads0), jax.tree.leaves(ref.grads0), truths,
-                               strict=True))  # fmt: skip
+        r.grad_ratio = max(
+            _ratio(g, w, bf16, case.bf16_reference, t)
+            for g, w, t in zip(
+                jax.tree.leaves(got.grads0), jax.tree.leaves(ref.grads0), truths, strict=True
+            )
+        )
     n = min(len(got.losses), len(ref.losses))
     r.traj_loss_err = float(np.max(np.abs(got.losses[:n] - ref.losses[:n])))
-    r.traj_norm_err = float(np.max(np.abs(got.grad_norms[:n] - ref.grad_norms[:n])
-                                   / np.abs(ref.grad_norms[:n])))  # fmt: skip
+    r.traj_norm_err = float(
+        np.max(np.abs(got.grad_norms[:n] - ref.grad_norms[:n]) / np.abs(ref.grad_norms[:n]))
+    )
     r.traj_param_err = max(
         float(np.max(np.abs(a - b)))
         for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(ref.params), strict=True)
@@ -308,8 +362,9 @@ def check(case: Case, ref: Trajectory, cfg: ModelConfig = CFG, tcfg: TrainConfig
     return compare(case, run_built(built, tcfg, initial=ref.initial), ref, case.label)
 
 
-def reference_for(case: Case, cache: dict, cfg: ModelConfig = CFG,
-                  tcfg: TrainConfig = TCFG) -> Trajectory:  # fmt: skip
+def reference_for(
+    case: Case, cache: dict, cfg: ModelConfig = CFG, tcfg: TrainConfig = TCFG
+) -> Trajectory:
     """The single-device reference of the case's training variant (f32, or the case's own dtype
     with `bf16_reference`), computed once."""
     f32_case = dataclasses.replace(case, compute_dtype="float32")
@@ -335,8 +390,10 @@ def run_cases(cases, progress=None, cfg: ModelConfig = CFG, tcfg: TrainConfig = 
 
 
 def format_matrix(results: list[Result]) -> str:
-    head = (f"{'case':<40} {'mesh':<17} {'|dloss|':>9} {'grad/tol':>9} {'traj dloss':>10} "
-            f"{'traj dnorm':>10} {'traj dparam':>11}  ok")  # fmt: skip
+    head = (
+        f"{'case':<40} {'mesh':<17} {'|dloss|':>9} {'grad/tol':>9} {'traj dloss':>10} "
+        f"{'traj dnorm':>10} {'traj dparam':>11}  ok"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         if r.error:
@@ -348,18 +405,21 @@ def format_matrix(results: list[Result]) -> str:
             f"{'✓' if r.passed else '✗'}"
         )
     lines += _grid(results)
-    lines += ["", f"f32: first-step loss and gradients pass at rtol {tol.RTOL:g}, atol "
-              f"{tol.ATOL:g} (grad/tol <= 1); {TRAJ_STEPS}-step trajectory: losses and final "
-              f"parameters within {tol.TRAJ_ATOL:g}, pre-clip gradient norms within "
-              f"{tol.TRAJ_NORM_RTOL:g} relative.",
-              f"bf16 compute vs the f32 reference: loss within {tol.BF16_LOSS_RTOL:.0%}, "
-              f"gradients within {tol.BF16_GRAD_RTOL:.0%} of each leaf's largest entry, "
-              f"trajectory {tol.BF16_TRAJ_ATOL:g}, gradient norms "
-              f"{tol.BF16_NORM_RTOL:.0%}. 'vs bf16': against the bf16 model on one device, "
-              f"rtol {tol.BF16_SAME_RTOL:g}, atol {tol.BF16_SAME_ATOL:g}: loss and trajectory "
-              "directly, each gradient element no further from the f32 model's than the "
-              "one-device bf16 run's plus that band (an MoE router's bf16 gradient is itself "
-              "further from f32 than the f32 band)."]  # fmt: skip
+    lines += [
+        "",
+        f"f32: first-step loss and gradients pass at rtol {tol.RTOL:g}, atol "
+        f"{tol.ATOL:g} (grad/tol <= 1); {TRAJ_STEPS}-step trajectory: losses and final "
+        f"parameters within {tol.TRAJ_ATOL:g}, pre-clip gradient norms within "
+        f"{tol.TRAJ_NORM_RTOL:g} relative.",
+        f"bf16 compute vs the f32 reference: loss within {tol.BF16_LOSS_RTOL:.0%}, "
+        f"gradients within {tol.BF16_GRAD_RTOL:.0%} of each leaf's largest entry, "
+        f"trajectory {tol.BF16_TRAJ_ATOL:g}, gradient norms "
+        f"{tol.BF16_NORM_RTOL:.0%}. 'vs bf16': against the bf16 model on one device, "
+        f"rtol {tol.BF16_SAME_RTOL:g}, atol {tol.BF16_SAME_ATOL:g}: loss and trajectory "
+        "directly, each gradient element no further from the f32 model's than the "
+        "one-device bf16 run's plus that band (an MoE router's bf16 gradient is itself "
+        "further from f32 than the f32 band).",
+    ]
     return "\n".join(lines)
 
 
@@ -378,16 +438,36 @@ def _grid(results: list[Result]) -> list[str]:
 
 def as_json(results: list[Result]) -> list[dict]:
     variant = ("compute_dtype", "grad_accum", "optimizer")
-    checks = ("loss_err", "grad_ratio", "traj_loss_err", "traj_norm_err", "traj_param_err",
-              "error", "loss_ok", "grads_ok", "traj_ok", "passed")  # fmt: skip
+    checks = (
+        "loss_err",
+        "grad_ratio",
+        "traj_loss_err",
+        "traj_norm_err",
+        "traj_param_err",
+        "error",
+        "loss_ok",
+        "grads_ok",
+        "traj_ok",
+        "passed",
+    )
     out = []
     for r in results:
         s = r.case.strategy
-        out.append({"label": r.label, "path": s.path, "strategy": s.label().split(":")[1],
-                    "mesh": s.mesh, "stage": s.zero, "tp_mode": s.tensor,
-                    "schedule": s.schedule, "microbatches": s.microbatches,
-                    "virtual_stages": s.virtual_stages, "n_layers": r.case.n_layers,
-                    "model": dict(r.case.model),
-                    **{k: getattr(r.case, k) for k in variant},
-                    **{k: getattr(r, k) for k in checks}})  # fmt: skip
+        out.append(
+            {
+                "label": r.label,
+                "path": s.path,
+                "strategy": s.label().split(":")[1],
+                "mesh": s.mesh,
+                "stage": s.zero,
+                "tp_mode": s.tensor,
+                "schedule": s.schedule,
+                "microbatches": s.microbatches,
+                "virtual_stages": s.virtual_stages,
+                "n_layers": r.case.n_layers,
+                "model": dict(r.case.model),
+                **{k: getattr(r.case, k) for k in variant},
+                **{k: getattr(r, k) for k in checks},
+            }
+        )
     return out

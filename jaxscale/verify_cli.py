@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
         help="check every strategy (auto and manual) on every mesh against the "
         "single-device reference: loss, gradients, 10-step trajectory (losses, gradient "
         "norms, parameters)",
-    )  # fmt: skip
+    )
     p.add_argument("--only", default="", help="run only cases whose label or mesh contains this")
     p.add_argument("--json", action="store_true", help="print one JSON array of the results")
     p.add_argument("--dry-run", action="store_true", help="list the cases, run nothing")

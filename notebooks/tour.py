@@ -82,9 +82,21 @@ for shard in x_BD.addressable_shards[:4]:
 # against one device (`eq`).
 
 # %%
-out = nb.jaxscale("bench", "--model", "tiny", "--strategies", "auto,manual:zero3+tp",
-                  "--meshes", "fsdp=4,tp=2;fsdp=2,tp=4", "--steps", "1", "--remat-layers", "2",
-                  "--out", "results/tour")  # fmt: skip
+out = nb.jaxscale(
+    "bench",
+    "--model",
+    "tiny",
+    "--strategies",
+    "auto,manual:zero3+tp",
+    "--meshes",
+    "fsdp=4,tp=2;fsdp=2,tp=4",
+    "--steps",
+    "1",
+    "--remat-layers",
+    "2",
+    "--out",
+    "results/tour",
+)
 nb.show("results/tour/bench_meshes.png")
 
 # %% [markdown]
@@ -114,12 +126,32 @@ for row in report["rows"]:
 
 # %%
 big = rt.kind != "cpu"  # a wider model in bf16 where a real accelerator is there
-train_args = ["train", "--steps", "60" if big else "40", "--run-dir", "runs/tour",
-              "--eval-every", "20", "--sample-tokens", "32", "--no-progress"]  # fmt: skip
+train_args = [
+    "train",
+    "--steps",
+    "60" if big else "40",
+    "--run-dir",
+    "runs/tour",
+    "--eval-every",
+    "20",
+    "--sample-tokens",
+    "32",
+    "--no-progress",
+]
 if big:  # fused attention and unrolled layers: what reaches 47% MFU on an H100 (docs/hardware.md)
-    train_args += ["--model", "medium", "--compute-dtype", "bfloat16", "--seq-len", "512",
-                   "--global-batch", "32", "--unroll-layers",
-                   "--attention", "cudnn" if rt.kind == "gpu" else "xla"]  # fmt: skip
+    train_args += [
+        "--model",
+        "medium",
+        "--compute-dtype",
+        "bfloat16",
+        "--seq-len",
+        "512",
+        "--global-batch",
+        "32",
+        "--unroll-layers",
+        "--attention",
+        "cudnn" if rt.kind == "gpu" else "xla",
+    ]
 jaxscale_main(train_args)
 jaxscale_main(["plot", "runs/tour", "--out", "runs/tour/loss.png"])
 nb.show("runs/tour/loss.png")
@@ -133,8 +165,9 @@ print({k: round(v, 4) for k, v in last.items() if k in ("step", "loss", "tokens_
 # advisor's own prediction.
 
 # %%
-_ = nb.jaxscale("advise", "--params", "7e9", "--gpus", "64", "--gpu-mem", "80", "--top", "3",
-                "--validate")  # fmt: skip
+_ = nb.jaxscale(
+    "advise", "--params", "7e9", "--gpus", "64", "--gpu-mem", "80", "--top", "3", "--validate"
+)
 
 # %% [markdown]
 # ## 7. Pipeline schedules
@@ -143,8 +176,16 @@ _ = nb.jaxscale("advise", "--params", "7e9", "--gpus", "64", "--gpu-mem", "80", 
 # the bubble and the transfers against these.
 
 # %%
-_ = nb.jaxscale("simulate", "pipeline", "--pp", "4", "--microbatches", "8",
-                "--plot", "results/tour/pipeline.png")  # fmt: skip
+_ = nb.jaxscale(
+    "simulate",
+    "pipeline",
+    "--pp",
+    "4",
+    "--microbatches",
+    "8",
+    "--plot",
+    "results/tour/pipeline.png",
+)
 nb.show("results/tour/pipeline.png")
 
 # %% [markdown]
@@ -154,10 +195,28 @@ nb.show("results/tour/pipeline.png")
 # (load-balancing loss, router z-loss, dropped tokens).
 
 # %%
-_ = nb.jaxscale("train", "--mesh", "ep=4,dp=2", "--strategy", "manual:dp+ep", "--experts", "8",
-                "--top-k", "2", "--steps", "20", "--log-every", "10", "--eval-every", "0",
-                "--sample-tokens", "0", "--no-progress",
-                "--metrics", "results/tour/moe.jsonl")  # fmt: skip
+_ = nb.jaxscale(
+    "train",
+    "--mesh",
+    "ep=4,dp=2",
+    "--strategy",
+    "manual:dp+ep",
+    "--experts",
+    "8",
+    "--top-k",
+    "2",
+    "--steps",
+    "20",
+    "--log-every",
+    "10",
+    "--eval-every",
+    "0",
+    "--sample-tokens",
+    "0",
+    "--no-progress",
+    "--metrics",
+    "results/tour/moe.jsonl",
+)
 for line in open("results/tour/moe.jsonl"):
     record = json.loads(line)
     if "loss" in record:
@@ -204,7 +263,16 @@ print(f"\n{engine.steps} engine steps, {engine.compiles} compiled shapes")
 
 # %%
 if importlib.util.find_spec("libtpu") is not None:
-    _ = nb.jaxscale("bench", "--target", "tpu:v5e:2x4", "--model", "tiny", "--strategies",
-                    "auto:dp,auto:fsdp", "--out", "results/tour")  # fmt: skip
+    _ = nb.jaxscale(
+        "bench",
+        "--target",
+        "tpu:v5e:2x4",
+        "--model",
+        "tiny",
+        "--strategies",
+        "auto:dp,auto:fsdp",
+        "--out",
+        "results/tour",
+    )
 else:
     print("libtpu is not installed here: pip install -e '.[tpu-aot]' to compile for TPUs")

@@ -18,8 +18,19 @@ from pathlib import Path
 
 from jaxscale.cli import build_parser, main
 
-NUMBERS = ("0", "-1", "-0.5", "1.5", "nan", "inf", "-inf", "1e400", "99999999999999999999", "",
-           "abc")  # fmt: skip
+NUMBERS = (
+    "0",
+    "-1",
+    "-0.5",
+    "1.5",
+    "nan",
+    "inf",
+    "-inf",
+    "1e400",
+    "99999999999999999999",
+    "",
+    "abc",
+)
 TEXT = ("", "nope", "-1", "\u00e9\u00e9")
 # {missing}: a directory that does not exist; {dir}: an existing directory (a file was wanted);
 # {file}: an existing regular file (a directory was wanted)
@@ -41,9 +52,14 @@ def commands(parser: argparse.ArgumentParser | None = None, prefix: tuple[str, .
 def value_flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The optional flags that take a value (not --help, switches, or hidden aliases, which are
     another spelling of a flag that is fuzzed itself)."""
-    return [a for a in parser._actions if a.option_strings and a.nargs != 0
-            and a.help != argparse.SUPPRESS
-            and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))]  # fmt: skip
+    return [
+        a
+        for a in parser._actions
+        if a.option_strings
+        and a.nargs != 0
+        and a.help != argparse.SUPPRESS
+        and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))
+    ]
 
 
 def kind(action: argparse.Action) -> str:
@@ -56,9 +72,17 @@ def kind(action: argparse.Action) -> str:
     return "text"
 
 
-NUMERIC_TYPES = ("positive_int", "positive_float", "non_negative_float", "fraction",
-                 "probability", "parse_count", "non_negative_int", "finite_float",
-                 "_int")  # fmt: skip
+NUMERIC_TYPES = (
+    "positive_int",
+    "positive_float",
+    "non_negative_float",
+    "fraction",
+    "probability",
+    "parse_count",
+    "non_negative_int",
+    "finite_float",
+    "_int",
+)
 
 
 def hostile(action: argparse.Action) -> tuple[str, ...]:
@@ -82,8 +106,11 @@ def run(argv, workdir: Path, files: dict[str, str] | None = None) -> Outcome:
     scratch.mkdir(exist_ok=True)
     (scratch / "a_dir").mkdir(exist_ok=True)
     (scratch / "a_file").write_text("x")
-    fill = {"{missing}": str(scratch / "missing" / "deeper"), "{dir}": str(scratch / "a_dir"),
-            "{file}": str(scratch / "a_file")}  # fmt: skip
+    fill = {
+        "{missing}": str(scratch / "missing" / "deeper"),
+        "{dir}": str(scratch / "a_dir"),
+        "{file}": str(scratch / "a_file"),
+    }
     for key, text in (files or {}).items():
         path = scratch / key.strip("{}")
         path.write_text(text)

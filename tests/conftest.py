@@ -50,8 +50,10 @@ def _event(event: str, **_) -> None:
 
 
 def _duration(event: str, seconds: float, **_) -> None:
-    if event in ("/jax/core/compile/backend_compile_duration",
-                 "/jax/compilation_cache/compile_time_saved_sec"):  # fmt: skip
+    if event in (
+        "/jax/core/compile/backend_compile_duration",
+        "/jax/compilation_cache/compile_time_saved_sec",
+    ):
         _STATS[event.rsplit("/", 1)[1] + "_s"] += seconds
         _STATS[event.rsplit("/", 1)[1] + "_n"] += 1
 

@@ -15,8 +15,14 @@ from jaxscale.tolerances import COMM_RTOL, MEMORY_RTOL
 
 CFG = ModelConfig(n_heads=8, n_kv_heads=8, unroll_layers=True)
 TCFG = TrainConfig(global_batch=16, seq_len=32)
-PICK = ("auto:dp@dp=8", "auto:fsdp@fsdp=8", "manual:zero1@dp=4,fsdp=2", "manual:zero2@dp=8",
-        "manual:tp_sp@tp=8", "manual:zero3+tp@fsdp=4,tp=2")  # fmt: skip
+PICK = (
+    "auto:dp@dp=8",
+    "auto:fsdp@fsdp=8",
+    "manual:zero1@dp=4,fsdp=2",
+    "manual:zero2@dp=8",
+    "manual:tp_sp@tp=8",
+    "manual:zero3+tp@fsdp=4,tp=2",
+)
 CASES = [c for c in verify.CASES if f"{c.label}@{c.mesh}" in PICK]  # verify's one list
 assert len(CASES) == len(PICK)
 
@@ -55,8 +61,9 @@ def test_zero3_on_8_devices_holds_one_eighth_of_replicated(compiled):
     assert z3_report.memory.argument < dp_report.memory.argument / 7
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.label != "auto:fsdp"],
-                         ids=lambda c: f"{c.label}@{c.mesh}")  # fmt: skip
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.label != "auto:fsdp"], ids=lambda c: f"{c.label}@{c.mesh}"
+)
 def test_collective_bytes_per_op_match_the_axes_predictions(case, compiled):
     built, report = compiled[case]
     predicted, why = built.predict_comm(CFG, 16, 32)
@@ -83,9 +90,25 @@ def test_remat_cuts_temporaries_below_the_unremat_step():
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_bench_command_prints_both_tables_and_writes_json(tmp_path, capsys):
-    rc = cli_main(["bench", "--model", "tiny", "--strategies", "auto:dp,manual:zero3",
-                   "--steps", "1", "--global-batch", "8", "--seq-len", "16", "--remat-layers", "2",
-                   "--out", str(tmp_path)])  # fmt: skip
+    rc = cli_main(
+        [
+            "bench",
+            "--model",
+            "tiny",
+            "--strategies",
+            "auto:dp,manual:zero3",
+            "--steps",
+            "1",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "16",
+            "--remat-layers",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "manual:zero3" in out and "collectives per step" in out and "✗" not in out
@@ -150,8 +173,19 @@ def _aot_reason():
 
 @pytest.mark.skipif(_aot_reason() is not None, reason=str(_aot_reason()))
 def test_bench_target_tpu_compiles_without_running(tmp_path, capsys):
-    rc = cli_main(["bench", "--target", "tpu:v5e:2x4", "--model", "tiny", "--strategies",
-                   "manual:zero3", "--out", str(tmp_path)])  # fmt: skip
+    rc = cli_main(
+        [
+            "bench",
+            "--target",
+            "tpu:v5e:2x4",
+            "--model",
+            "tiny",
+            "--strategies",
+            "manual:zero3",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "CPU vs tpu:v5e:2x4" in out and "TPU:" in out and "Nothing ran" in out

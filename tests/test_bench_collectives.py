@@ -45,8 +45,21 @@ def test_fit_recovers_a_known_alpha_and_bandwidth():
 
 def test_json_report_census_and_bus_bandwidth(tmp_path, capsys):
     plot = tmp_path / "plots" / "collectives.png"  # a missing parent directory is created
-    rc, out, _ = _run(["--json", "--sizes", "1K,16K", "--repeats", "2", "--ops",
-                       "psum,ring,all_gather", "--plot", str(plot)], tmp_path, capsys)  # fmt: skip
+    rc, out, _ = _run(
+        [
+            "--json",
+            "--sizes",
+            "1K,16K",
+            "--repeats",
+            "2",
+            "--ops",
+            "psum,ring,all_gather",
+            "--plot",
+            str(plot),
+        ],
+        tmp_path,
+        capsys,
+    )
     assert rc == 0
     report = json.loads(out)
     assert report == json.loads((tmp_path / "bench_collectives.json").read_text())  # --out
@@ -63,8 +76,15 @@ def test_json_report_census_and_bus_bandwidth(tmp_path, capsys):
 
 
 def test_table_report_labels_cpu_timings(capsys, tmp_path):
-    argv = ["--sizes", "4K", "--repeats", "1", "--ops", "psum_scatter,all_to_all,ppermute",
-            "--no-plot"]  # fmt: skip
+    argv = [
+        "--sizes",
+        "4K",
+        "--repeats",
+        "1",
+        "--ops",
+        "psum_scatter,all_to_all,ppermute",
+        "--no-plot",
+    ]
     rc, out, _ = _run(argv, tmp_path, capsys)
     assert rc == 0
     assert "indicative only" in out and "host-memory copies" in out

@@ -31,8 +31,7 @@ def test_cpu_prediction_is_the_total_work_on_the_same_cores():
 
 def test_accelerator_prediction_is_amdahl_with_the_compiled_work():
     # half the FLOPs per device -> 50 ms compute; 1 GB of collectives over 100 GB/s -> 10 ms
-    got = scaling.predict([_p("strong", 1, 100.0, 8.0), _p("strong", 2, 70.0, 4.0, 1e9)],
-                          1e11)  # fmt: skip
+    got = scaling.predict([_p("strong", 1, 100.0, 8.0), _p("strong", 2, 70.0, 4.0, 1e9)], 1e11)
     assert got[1].predicted_ms == pytest.approx(60.0)
     assert got[1].comm_fraction == pytest.approx(10 / 60)
     assert got[0].predicted_ms == pytest.approx(100.0)
@@ -50,12 +49,15 @@ def test_a_series_must_start_at_one_device():
         scaling.predict([_p("strong", 2, 50.0, 4.0)], None)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--devices", "2,4"], "start at 1"),
-    (["--devices", "1,16"], "start at 1"),
-    (["--global-batch", "6", "--devices", "1,4"], "does not split over 4"),
-    (["--strategies", "manual:zero3+tp"], "single-axis mesh"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--devices", "2,4"], "start at 1"),
+        (["--devices", "1,16"], "start at 1"),
+        (["--global-batch", "6", "--devices", "1,4"], "does not split over 4"),
+        (["--strategies", "manual:zero3+tp"], "single-axis mesh"),
+    ],
+)
 def test_bad_arguments_are_named_before_compiling(args, message, capsys):
     assert main(["bench", "scaling", "--model", "tiny", "--dry-run", *args]) == 2
     assert message in capsys.readouterr().err
@@ -64,9 +66,26 @@ def test_bad_arguments_are_named_before_compiling(args, message, capsys):
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_strong_and_weak_runs_are_checked_and_plotted(tmp_path, capsys):
-    code = main(["bench", "scaling", "--model", "tiny", "--strategies", "auto:fsdp",
-                 "--devices", "1,2", "--steps", "1", "--global-batch", "4", "--seq-len", "32",
-                 "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "scaling",
+            "--model",
+            "tiny",
+            "--strategies",
+            "auto:fsdp",
+            "--devices",
+            "1,2",
+            "--steps",
+            "1",
+            "--global-batch",
+            "4",
+            "--seq-len",
+            "32",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     data = json.loads((tmp_path / "bench_scaling.json").read_text())
     assert [(p["mode"], p["devices"], p["global_batch"]) for p in data["points"]] == [

@@ -38,8 +38,9 @@ def test_bench_serve_figures_against_their_predictions():
 
     for path in ("in_process", "http"):
         m = result[path][50.0]
-        assert all(math.isfinite(m[k]) and m[k] > 0 for k in ("ttft_p50_ms", "tpot_p50_ms",
-                                                              "tokens_per_s"))  # fmt: skip
+        assert all(
+            math.isfinite(m[k]) and m[k] > 0 for k in ("ttft_p50_ms", "tpot_p50_ms", "tokens_per_s")
+        )
         assert m["ttft_p99_ms"] >= m["ttft_p50_ms"]
 
 

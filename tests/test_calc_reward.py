@@ -161,8 +161,12 @@ def test_k3_penalty_never_a_bonus():
     ],
 )
 def test_library_refuses_bad_input(kwargs, message):
-    args = {"actor_lps": (-1.0, -1.1, -0.9), "ref_lps": (-1.0, -1.0, -1.0), "rm_score": 0.5,
-            "kl_coef": 0.02} | kwargs  # fmt: skip
+    args = {
+        "actor_lps": (-1.0, -1.1, -0.9),
+        "ref_lps": (-1.0, -1.0, -1.0),
+        "rm_score": 0.5,
+        "kl_coef": 0.02,
+    } | kwargs
     with pytest.raises(ValueError, match=message):
         reward.compute_rewards(**args)
 

@@ -17,9 +17,17 @@ TCFG = TrainConfig(steps=2 * N, global_batch=8, seq_len=16, warmup_steps=1, eval
 
 def _run(mesh, stop_after, ckpt_dir=None, resume=False, strategy="auto", cfg=CFG, **pipe):
     """A 2N-step run (its LR schedule spans 2N steps) that stops after `stop_after` steps."""
-    setup = RunSetup(mesh=mesh, strategy=strategy, dataset="markov", ckpt_dir=ckpt_dir,
-                     resume=resume, progress=False, sample_tokens=0,
-                     stop_after=stop_after, **pipe)  # fmt: skip
+    setup = RunSetup(
+        mesh=mesh,
+        strategy=strategy,
+        dataset="markov",
+        ckpt_dir=ckpt_dir,
+        resume=resume,
+        progress=False,
+        sample_tokens=0,
+        stop_after=stop_after,
+        **pipe,
+    )
     return train(cfg, TCFG, setup)
 
 
@@ -76,8 +84,9 @@ def test_manual_strategy_checkpoint_resumes_under_the_auto_path(tmp_path, uninte
     _run("fsdp=4,tp=2", N, ckpt_dir=tmp_path, strategy="manual:zero3+tp")
     resumed = _run("dp=2,tp=4", 2 * N, ckpt_dir=tmp_path, resume=True)
     assert resumed.resumed_from == N
-    for a, b in zip(jax.tree.leaves(_host(resumed.state)), jax.tree.leaves(uninterrupted),
-                    strict=True):  # fmt: skip
+    for a, b in zip(
+        jax.tree.leaves(_host(resumed.state)), jax.tree.leaves(uninterrupted), strict=True
+    ):
         np.testing.assert_allclose(a, b, rtol=0, atol=TRAJ_ATOL)
 
 
@@ -91,8 +100,17 @@ def test_a_pipelined_checkpoint_resumes_under_dp_and_back(tmp_path):
     _run("pp=2,dp=4", N, tmp_path / "a", strategy="manual:dp", cfg=cfg, **pipe)
     resumed = [_run("dp=8", 2 * N, tmp_path / "a", resume=True, cfg=cfg)]
     _run("dp=8", N, tmp_path / "b", cfg=cfg)
-    resumed.append(_run("pp=2,dp=2,tp=2", 2 * N, tmp_path / "b", resume=True,
-                        strategy="manual:dp+tp", cfg=cfg, **pipe))  # fmt: skip
+    resumed.append(
+        _run(
+            "pp=2,dp=2,tp=2",
+            2 * N,
+            tmp_path / "b",
+            resume=True,
+            strategy="manual:dp+tp",
+            cfg=cfg,
+            **pipe,
+        )
+    )
     for run in resumed:
         assert run.resumed_from == N
         for a, b in zip(jax.tree.leaves(_host(run.state)), jax.tree.leaves(whole), strict=True):
@@ -114,8 +132,9 @@ def test_mismatched_model_is_refused_and_nothing_changes(tmp_path):
 def test_corrupt_checkpoint_gives_a_clear_error_and_nothing_changes(tmp_path):
     _run("dp=8", N, ckpt_dir=tmp_path)
     # garble every array data file of the saved state (orbax/tensorstore "d/" chunk files)
-    victims = [p for p in (tmp_path / str(N) / "state").rglob("*")
-               if p.is_file() and p.parent.name == "d"]  # fmt: skip
+    victims = [
+        p for p in (tmp_path / str(N) / "state").rglob("*") if p.is_file() and p.parent.name == "d"
+    ]
     assert victims, "expected array data files in the checkpoint"
     for p in victims:
         p.write_bytes(b"\x00garbage" * 4)

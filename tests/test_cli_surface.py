@@ -15,8 +15,13 @@ OUTSIDE = re.compile(r"shared/|seeds?/0\d\d_|\bL\d{2,}(-\d+)?\b")
 
 
 def _flags(parser):
-    return [a for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS
-            and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))]  # fmt: skip
+    return [
+        a
+        for a in parser._actions
+        if a.option_strings
+        and a.help != argparse.SUPPRESS
+        and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))
+    ]
 
 
 @pytest.mark.parametrize("words, parser", LEAVES, ids=[" ".join(w) for w, _ in LEAVES])

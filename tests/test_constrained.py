@@ -15,8 +15,15 @@ from jaxscale.serve.regex_dfa import compile_regex
 from jaxscale.serve.sampling import SamplingParams
 
 EMAIL = r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}"  # seed 002 L8894-8902
-PATTERNS = [EMAIL, r"\d{3}-\d{3}-\d{4}", r"(ab|c)*d?", r"a{2,4}b+", r"[^x]y.",
-            r"def [a-z_]+\((\w+(, \w+)*)?\):", r"(a|b){0,3}c"]  # fmt: skip
+PATTERNS = [
+    EMAIL,
+    r"\d{3}-\d{3}-\d{4}",
+    r"(ab|c)*d?",
+    r"a{2,4}b+",
+    r"[^x]y.",
+    r"def [a-z_]+\((\w+(, \w+)*)?\):",
+    r"(a|b){0,3}c",
+]
 ALPHABET = "abcdxy@.-_ ():0123456789AZ,\n"
 
 
@@ -64,8 +71,22 @@ def test_the_json_automaton_accepts_compact_json_and_rejects_broken_json():
     def value(d=0):
         r = rng.random()
         if d > 3 or r < 0.3:
-            return rng.choice([0, -12, 3.5, 1e-7, -0.25, True, False, None, 'a"b\\c/\n\t', "é",
-                               "", 12345678901234])  # fmt: skip
+            return rng.choice(
+                [
+                    0,
+                    -12,
+                    3.5,
+                    1e-7,
+                    -0.25,
+                    True,
+                    False,
+                    None,
+                    'a"b\\c/\n\t',
+                    "é",
+                    "",
+                    12345678901234,
+                ]
+            )
         if r < 0.65:
             return [value(d + 1) for _ in range(rng.randint(0, 3))]
         return {rng.choice(["k", "", "a b"]): value(d + 1) for _ in range(rng.randint(0, 3))}
@@ -74,8 +95,21 @@ def test_the_json_automaton_accepts_compact_json_and_rejects_broken_json():
         v = value()
         doc = json.dumps(v if isinstance(v, list | dict) else [v], separators=(",", ":"))
         assert _accepts(doc.encode()), doc
-    for bad in (b'{"a"}', b"[01]", b"{,}", b"[1,]", b'{"a":1,}', b"[tru]", b'["\\x"]', b"[1.]",
-                b"[-]", b"1", b'"s"', b"[]]", b"[1e]"):  # fmt: skip
+    for bad in (
+        b'{"a"}',
+        b"[01]",
+        b"{,}",
+        b"[1,]",
+        b'{"a":1,}',
+        b"[tru]",
+        b'["\\x"]',
+        b"[1.]",
+        b"[-]",
+        b"1",
+        b'"s"',
+        b"[]]",
+        b"[1e]",
+    ):
         assert not _accepts(bad), bad
 
 
@@ -98,8 +132,14 @@ PARAMS = ms.init_params(CFG, 0)
 @pytest.mark.slow
 def test_generated_json_always_parses():
     for seed in range(6):
-        out = constrained.generate(PARAMS, CFG, list(b"data = "), constrained.JsonConstraint(),
-                                   max_new=40, sampling=SamplingParams(1.0, seed=seed))  # fmt: skip
+        out = constrained.generate(
+            PARAMS,
+            CFG,
+            list(b"data = "),
+            constrained.JsonConstraint(),
+            max_new=40,
+            sampling=SamplingParams(1.0, seed=seed),
+        )
         assert len(out) <= 40
         json.loads(bytes(out))
 
@@ -108,21 +148,29 @@ def test_generated_json_always_parses():
 def test_generated_text_fully_matches_the_regex():
     for pattern, seed in ((EMAIL, 0), (EMAIL, 1), (r"\d{3}-\d{3}-\d{4}", 2)):
         c = constrained.RegexConstraint(pattern)
-        out = constrained.generate(PARAMS, CFG, list(b"contact: "), c, max_new=30,
-                                   sampling=SamplingParams(1.0, seed=seed))  # fmt: skip
+        out = constrained.generate(
+            PARAMS, CFG, list(b"contact: "), c, max_new=30, sampling=SamplingParams(1.0, seed=seed)
+        )
         assert re.fullmatch(pattern, c.text(out).decode()), c.text(out)
 
 
 @pytest.mark.slow
 def test_json_schema_constraints_through_outlines_core():
     pytest.importorskip("outlines_core", reason="the grammar extra: pip install -e '.[grammar]'")
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
-              "age": {"type": "integer"}, "ok": {"type": "boolean"}},
-              "required": ["name", "age", "ok"]}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer"},
+            "ok": {"type": "boolean"},
+        },
+        "required": ["name", "age", "ok"],
+    }
     c = constrained.SchemaConstraint(schema)
     for seed in range(3):
-        out = constrained.generate(PARAMS, CFG, list(b"user = "), c, max_new=60,
-                                   sampling=SamplingParams(1.0, seed=seed))  # fmt: skip
+        out = constrained.generate(
+            PARAMS, CFG, list(b"user = "), c, max_new=60, sampling=SamplingParams(1.0, seed=seed)
+        )
         doc = json.loads(c.text(out))
         assert set(doc) == {"name", "age", "ok"}
         assert isinstance(doc["name"], str) and len(doc["name"]) <= 6

@@ -17,14 +17,21 @@ PARAMS = ms.init_params(CFG, 0)
 RNG = np.random.default_rng(3)
 PROMPTS = [list(RNG.integers(32, 127, n)) for n in (3, 20, 9, 13, 5)]
 MAX_NEW = 12
-SETTINGS = [SamplingParams(0.0), SamplingParams(1.0, seed=1), SamplingParams(0.8, top_k=20, seed=2),
-            SamplingParams(1.0, top_p=0.9, seed=3), SamplingParams(0.0)]  # fmt: skip
+SETTINGS = [
+    SamplingParams(0.0),
+    SamplingParams(1.0, seed=1),
+    SamplingParams(0.8, top_k=20, seed=2),
+    SamplingParams(1.0, top_p=0.9, seed=3),
+    SamplingParams(0.0),
+]
 
 
 def _expected():
     """Each request alone, static batch, contiguous cache."""
-    return [gen.generate(PARAMS, [p], CFG, MAX_NEW, [s]).row(0)
-            for p, s in zip(PROMPTS, SETTINGS, strict=True)]  # fmt: skip
+    return [
+        gen.generate(PARAMS, [p], CFG, MAX_NEW, [s]).row(0)
+        for p, s in zip(PROMPTS, SETTINGS, strict=True)
+    ]
 
 
 WANT = None
@@ -37,16 +44,21 @@ def _want():
 
 
 def _requests():
-    return [Request(str(i), [int(t) for t in p], MAX_NEW, s)
-            for i, (p, s) in enumerate(zip(PROMPTS, SETTINGS, strict=True))]  # fmt: skip
+    return [
+        Request(str(i), [int(t) for t in p], MAX_NEW, s)
+        for i, (p, s) in enumerate(zip(PROMPTS, SETTINGS, strict=True))
+    ]
 
 
 @pytest.mark.slow
 def test_queued_chunked_batched_requests_get_their_own_tokens():
     """3 slots for 5 requests (a queue), a budget of 16 tokens a step (the 20-token prompt is
     prefilled in chunks, beside other requests' decode steps)."""
-    eng = Engine(PARAMS, CFG, EngineConfig(max_num_seqs=3, max_num_batched_tokens=16,
-                                           page_size=8, n_pages=32))  # fmt: skip
+    eng = Engine(
+        PARAMS,
+        CFG,
+        EngineConfig(max_num_seqs=3, max_num_batched_tokens=16, page_size=8, n_pages=32),
+    )
     done = eng.run(_requests())
     assert [done[str(i)].out for i in range(5)] == _want()
     assert all(r.finish_reason == "length" for r in done.values())
@@ -59,8 +71,11 @@ def test_queued_chunked_batched_requests_get_their_own_tokens():
 @pytest.mark.slow
 def test_preempted_requests_finish_with_the_same_tokens():
     """A pool too small for all running requests: the newest is preempted and recomputed."""
-    eng = Engine(PARAMS, CFG, EngineConfig(max_num_seqs=4, max_num_batched_tokens=32,
-                                           page_size=4, n_pages=14))  # fmt: skip
+    eng = Engine(
+        PARAMS,
+        CFG,
+        EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=4, n_pages=14),
+    )
     done = eng.run(_requests())
     assert sum(r.preemptions for r in done.values()) > 0
     assert [done[str(i)].out for i in range(5)] == _want()

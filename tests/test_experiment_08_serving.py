@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.first_line]  # each compiles the mod
 def _run(script: str, *args: str) -> str:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, str(EXPERIMENTS / script), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                          check=True).stdout  # fmt: skip
+    return subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=600, check=True
+    ).stdout
 
 
 def test_experiment_08_inference_server():

@@ -20,8 +20,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "10_scheduling.py
 def test_experiment_10_scheduling():
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, str(SCRIPT), "--batch", "4", "--steps", "8"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=600, check=True
+    ).stdout
     assert out.count("same: True") == 3  # op by op, unrolled jit, fori_loop jit
     compiled = int(re.search(r"programs compiled \(bucketed\): (\d+)", out).group(1))
     exact = int(re.search(r"unbucketed engine would compile: (\d+)", out).group(1))

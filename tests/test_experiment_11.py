@@ -18,10 +18,19 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "11_speculative_c
 @pytest.mark.first_line
 def test_experiment_11_speculative_and_constrained(tmp_path):
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1", "JAX_PLATFORMS": "cpu"}
-    cmd = [sys.executable, str(SCRIPT), "--tokens", "32", "--trained-steps", "20", "--runs",
-           str(tmp_path)]  # fmt: skip
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                         check=True).stdout  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--tokens",
+        "32",
+        "--trained-steps",
+        "20",
+        "--runs",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=600, check=True
+    ).stdout
     row = r"^\s+([\d.]+)\s+(greedy|T=1)\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)\s+([\d.]+)\s+(\S+)"
     rows = re.findall(row, out, re.M)
     assert len(rows) == 8
@@ -31,8 +40,12 @@ def test_experiment_11_speculative_and_constrained(tmp_path):
     assert out.count("all match") == 3 and "all parse" in out and "MISMATCH" not in out
     assert out.count("tokens per target pass") == 2
     # part 4: a trained target and a trained smaller draft, greedy output the target's own
-    trained = re.findall(r"^\s+trained\s+(greedy|T=0.7|T=1)\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)\s+"
-                         r"([\d.]+)\s+(\S+)", out, re.M)  # fmt: skip
+    trained = re.findall(
+        r"^\s+trained\s+(greedy|T=0.7|T=1)\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)\s+"
+        r"([\d.]+)\s+(\S+)",
+        out,
+        re.M,
+    )
     assert [m for m, *_ in trained] == ["greedy", "T=0.7", "T=1"]
     assert trained[0][3] == "yes"
     assert (tmp_path / "target" / "checkpoints").is_dir() and (tmp_path / "draft").is_dir()

@@ -12,9 +12,22 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_experiment_12_runs(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "12_rl_fundamentals.py"),
-                        "--seeds", "1", "--steps", "32768", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "12_rl_fundamentals.py"),
+            "--seeds",
+            "1",
+            "--steps",
+            "32768",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     for algo in ("reinforce", "reinforce-baseline", "actor-critic", "ppo"):
         assert algo in r.stdout

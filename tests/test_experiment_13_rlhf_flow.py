@@ -15,14 +15,28 @@ from jaxscale.rl.rlhf_task import TaskConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "13_rlhf_flow.py"
-STAGES = ("(1) generate", "(2) score", "(3) reference log-probs", "(4) critic values",
-          "(5) per-token rewards", "(6) GAE", "(7) PPO losses", "(8) one PPO update",
-          "Try It 1", "calc reward on a real response")  # fmt: skip
+STAGES = (
+    "(1) generate",
+    "(2) score",
+    "(3) reference log-probs",
+    "(4) critic values",
+    "(5) per-token rewards",
+    "(6) GAE",
+    "(7) PPO losses",
+    "(8) one PPO update",
+    "Try It 1",
+    "calc reward on a real response",
+)
 
 
 def _run(tmp_path, *argv: str) -> str:
-    r = subprocess.run([sys.executable, str(SCRIPT), "--random", "--out", str(tmp_path), *argv],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--random", "--out", str(tmp_path), *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
@@ -58,11 +72,16 @@ def test_experiment_13_one_step_stage_by_stage(tmp_path):
     pg, want = re.search(r"policy loss (\S+) \(= -mean\(whitened A\) (\S+)\)", out).groups()
     assert abs(float(pg) - float(want)) < 1e-5
     # (6) per response: every row's mean is 0 and its std is 1 (0 for a one-token row)
-    m = re.search(r"whitened per response \(the seed's\): row means \[([^\]]*)\] "
-                  r"row stds \[([^\]]*)\]", out)  # fmt: skip
+    m = re.search(
+        r"whitened per response \(the seed's\): row means \[([^\]]*)\] "
+        r"row stds \[([^\]]*)\]",
+        out,
+    )
     assert all(abs(x) < 1e-3 for x in _floats(m[1]))
-    assert all(abs(s - 1) < 1e-3 or (s == 0 and n == 1)
-               for s, n in zip(_floats(m[2]), lengths, strict=True))  # fmt: skip
+    assert all(
+        abs(s - 1) < 1e-3 or (s == 0 and n == 1)
+        for s, n in zip(_floats(m[2]), lengths, strict=True)
+    )
     batch_means = _floats(re.search(r"whitened per batch .*: row means \[([^\]]*)\]", out)[1])
     assert max(batch_means) - min(batch_means) > 1e-2  # per batch keeps the differences
     assert (
@@ -74,8 +93,15 @@ def test_experiment_13_one_step_stage_by_stage(tmp_path):
     lo, hi = re.search(r"after: ratio in \[(\S+), (\S+)\]", out).groups()
     assert float(lo) < 1.0 < float(hi)
     # part 4: calc reward's total row: reward = RM - penalty, penalty = beta x KL
-    kl, pen, rm, net = (float(x) for x in re.search(r"^Total\s+-\s+-\s+(\S+)\s+(\S+)\s+(\S+)\s+"
-                                                    r"(\S+)$", out, re.M).groups())  # fmt: skip
+    kl, pen, rm, net = (
+        float(x)
+        for x in re.search(
+            r"^Total\s+-\s+-\s+(\S+)\s+(\S+)\s+(\S+)\s+"
+            r"(\S+)$",
+            out,
+            re.M,
+        ).groups()
+    )
     beta = float(re.search(r"calc reward.*\n.*\nbeta (\S+),", out)[1])
     assert abs(pen - beta * kl) < 2e-4 and abs(net - (rm - pen)) < 2e-4
 

@@ -25,24 +25,45 @@ def _int(s: str) -> int:
 @pytest.mark.slow  # tests/test_rlhf.py checks the same transfers in-process
 @pytest.mark.first_line
 def test_experiment_14_runs(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "14_rlhf_systems.py"),
-                        "--random", "--iterations", "2", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "14_rlhf_systems.py"),
+            "--random",
+            "--iterations",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     actor_bytes = sum(x.nbytes for x in jax.tree.leaves(ms.init_params(CFG, 0)))
-    m = re.search(r"mode switch \(over (\d+) switches\): bytes moved ([\d,]+) \(predicted "
-                  r"([\d,]+)\), same buffers \(zero copy\): (\w+)", out)  # fmt: skip
+    m = re.search(
+        r"mode switch \(over (\d+) switches\): bytes moved ([\d,]+) \(predicted "
+        r"([\d,]+)\), same buffers \(zero copy\): (\w+)",
+        out,
+    )
     assert m, out
     assert _int(m[1]) == 3 and _int(m[2]) == 0 and _int(m[3]) == 0 and m[4] == "True"
-    m = re.search(r"reshard per iteration: bytes moved ([\d,]+), predicted ([\d,]+) "
-                  r"\(reshard_bytes\); all 3 as predicted: True", out)  # fmt: skip
+    m = re.search(
+        r"reshard per iteration: bytes moved ([\d,]+), predicted ([\d,]+) "
+        r"\(reshard_bytes\); all 3 as predicted: True",
+        out,
+    )
     assert m, out
     # every device gathers the 7/8 of the FSDP-split leaves it lacks: under 7 x the actor
     assert _int(m[1]) == _int(m[2]) and 0 < _int(m[1]) < 7 * actor_bytes
-    m = re.search(r"cross-mesh device_put: bytes moved ([\d,]+) per transfer, predicted "
-                  r"([\d,]+) \(cross_mesh_bytes: 4 generation devices x ([\d,]+) actor bytes\); "
-                  r"all 3 as predicted: True", out)  # fmt: skip
+    m = re.search(
+        r"cross-mesh device_put: bytes moved ([\d,]+) per transfer, predicted "
+        r"([\d,]+) \(cross_mesh_bytes: 4 generation devices x ([\d,]+) actor bytes\); "
+        r"all 3 as predicted: True",
+        out,
+    )
     assert m, out
     assert _int(m[1]) == _int(m[2]) == 4 * actor_bytes and _int(m[3]) == actor_bytes
     assert "rollout k+1 comes from the weights before update k (one update behind)" in out

@@ -16,8 +16,12 @@ def run(script: str, *args: str, check: bool = True) -> subprocess.CompletedProc
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu")
     out = subprocess.run(
         [sys.executable, str(ROOT / "experiments" / script), *args],
-        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=ROOT,
+        env=env,
+    )
     if check:
         assert out.returncode == 0, out.stderr[-3000:]
     return out

@@ -80,8 +80,13 @@ def test_hostile_value(argv, flags, tmp_path):
 
 
 # The issue's --plot repros: a directory, or a path under a file, is refused before any work.
-PLOTS = (("calc", "memory"), ("calc", "chinchilla"), ("calc", "time"), ("calc", "scaling"),
-         ("calc", "rl", "throughput"))  # fmt: skip
+PLOTS = (
+    ("calc", "memory"),
+    ("calc", "chinchilla"),
+    ("calc", "time"),
+    ("calc", "scaling"),
+    ("calc", "rl", "throughput"),
+)
 MOE = ("calc", "moe", "--shared", "1B", "--expert-size", "1B")
 # (argv, the flags its error may name): inputs every command must refuse with exit 2.
 MUST_FAIL = [
@@ -179,8 +184,14 @@ def test_positive_float_round_trips(x):
 
 @given(st.sampled_from(["nan", "inf", "-inf", "NaN", "Infinity", "1e400", "-1e400"]))
 def test_non_finite_refused(text):
-    for parse in (cliutil.positive_float, cliutil.non_negative_float, cliutil.finite_float,
-                  cliutil.fraction, cliutil.probability, cliutil.parse_count):  # fmt: skip
+    for parse in (
+        cliutil.positive_float,
+        cliutil.non_negative_float,
+        cliutil.finite_float,
+        cliutil.fraction,
+        cliutil.probability,
+        cliutil.parse_count,
+    ):
         with pytest.raises(argparse.ArgumentTypeError):
             parse(text)
 

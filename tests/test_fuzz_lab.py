@@ -25,10 +25,11 @@ BASE = {  # the arguments each command runs with, so that a good value is cheap
 # a value flag's words before the base arguments (argparse REMAINDER takes all that follows --)
 CASES = [
     pytest.param(words, flag, value, id=f"{' '.join(words)} {flag.option_strings[-1]}={value!r}")
-    for words, parser in commands() if words in BASE
+    for words, parser in commands()
+    if words in BASE
     for flag in value_flags(parser)
     for value in hostile(flag)
-]  # fmt: skip
+]
 MUST_FAIL = [  # the repros, and what each must refuse
     (["train", "--dry-run", "--lr", "nan"], ("--lr",)),
     (["train", "--dry-run", "--lr", "inf"], ("--lr",)),
@@ -53,15 +54,14 @@ MUST_FAIL = [  # the issue's repros, and what each must refuse
     (["train", "--dry-run", "--mesh", "pp=2,dp=4"], ("--mesh",)),
     (["train", "--dry-run", "--mesh", "tp=8"], ("--mesh",)),  # 4 kv heads over 8
     (["train", "--dry-run", "--strategy", "manual:ring"], ("--strategy",)),
-    (["bench", "--dry-run", "--global-batch", "7", "--strategies", "auto:dp"],
-     ("--global-batch",)),
+    (["bench", "--dry-run", "--global-batch", "7", "--strategies", "auto:dp"], ("--global-batch",)),
     (["bench", "--dry-run", "--steps", "0"], ("--steps",)),
     (["bench", "--dry-run", "--strategies", "manual:zero3", "--meshes", "dp=3"], ("--meshes",)),
     (["bench", "collectives", "--dry-run", "--sizes", "64G"], ("--sizes",)),
     (["verify", "--dry-run", "--only", "no-such-case"], ("--only",)),
     (["launch", "-n", "2", "--", "jaxscal", "doctor"], ("jaxscal",)),
     (["plot", "{missing}"], ("metrics",)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("words, flag, value", CASES)

@@ -356,9 +356,14 @@ def test_a_loops_collectives_count_once_per_trip():
     want, _ = _census(unrolled, n, jnp.ones(n * d))
     assert {c.op: c.trips for c in got} == {"all-reduce": 3, "collective-permute": 15}
     assert not any(c.unknown_trips for c in got)
-    assert hlo.summarize(got) == hlo.summarize(want) == {
-        "all-reduce": hlo.OpTotals(3, 3 * d * F32),
-        "collective-permute": hlo.OpTotals(15, 15 * d * F32)}  # fmt: skip
+    assert (
+        hlo.summarize(got)
+        == hlo.summarize(want)
+        == {
+            "all-reduce": hlo.OpTotals(3, 3 * d * F32),
+            "collective-permute": hlo.OpTotals(15, 15 * d * F32),
+        }
+    )
     assert hlo.census(got) == hlo.census(want)
 
 

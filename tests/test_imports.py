@@ -34,11 +34,15 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:  # relative import
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
-                                    + ([base] if base else []))  # fmt: skip
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1]
+                        + ([base] if base else [])
+                    )
                 # `from pkg import mod` names a module when pkg.mod exists
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]  # fmt: skip
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
             else:
                 continue
             deps.update(t for t in targets if t in modules and t != name)
@@ -99,8 +103,10 @@ def test_pure_leaves_import_nothing_of_ours():
 
 @pytest.mark.smoke
 def test_calc_and_simulate_start_without_jax():
-    code = ("import sys; from jaxscale.cli import build_parser; build_parser(); "
-            "import jaxscale.calc.advisor, jaxscale.sim.pipeline; "
-            "print('jax' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys; from jaxscale.cli import build_parser; build_parser(); "
+        "import jaxscale.calc.advisor, jaxscale.sim.pipeline; "
+        "print('jax' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -30,8 +30,9 @@ def test_prefill_then_decode_equals_full_recompute_at_every_position():
     logits_BV, cache = kv_cache.prefill(PARAMS, tokens_BT[:, :P], jnp.full((2,), P), cache, CFG)
     got = [logits_BV]
     for t in range(P, 12):
-        logits_BV, cache = kv_cache.decode_step(PARAMS, tokens_BT[:, t], jnp.full((2,), t),
-                                                cache, CFG)  # fmt: skip
+        logits_BV, cache = kv_cache.decode_step(
+            PARAMS, tokens_BT[:, t], jnp.full((2,), t), cache, CFG
+        )
         got.append(logits_BV)
     np.testing.assert_allclose(jnp.stack(got, 1), want_BTV[:, P - 1 :], rtol=RTOL, atol=ATOL)
 
@@ -43,8 +44,9 @@ def test_rows_of_different_lengths_decode_as_if_alone():
     batch = jnp.stack([a.at[3:7].set(0)[:7], b[:7]])
     cache = kv_cache.init_cache(CFG, 2, 16)
     _, cache = kv_cache.prefill(PARAMS, batch, jnp.array([3, 7]), cache, CFG)
-    logits_BV, _ = kv_cache.decode_step(PARAMS, jnp.array([a[3], b[7]]), jnp.array([3, 7]), cache,
-                                        CFG)  # fmt: skip
+    logits_BV, _ = kv_cache.decode_step(
+        PARAMS, jnp.array([a[3], b[7]]), jnp.array([3, 7]), cache, CFG
+    )
     want_a = pieces.logits(PARAMS, a[None, :4], CFG)[0, -1]
     want_b = pieces.logits(PARAMS, b[None, :8], CFG)[0, -1]
     np.testing.assert_allclose(logits_BV, jnp.stack([want_a, want_b]), rtol=RTOL, atol=ATOL)
@@ -56,8 +58,9 @@ def test_chunked_prefill_equals_one_prefill():
     one, _ = kv_cache.prefill(PARAMS, tokens_1T, jnp.array([11]), kv_cache.init_cache(CFG, 1), CFG)
     cache = kv_cache.init_cache(CFG, 1)
     _, cache = kv_cache.prefill(PARAMS, tokens_1T[:, :6], jnp.array([6]), cache, CFG)
-    two, _ = kv_cache.prefill(PARAMS, tokens_1T[:, 6:], jnp.array([5]), cache, CFG,
-                              start_B=jnp.array([6]))  # fmt: skip
+    two, _ = kv_cache.prefill(
+        PARAMS, tokens_1T[:, 6:], jnp.array([5]), cache, CFG, start_B=jnp.array([6])
+    )
     np.testing.assert_allclose(two, one, rtol=RTOL, atol=ATOL)
 
 
@@ -73,9 +76,13 @@ def test_greedy_generation_equals_the_recomputing_sampler():
 def test_a_request_samples_the_same_tokens_whatever_else_is_in_the_batch():
     hot = sampling.SamplingParams(temperature=1.0, seed=7)
     alone = gen.generate(PARAMS, [[1, 2, 3]], CFG, 12, [hot])
-    crowd = gen.generate(PARAMS, [[9, 9], [1, 2, 3], [4]], CFG, 12,
-                         [sampling.SamplingParams(1.0, seed=1), hot,
-                          sampling.SamplingParams(0.5, top_k=5, seed=2)])  # fmt: skip
+    crowd = gen.generate(
+        PARAMS,
+        [[9, 9], [1, 2, 3], [4]],
+        CFG,
+        12,
+        [sampling.SamplingParams(1.0, seed=1), hot, sampling.SamplingParams(0.5, top_k=5, seed=2)],
+    )
     assert alone.row(0) == crowd.row(1)
     other = gen.generate(PARAMS, [[1, 2, 3]], CFG, 12, [sampling.SamplingParams(1.0, seed=8)])
     assert other.row(0) != alone.row(0)  # the seed matters (12 tokens from 256: a tie is ~0)
@@ -99,8 +106,9 @@ def _draws(n, **kw):
     p = sampling.SamplingParams(**kw)
     a = {k: jnp.repeat(v, n) for k, v in sampling.as_arrays([p]).items()}
     keys = sampling.request_keys(jnp.arange(n, dtype=jnp.uint32), 0)
-    return np.asarray(sampling.sample(jnp.tile(LOGITS_V, (n, 1)), keys, a["temperature"],
-                                      a["top_k"], a["top_p"]))  # fmt: skip
+    return np.asarray(
+        sampling.sample(jnp.tile(LOGITS_V, (n, 1)), keys, a["temperature"], a["top_k"], a["top_p"])
+    )
 
 
 def test_temperature_zero_top_k_one_and_a_tiny_nucleus_are_greedy():

@@ -45,11 +45,15 @@ def test_doctor_sees_eight_devices_across_two_processes():
         "import sys; from jaxscale.launch import maybe_initialize_distributed as join; join(); "
         "from jaxscale.cli import main; sys.exit(main(['doctor', '--json']))"
     )
-    out = _launch("-n", "2", "--timeout", str(LAUNCH_TIMEOUT_S), "--all-ranks", "--", "python",
-                  "-c", script)  # fmt: skip
+    out = _launch(
+        "-n", "2", "--timeout", str(LAUNCH_TIMEOUT_S), "--all-ranks", "--", "python", "-c", script
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    reports = [json.loads(line.split("] ", 1)[1]) for line in out.stdout.splitlines()
-               if line.startswith(("[p0] {", "[p1] {"))]  # fmt: skip
+    reports = [
+        json.loads(line.split("] ", 1)[1])
+        for line in out.stdout.splitlines()
+        if line.startswith(("[p0] {", "[p1] {"))
+    ]
     assert sorted(r["process_index"] for r in reports) == [0, 1]
     for r in reports:
         assert (r["device_count"], r["local_device_count"], r["process_count"]) == (8, 4, 2)
@@ -85,8 +89,10 @@ def test_process_0_speaks_by_default_and_every_rank_with_all_ranks():
 
 
 def test_a_failing_quiet_rank_shows_its_last_lines():
-    script = ("import os, sys; pid = os.environ['JAXSCALE_PROCESS_ID']; "
-              "print('boom from', pid); sys.exit(4 if pid == '1' else 0)")  # fmt: skip
+    script = (
+        "import os, sys; pid = os.environ['JAXSCALE_PROCESS_ID']; "
+        "print('boom from', pid); sys.exit(4 if pid == '1' else 0)"
+    )
     out = _launch("-n", "2", "--", "python", "-c", script, timeout=60)
     assert out.returncode == 4 and "[p1] boom from 1" in out.stderr
 

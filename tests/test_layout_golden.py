@@ -41,11 +41,14 @@ def layout(case: verify.Case) -> dict:
         "strategy": built.label,
         "mesh": case.mesh,
         "zero_stage": built.zero_stage,
-        "params": {jax.tree_util.keystr(path, simple=True, separator="/"): _spec(s)
-                   for path, s in flat},
-        "grads": {jax.tree_util.keystr(path, simple=True, separator="/"): _spec(g)
-                  for (path, _), g in zip(flat, grads, strict=True)},
-    }  # fmt: skip
+        "params": {
+            jax.tree_util.keystr(path, simple=True, separator="/"): _spec(s) for path, s in flat
+        },
+        "grads": {
+            jax.tree_util.keystr(path, simple=True, separator="/"): _spec(g)
+            for (path, _), g in zip(flat, grads, strict=True)
+        },
+    }
 
 
 def _dumps(d: dict) -> str:

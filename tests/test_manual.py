@@ -35,8 +35,12 @@ def setup():
 
 
 def _dp(mesh, variant):
-    f = jax.shard_map(lambda p, b: dp.dp_loss_and_grads(local_loss, p, b, ("data",), variant),
-                      mesh=mesh, in_specs=(P(), P("data")), out_specs=P())  # fmt: skip
+    f = jax.shard_map(
+        lambda p, b: dp.dp_loss_and_grads(local_loss, p, b, ("data",), variant),
+        mesh=mesh,
+        in_specs=(P(), P("data")),
+        out_specs=P(),
+    )
     return jax.jit(f)
 
 
@@ -60,8 +64,11 @@ def _loop_bodies(text):
 def _grad_reductions(text, min_bytes):
     """(all-reduces in loop bodies, all-reduces elsewhere) moving at least min_bytes."""
     bodies = _loop_bodies(text)
-    big = [c for c in hlo.collectives_from_text(text)
-           if c.op == "all-reduce" and c.bytes_per_device >= min_bytes]  # fmt: skip
+    big = [
+        c
+        for c in hlo.collectives_from_text(text)
+        if c.op == "all-reduce" and c.bytes_per_device >= min_bytes
+    ]
     return [c for c in big if c.computation in bodies], [
         c for c in big if c.computation not in bodies
     ]

@@ -73,8 +73,9 @@ _MOE = _SMALL.replace(n_layers=2, n_experts=4, top_k=2, capacity_factor=1.0)
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("cfg", [_SMALL, _MOE, _MOE.replace(moe_every=2)],
-                         ids=["dense", "moe", "moe-every-2"])  # fmt: skip
+@pytest.mark.parametrize(
+    "cfg", [_SMALL, _MOE, _MOE.replace(moe_every=2)], ids=["dense", "moe", "moe-every-2"]
+)
 def test_forward_flops_match_compiled_cost_analysis(cfg):
     # Unrolled, because cost_analysis counts the body of the layer loop once.
     cfg = cfg.replace(unroll_layers=True)

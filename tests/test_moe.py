@@ -107,11 +107,14 @@ def test_slots_follow_the_stated_priority():
 
 @pytest.mark.parametrize(
     "cfg",
-    [CFG.replace(moe_mode="dropless"), CFG.replace(capacity_factor=4.0),
-     CFG.replace(top_k=1, moe_mode="dropless"),
-     pytest.param(CFG.replace(mlp="gelu", moe_mode="dropless"), marks=pytest.mark.slow)],
+    [
+        CFG.replace(moe_mode="dropless"),
+        CFG.replace(capacity_factor=4.0),
+        CFG.replace(top_k=1, moe_mode="dropless"),
+        pytest.param(CFG.replace(mlp="gelu", moe_mode="dropless"), marks=pytest.mark.slow),
+    ],
     ids=["dropless", "cf4", "top1", "gelu"],
-)  # fmt: skip
+)
 def test_moe_layer_without_drops_equals_the_per_token_oracle(cfg):
     p, h = _layer(cfg), _h()
     y, stats = moe.moe_mlp(h, p, cfg, pieces.DENSE)
@@ -148,8 +151,14 @@ def test_expert_parallel_layer_drops_exactly_the_reference_tokens(mesh_text):
         y, stats = moe.moe_mlp(h_local, p_local, cfg, pc)
         return y, jax.lax.pmean(stats["drop"], batch_axes)
 
-    f = jax.jit(jax.shard_map(layer, mesh=mesh, in_specs=(jax.P(batch_axes), specs),
-                              out_specs=(jax.P(batch_axes), jax.P())))  # fmt: skip
+    f = jax.jit(
+        jax.shard_map(
+            layer,
+            mesh=mesh,
+            in_specs=(jax.P(batch_axes), specs),
+            out_specs=(jax.P(batch_axes), jax.P()),
+        )
+    )
     y, drop = f(h, p)
     np.testing.assert_allclose(float(drop), dropped.mean(), rtol=1e-6)
     want = moe.reference_mlp(h, p, cfg, dropped_BTX=jnp.asarray(dropped))
@@ -221,8 +230,14 @@ def _missing_all_to_all(buf_EBCD, p, cfg, *, axis=ep.AXIS):
 @pytest.mark.slow  # each runs a 10-step verify case
 @pytest.mark.parametrize("bug", [_buggy_rows, _missing_all_to_all], ids=["rows", "no-a2a"])
 def test_a_planted_all_to_all_bug_is_caught(monkeypatch, bug):
-    case = next(c for c in verify.CASES if c.model and c.mesh == "ep=4,dp=2"
-                and c.strategy.path == "manual" and c.label.endswith("cf=2"))  # fmt: skip
+    case = next(
+        c
+        for c in verify.CASES
+        if c.model
+        and c.mesh == "ep=4,dp=2"
+        and c.strategy.path == "manual"
+        and c.label.endswith("cf=2")
+    )
     ref = verify.reference_for(case, {})
     monkeypatch.setattr(ep, "dispatch_experts", bug)
     result = verify.check(case, ref)
@@ -236,16 +251,16 @@ def test_sharded_routing_terms_equal_the_reference(text, cf, drops):
     """The loss's terms (cross-entropy, balance and z losses, drop fraction, per-expert load) of
     a step's batch, sharded over ep=4,dp=2, equal the single-device ones: with cf 2 the verify
     cases drop nothing, with cf 0.5 both drop the same share."""
-    case = verify.Case(Strategy.parse(text, "ep=4,dp=2"),
-                       model=(*verify.MOE, ("capacity_factor", cf)))  # fmt: skip
+    case = verify.Case(
+        Strategy.parse(text, "ep=4,dp=2"), model=(*verify.MOE, ("capacity_factor", cf))
+    )
     cfg, tcfg = case.configs(verify.CFG, verify.TCFG)
     params = ms.init_params(cfg, tcfg.seed)
     batch = verify.batches(tcfg, 1)[0]
     want = jax.jit(lambda p, b: pieces.loss_terms(p, b, cfg)[1])(params, batch)
     built = build(case.strategy, cfg, tcfg)
     with jax.set_mesh(built.mesh):
-        got = built.terms(jax.device_put(params, built.state_shardings["params"]),
-                          built.put(batch))  # fmt: skip
+        got = built.terms(jax.device_put(params, built.state_shardings["params"]), built.put(batch))
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=RTOL, atol=ATOL, err_msg=key)
     assert (float(want["drop_fraction"]) > 0.05) == drops

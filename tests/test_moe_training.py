@@ -31,11 +31,35 @@ def test_train_cli_moe_learns_and_logs_routing(tmp_path):
     metrics = tmp_path / "m.jsonl"
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_DISABLE_MOST_OPTIMIZATIONS": "true"}
     done = subprocess.run(
-        [sys.executable, "-m", "jaxscale", "train", "--mesh", "ep=4,dp=2", "--experts", "8",
-         "--top-k", "2", "--steps", "30", "--data", "markov", "--log-every", "5",
-         "--eval-every", "0", "--metrics", str(metrics), "--no-progress"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jaxscale",
+            "train",
+            "--mesh",
+            "ep=4,dp=2",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--steps",
+            "30",
+            "--data",
+            "markov",
+            "--log-every",
+            "5",
+            "--eval-every",
+            "0",
+            "--metrics",
+            str(metrics),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
@@ -56,17 +80,46 @@ def test_train_cli_moe_learns_and_logs_routing(tmp_path):
 def test_moe_checkpoint_restores_across_meshes(tmp_path):
     tcfg = TrainConfig(steps=6, global_batch=16, seq_len=32, eval_every=0, log_every=1)
     ckpt = str(tmp_path / "ckpt")
-    first = train(CFG, tcfg.replace(steps=3), RunSetup(mesh="ep=4,dp=2", strategy="manual:dp+ep",
-                  dataset="markov", ckpt_dir=ckpt, progress=False, sample_tokens=0))  # fmt: skip
+    first = train(
+        CFG,
+        tcfg.replace(steps=3),
+        RunSetup(
+            mesh="ep=4,dp=2",
+            strategy="manual:dp+ep",
+            dataset="markov",
+            ckpt_dir=ckpt,
+            progress=False,
+            sample_tokens=0,
+        ),
+    )
     # the same run, resumed on other meshes and strategies: EP x TP of experts, then auto
     for mesh, strategy in (("ep=2,tp=4", "manual:ep+tp"), ("ep=8", "auto")):
         steps = 5 if "tp" in mesh else 6
-        res = train(CFG, tcfg.replace(steps=steps), RunSetup(
-            mesh=mesh, strategy=strategy, dataset="markov", ckpt_dir=ckpt, resume=True,
-            progress=False, sample_tokens=0))  # fmt: skip
+        res = train(
+            CFG,
+            tcfg.replace(steps=steps),
+            RunSetup(
+                mesh=mesh,
+                strategy=strategy,
+                dataset="markov",
+                ckpt_dir=ckpt,
+                resume=True,
+                progress=False,
+                sample_tokens=0,
+            ),
+        )
         assert res.resumed_from == steps - (2 if "tp" in mesh else 1)
-    straight = train(CFG, tcfg, RunSetup(mesh="ep=4,dp=2", strategy="manual:dp+ep",
-                     dataset="markov", progress=False, sample_tokens=0))  # fmt: skip
+    straight = train(
+        CFG,
+        tcfg,
+        RunSetup(
+            mesh="ep=4,dp=2",
+            strategy="manual:dp+ep",
+            dataset="markov",
+            progress=False,
+            sample_tokens=0,
+        ),
+    )
     assert first.history[0]["loss"] == pytest.approx(straight.history[0]["loss"], rel=1e-6)
     assert res.history[-1]["loss"] == pytest.approx(straight.history[-1]["loss"], abs=TRAJ_ATOL)
 
@@ -101,9 +154,13 @@ def test_bench_all_to_alls_equal_the_prediction_and_the_seed_table():
 @pytest.mark.slow  # whole experiment in a subprocess
 def test_experiment_08_parts_1_to_3():
     env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "true"}
-    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "08_experts.py"),
-                           "--skip-training"], capture_output=True, text=True, timeout=300,
-                          env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "08_experts.py"), "--skip-training"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "N = 64 experts  32     64          63         2" in out  # 2 MiB

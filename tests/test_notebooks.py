@@ -44,19 +44,26 @@ def test_the_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the CPU runtime's path: 8 simulated devices
     monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)  # the notebook chooses
     nb = jupytext.read(NOTEBOOKS / "tour.py")
-    client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})  # fmt: skip
+    client = nbclient.NotebookClient(
+        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError on the first failing cell
     code = [c for c in nb.cells if c.cell_type == "code"]
     texts = [_text(c) for c in code]
     assert "CPU runtime" in texts[0]
     assert "psum over 8 devices of (index+1) = 36" in texts[1]
     assert texts[2].count("holds rows") == 4
-    images = sum(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
-                 for c in code for o in c.get("outputs", []))  # fmt: skip
+    images = sum(
+        o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+        for c in code
+        for o in c.get("outputs", [])
+    )
     assert images >= 4  # bench, loss curve, pipeline grids, PPO learning curve
-    for name in ("results/tour/bench_meshes.json", "runs/tour/metrics.jsonl",
-                 "results/tour/ppo/learning_curve.png"):  # fmt: skip
+    for name in (
+        "results/tour/bench_meshes.json",
+        "runs/tour/metrics.jsonl",
+        "results/tour/ppo/learning_curve.png",
+    ):
         assert (tmp_path / name).exists(), name
     served = next(t for t in texts if "engine steps" in t)
     assert served.startswith("def ") and "compiled shapes" in served

@@ -20,8 +20,10 @@ def test_paged_attention_equals_contiguous_exactly():
     tokens_BT = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 14)), jnp.int32)
     ps, N = 4, 4  # 16 positions per row, as the contiguous cache's length
     table = np.array([[3, 7, 1, 5], [8, 6, 4, 2]], np.int32)
-    caches = {"contiguous": kv_cache.init_cache(CFG, 2, N * ps),
-              "paged": kv_cache.paged(kv_cache.init_paged(CFG, 9, ps), table)}  # fmt: skip
+    caches = {
+        "contiguous": kv_cache.init_cache(CFG, 2, N * ps),
+        "paged": kv_cache.paged(kv_cache.init_paged(CFG, 9, ps), table),
+    }
     prefill = jax.jit(kv_cache.prefill, static_argnames="cfg")  # one compile per layout
     decode = jax.jit(kv_cache.decode_step, static_argnames="cfg")
     out = {}

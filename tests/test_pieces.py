@@ -46,8 +46,9 @@ def test_attend_with_separate_query_and_key_positions():
     k_pos = jnp.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 99])
     mask = (q_pos[:, None] >= k_pos[None, :])[None, None]  # [1, 1, T, S]
     want = jax.nn.dot_product_attention(q, k, v, mask=mask)
-    np.testing.assert_allclose(pieces.attend(q, k, v, q_pos, k_pos), want, rtol=RTOL,
-                               atol=10 * ATOL)  # fmt: skip
+    np.testing.assert_allclose(
+        pieces.attend(q, k, v, q_pos, k_pos), want, rtol=RTOL, atol=10 * ATOL
+    )
 
 
 def test_rope_scores_depend_only_on_the_position_difference():

@@ -24,8 +24,12 @@ def test_the_executor_runs_the_simulators_grid(schedule, v):
     cfg = sim.PipelineConfig(4, 8, schedule, 1.0, 2.0, v)
     assert plan.grid == tuple(tuple(row) for row in sim.schedule_grid(sim.simulate(cfg)))
     # every op of the grid is executed once, at the tick it starts
-    ops = [(op.kind, op.microbatch, op.chunk * 4 + d) for t in plan.ticks
-           for d, op in enumerate(t.ops) if op is not None]  # fmt: skip
+    ops = [
+        (op.kind, op.microbatch, op.chunk * 4 + d)
+        for t in plan.ticks
+        for d, op in enumerate(t.ops)
+        if op is not None
+    ]
     per_mb = 3 if schedule == "zb-h1" else 2  # F, B (, W)
     assert len(ops) == len(set(ops)) == 8 * 4 * v * per_mb
 
@@ -54,8 +58,11 @@ def test_what_is_compiled_stops_growing_with_m(schedule, v):
         )
         assert plans[64].compiled_ticks() < len(plans[64].ticks) / 4
         for plan in plans.values():
-            covered = [i for seg in plan.segments()
-                       for i in range(seg.start, seg.start + seg.period * seg.reps)]  # fmt: skip
+            covered = [
+                i
+                for seg in plan.segments()
+                for i in range(seg.start, seg.start + seg.period * seg.reps)
+            ]
             assert covered == list(range(len(plan.ticks)))
             for seg in plan.segments():  # a loop's trips are the same program
                 unit = [pp.tick_shape(t) for t in plan.ticks[seg.start : seg.start + seg.period]]
@@ -152,10 +159,13 @@ def test_the_unbroken_plan_passes_the_same_check(monkeypatch):
     assert result.passed, verify.format_matrix([result])
 
 
-@pytest.mark.parametrize("text, m, v", [
-    ("manual:dp+1f1b", 2, 1),
-    pytest.param("manual:dp+interleaved", 2, 2, marks=pytest.mark.slow),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, m, v",
+    [
+        ("manual:dp+1f1b", 2, 1),
+        pytest.param("manual:dp+interleaved", 2, 2, marks=pytest.mark.slow),
+    ],
+)
 def test_the_forward_only_loss_equals_the_reference(text, m, v):
     """`Built.loss` (eval) runs the forwards alone: the same loss as one device."""
     import jax
@@ -168,8 +178,9 @@ def test_the_forward_only_loss_equals_the_reference(text, m, v):
     batch = verify.batches(tcfg, 1)[0]
     want = float(train_step.loss_fn(params, batch, CFG, None))
     with jax.set_mesh(built.mesh):
-        got = float(built.loss(jax.device_put(params, built.state_shardings["params"]),
-                               built.put(batch)))  # fmt: skip
+        got = float(
+            built.loss(jax.device_put(params, built.state_shardings["params"]), built.put(batch))
+        )
     assert got == pytest.approx(want, rel=tol.RTOL, abs=tol.ATOL)
 
 
@@ -203,7 +214,12 @@ def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, caps
     assert "As M grows" in out and "✗" not in out
     record = json.loads((tmp_path / "bench_pipeline.json").read_text())
     assert [(r["schedule"], r["microbatches"]) for r in record["rows"]] == [
-        ("gpipe", 1), ("gpipe", 8), ("1f1b", 8), ("interleaved", 8), ("zb-h1", 8)]  # fmt: skip
+        ("gpipe", 1),
+        ("gpipe", 8),
+        ("1f1b", 8),
+        ("interleaved", 8),
+        ("zb-h1", 8),
+    ]
     assert all(r["passed"] and r["bubble_ok"] and r["permute_ok"] for r in record["rows"])
     (m8,) = record["sweep"]
     assert m8["1f1b"]["compiled_ticks"] == pp.make_plan(2, 8, "1f1b").compiled_ticks()

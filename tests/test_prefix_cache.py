@@ -123,8 +123,9 @@ def test_the_engine_gives_the_same_tokens_with_and_without_the_cache():
     prompts = [system + [int(t) for t in rng.integers(32, 127, n)] for n in (3, 7, 1, 5)]
 
     def run(cache: bool):
-        ecfg = EngineConfig(max_num_seqs=2, max_num_batched_tokens=32, page_size=PS, n_pages=40,
-                            prefix_cache=cache)  # fmt: skip
+        ecfg = EngineConfig(
+            max_num_seqs=2, max_num_batched_tokens=32, page_size=PS, n_pages=40, prefix_cache=cache
+        )
         eng = Engine(PARAMS, CFG, ecfg)
         reqs = [Request(str(i), p, 6, SamplingParams(1.0, seed=i)) for i, p in enumerate(prompts)]
         done = eng.run(reqs)

@@ -18,8 +18,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def readme_commands() -> list[list[str]]:
     text = README.read_text()
-    lines = [line for block in re.findall(r"```bash\n(.*?)```", text, re.S)
-             for line in block.splitlines()]  # fmt: skip
+    lines = [
+        line
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+        for line in block.splitlines()
+    ]
     commands = []
     for line in lines:
         line = line.split("  #")[0].strip()  # a trailing comment

@@ -63,15 +63,16 @@ def test_shaped_rewards_and_gae_against_numpy():
     score = rng.normal(size=B).astype(np.float32)
     val = rng.normal(size=(B, N)).astype(np.float32) * mask
     beta = 0.3
-    rew = np.asarray(rw.shaped_rewards(jnp.asarray(score), jnp.asarray(kl), jnp.asarray(mask),
-                                       beta, "response"))  # fmt: skip
+    rew = np.asarray(
+        rw.shaped_rewards(jnp.asarray(score), jnp.asarray(kl), jnp.asarray(mask), beta, "response")
+    )
     want = -beta * kl * mask
     want[np.arange(B), lengths - 1] += score
     np.testing.assert_allclose(rew, want, rtol=RTOL, atol=ATOL)
-    tok = np.asarray(rw.shaped_rewards(jnp.asarray(score), jnp.asarray(kl), jnp.asarray(mask),
-                                       beta, "token"))  # fmt: skip
-    np.testing.assert_allclose(tok.sum(1), (-beta * kl * mask).sum(1) + score, rtol=RTOL,
-                               atol=ATOL)  # fmt: skip
+    tok = np.asarray(
+        rw.shaped_rewards(jnp.asarray(score), jnp.asarray(kl), jnp.asarray(mask), beta, "token")
+    )
+    np.testing.assert_allclose(tok.sum(1), (-beta * kl * mask).sum(1) + score, rtol=RTOL, atol=ATOL)
     rc = RC.replace(gamma=0.9, lam=0.8)
     adv, ret = rlhf.advantages(rc, jnp.asarray(want), jnp.asarray(val), jnp.asarray(mask))
     np.testing.assert_allclose(adv, _numpy_gae(want, val, mask, 0.9, 0.8), rtol=RTOL, atol=ATOL)
@@ -122,16 +123,18 @@ def test_forwards_match_the_training_forward(tiny):
     actor, rm, train, _ = tiny
     sh = rlhf.Shapes(TASK.prompt_len, TASK.max_new, tk.EOS)
     rows = train[:4]
-    toks, valid, logp = rlhf.rollout(actor, jnp.asarray(rows), jnp.arange(4, dtype=jnp.uint32),
-                                     CFG, sh)  # fmt: skip
+    toks, valid, logp = rlhf.rollout(
+        actor, jnp.asarray(rows), jnp.arange(4, dtype=jnp.uint32), CFG, sh
+    )
     seq = jnp.concatenate([jnp.asarray(rows), toks], 1)
     full = jax.nn.log_softmax(pieces.logits(actor, seq, CFG), -1)  # the training forward
     want = jnp.take_along_axis(full[:, sh.P - 1 : -1], seq[:, sh.P :, None], -1)[..., 0]
     got, _, _ = models.response_logits_logp(actor, seq, sh.P, CFG)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     # the rollout's behaviour log-probs (KV cache) are the same numbers where a token was made
-    np.testing.assert_allclose(np.where(valid, logp, 0), np.where(valid, want, 0), rtol=RTOL,
-                               atol=ATOL)  # fmt: skip
+    np.testing.assert_allclose(
+        np.where(valid, logp, 0), np.where(valid, want, 0), rtol=RTOL, atol=ATOL
+    )
     last = jnp.asarray([3, 5, 8, 15])
     h = models.hidden(rm["backbone"], seq, CFG)
     s = h[jnp.arange(4), last] @ rm["head"]["w_D"] + rm["head"]["b"]
@@ -211,7 +214,8 @@ def test_disaggregated_and_stale(tiny):
     lab, res = _run(tiny, "fsdp=4", jax.devices(), rc)
     n_bytes = sum(x.nbytes for x in jax.tree.leaves(actor))
     assert {d.id for d in lab.meshes.train.devices.flat}.isdisjoint(
-        {d.id for d in lab.meshes.gen.devices.flat})  # fmt: skip
+        {d.id for d in lab.meshes.gen.devices.flat}
+    )
     for tr in res.transfers:  # four generation devices each receive the whole actor
         assert tr.bytes_moved == tr.bytes_predicted == 4 * n_bytes and not tr.zero_copy
     _, stale = _run(tiny, "fsdp=4", jax.devices(), rc.replace(stale=True))
@@ -221,8 +225,11 @@ def test_disaggregated_and_stale(tiny):
     assert not np.array_equal(stale.rollouts[1][1], res.rollouts[1][1])
     lab0 = rlhf_run.build(rc, CFG, actor, rm, "fsdp=4", TASK)
     rows, seeds = rlhf_run.batch_rows(lab0, train, 1)
-    toks, _, _ = jax.device_get(rlhf_run.dispatch_generate(lab0, jax.device_put(
-        lab0.tree["actor"], lab0.gen_shardings), rows, seeds))  # fmt: skip
+    toks, _, _ = jax.device_get(
+        rlhf_run.dispatch_generate(
+            lab0, jax.device_put(lab0.tree["actor"], lab0.gen_shardings), rows, seeds
+        )
+    )
     np.testing.assert_array_equal(stale.rollouts[1][1], toks)
 
 
@@ -245,12 +252,15 @@ def test_phase_memory_against_the_calculator(tiny):
     assert train_row["arguments"] == pytest.approx(train_row["calc_fixed"], rel=MEMORY_RTOL)
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--algo", "grpo", "--group", "1"], "--group"),
-    (["--stale"], "--stale"),
-    (["--minibatches", "3"], "--minibatches"),
-    (["--algo", "sgd"], "--algo"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--algo", "grpo", "--group", "1"], "--group"),
+        (["--stale"], "--stale"),
+        (["--minibatches", "3"], "--minibatches"),
+        (["--algo", "sgd"], "--algo"),
+    ],
+)
 def test_cli_refuses_bad_settings(argv, flag, capsys):
     from jaxscale.cli import main
 

@@ -20,11 +20,28 @@ def runs(tmp_path_factory):
 
 def _rlhf(runs, *flags):
     """`jaxscale rlhf` as a user runs it: its own process, the compiler's defaults."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("JAX_DISABLE_MOST_OPTIMIZATIONS", "XLA_FLAGS")}  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "jaxscale", "rlhf", "--runs", str(runs), "--json",
-                        "--no-progress", *flags], capture_output=True, text=True, env=env,
-                       timeout=1200)  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("JAX_DISABLE_MOST_OPTIMIZATIONS", "XLA_FLAGS")
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxscale",
+            "rlhf",
+            "--runs",
+            str(runs),
+            "--json",
+            "--no-progress",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

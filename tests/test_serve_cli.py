@@ -17,8 +17,16 @@ pytestmark = pytest.mark.slow  # a training run and a server process
 
 from jaxscale.cli import main as cli_main  # noqa: E402
 
-ENGINE = ["--max-num-seqs", "2", "--max-num-batched-tokens", "16", "--page-size", "16",
-          "--n-pages", "40"]  # fmt: skip
+ENGINE = [
+    "--max-num-seqs",
+    "2",
+    "--max-num-batched-tokens",
+    "16",
+    "--page-size",
+    "16",
+    "--n-pages",
+    "40",
+]
 
 
 def _free_port() -> int:
@@ -34,23 +42,57 @@ def _in_process(ckpt, prompt: str, n: int) -> str:
     from jaxscale.serve.scheduler import Request
 
     cfg, params = load_model(str(ckpt))
-    eng = Engine(params, cfg, EngineConfig(max_num_seqs=2, max_num_batched_tokens=16,
-                                           page_size=16, n_pages=40))  # fmt: skip
+    eng = Engine(
+        params,
+        cfg,
+        EngineConfig(max_num_seqs=2, max_num_batched_tokens=16, page_size=16, n_pages=40),
+    )
     out = eng.run([Request("r", list(prompt.encode()), n, SamplingParams(0.0))])["r"].out
     return bytes(out).decode("utf-8", errors="replace")
 
 
 def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
     run = tmp_path / "run"
-    rc = cli_main(["train", "--data", "markov", "--layers", "1", "--global-batch", "8",
-                   "--seq-len", "16", "--steps", "3", "--no-progress", "--sample-tokens", "0",
-                   "--run-dir", str(run)])  # fmt: skip
+    rc = cli_main(
+        [
+            "train",
+            "--data",
+            "markov",
+            "--layers",
+            "1",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "16",
+            "--steps",
+            "3",
+            "--no-progress",
+            "--sample-tokens",
+            "0",
+            "--run-dir",
+            str(run),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     port = _free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen([sys.executable, "-m", "jaxscale", "serve", "--ckpt-dir", str(run),
-                             "--port", str(port), *ENGINE], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxscale",
+            "serve",
+            "--ckpt-dir",
+            str(run),
+            "--port",
+            str(port),
+            *ENGINE,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -62,11 +104,13 @@ def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
                 time.sleep(0.1)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
         want = _in_process(run / "checkpoints", "abc", 12)
-        whole = client.completions.create(model="jaxscale", prompt="abc", max_tokens=12,
-                                          temperature=0)  # fmt: skip
+        whole = client.completions.create(
+            model="jaxscale", prompt="abc", max_tokens=12, temperature=0
+        )
         assert whole.choices[0].text == want
-        stream = client.completions.create(model="jaxscale", prompt="abc", max_tokens=12,
-                                           temperature=0, stream=True)  # fmt: skip
+        stream = client.completions.create(
+            model="jaxscale", prompt="abc", max_tokens=12, temperature=0, stream=True
+        )
         assert "".join(c.choices[0].text for c in stream) == want
     finally:
         proc.send_signal(signal.SIGINT)

@@ -35,8 +35,9 @@ def server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     engine = Engine(PARAMS, CFG, ECFG)
-    srv = uvicorn.Server(uvicorn.Config(make_app(engine, NAME), host="127.0.0.1", port=port,
-                                        log_level="warning"))  # fmt: skip
+    srv = uvicorn.Server(
+        uvicorn.Config(make_app(engine, NAME), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -69,8 +70,7 @@ def test_models_and_a_completion(server):
     base, _ = server
     client = _client(base)
     assert [m.id for m in client.models.list().data] == [NAME]
-    r = client.completions.create(model=NAME, prompt="def add(a, b):", max_tokens=10,
-                                  temperature=0)  # fmt: skip
+    r = client.completions.create(model=NAME, prompt="def add(a, b):", max_tokens=10, temperature=0)
     assert r.choices[0].text == _direct("def add(a, b):", 10)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens == 14 and r.usage.completion_tokens == 10
@@ -78,8 +78,9 @@ def test_models_and_a_completion(server):
 
 def test_streaming_equals_the_whole_answer(server):
     base, _ = server
-    stream = _client(base).completions.create(model=NAME, prompt="import os", max_tokens=12,
-                                              temperature=0, stream=True)  # fmt: skip
+    stream = _client(base).completions.create(
+        model=NAME, prompt="import os", max_tokens=12, temperature=0, stream=True
+    )
     chunks = list(stream)
     assert len(chunks) >= 2
     assert "".join(c.choices[0].text for c in chunks) == _direct("import os", 12)
@@ -91,8 +92,12 @@ def test_concurrent_clients_each_get_their_own_answer(server):
     prompts = [f"x = {i}" * (i + 1) for i in range(6)]  # more than the 4 slots
 
     def ask(p):
-        return _client(base).completions.create(model=NAME, prompt=p, max_tokens=8,
-                                                temperature=0).choices[0].text  # fmt: skip
+        return (
+            _client(base)
+            .completions.create(model=NAME, prompt=p, max_tokens=8, temperature=0)
+            .choices[0]
+            .text
+        )
 
     with ThreadPoolExecutor(6) as pool:
         got = list(pool.map(ask, prompts))
@@ -121,22 +126,26 @@ def test_seed_and_stop(server):
     assert ask(temperature=1.0).choices[0].text != ask(temperature=1.0).choices[0].text
 
 
-@pytest.mark.parametrize("body, status, param", [
-    (b"{not json", 400, None),
-    ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
-    ({"model": NAME, "prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
-    ({"model": NAME, "prompt": "hi", "max_tokens": 10**9}, 400, "max_tokens"),
-    ({"model": NAME, "prompt": "x" * 60, "max_tokens": 16}, 400, "prompt"),
-    ({"model": NAME, "prompt": "hi", "temperature": -0.5}, 400, "temperature"),
-    ({"model": NAME, "prompt": ""}, 400, "prompt"),
-    ({"model": NAME, "prompt": "hi", "stream": "false"}, 400, "stream"),
-    ({"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, None),
+        ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+        ({"model": NAME, "prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+        ({"model": NAME, "prompt": "hi", "max_tokens": 10**9}, 400, "max_tokens"),
+        ({"model": NAME, "prompt": "x" * 60, "max_tokens": 16}, 400, "prompt"),
+        ({"model": NAME, "prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+        ({"model": NAME, "prompt": ""}, 400, "prompt"),
+        ({"model": NAME, "prompt": "hi", "stream": "false"}, 400, "stream"),
+        ({"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
+    ],
+)
 def test_bad_requests_get_an_openai_error_and_change_nothing(server, body, status, param):
     base, engine = server
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(f"{base}/v1/completions", content=raw,
-                   headers={"Content-Type": "application/json"})  # fmt: skip
+    r = httpx.post(
+        f"{base}/v1/completions", content=raw, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == status
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"] and err["param"] == param
@@ -180,14 +189,16 @@ def test_an_engine_failure_is_a_500_and_the_next_request_is_served(server):
         assert r.status_code == 500
         err = r.json()["error"]
         assert err["type"] == "server_error" and "planted failure" in err["message"]
-        with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True},
-                          timeout=60) as s:  # fmt: skip
+        with httpx.stream(
+            "POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=60
+        ) as s:
             lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
         assert "planted failure" in json.loads(lines[-1][6:])["error"]["message"]
         health = httpx.get(f"{base}/health").json()
         assert health["running"] == 0 and health["engine_errors"] == 2
-        r = _client(base).completions.create(model=NAME, prompt="x = 1", max_tokens=4,
-                                             temperature=0)  # fmt: skip
+        r = _client(base).completions.create(
+            model=NAME, prompt="x = 1", max_tokens=4, temperature=0
+        )
         assert r.choices[0].text == _direct("x = 1", 4)
     finally:
         engine.step = real_step

@@ -105,8 +105,7 @@ def test_a_perfect_draft_is_always_accepted():
     """The target drafting for itself: p == q, so every draft passes and each target pass
     yields k + 1 tokens, sampled or greedy."""
     for s in (SamplingParams(0.0), SamplingParams(1.0, seed=3)):
-        got, stats = spec.generate(T_PARAMS, TARGET, T_PARAMS, TARGET, PROMPT, 15, k=4,
-                                   sampling=s)  # fmt: skip
+        got, stats = spec.generate(T_PARAMS, TARGET, T_PARAMS, TARGET, PROMPT, 15, k=4, sampling=s)
         assert stats.accepted == stats.drafted and stats.tokens_per_pass == 5
         assert len(got) == 15
     want = gen.generate(T_PARAMS, [PROMPT], TARGET, 15).row(0)
@@ -127,7 +126,16 @@ def test_constrained_speculative_decoding_keeps_the_grammar_and_the_greedy_outpu
     assert got == want
     json.loads(bytes(got))
     for seed in range(3):
-        got, _ = spec.generate(T_PARAMS, TARGET, D_PARAMS, DRAFT, PROMPT, 30, k=3, constraint=c,
-                               sampling=SamplingParams(1.0, seed=seed))  # fmt: skip
+        got, _ = spec.generate(
+            T_PARAMS,
+            TARGET,
+            D_PARAMS,
+            DRAFT,
+            PROMPT,
+            30,
+            k=3,
+            constraint=c,
+            sampling=SamplingParams(1.0, seed=seed),
+        )
         assert len(got) <= 30
         json.loads(bytes(got))

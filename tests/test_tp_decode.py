@@ -33,8 +33,12 @@ def test_tensor_parallel_decode_gives_the_single_device_tokens():
 def test_the_kv_cache_is_split_by_kv_heads_and_attention_all_reduces():
     mesh = build_mesh("tp=4", devices=jax.devices()[:4])
     sharder = Sharder(mesh, REPLICATED_RULES)
-    args = (jnp.zeros((1, 4), jnp.int32), jnp.array([4]), sampling.as_arrays(SAMPLING[:1]),
-            jnp.array([8]))  # fmt: skip
+    args = (
+        jnp.zeros((1, 4), jnp.int32),
+        jnp.array([4]),
+        sampling.as_arrays(SAMPLING[:1]),
+        jnp.array([8]),
+    )
     with jax.set_mesh(mesh):
         params = jax.device_put(PARAMS, ms.param_shardings(CFG, sharder))
         cache = jax.jit(lambda: ms_cache(sharder))()

@@ -78,8 +78,15 @@ def test_gradient_accumulation_equals_full_batch():
 @pytest.mark.slow  # a learning run
 @pytest.mark.first_line
 def test_markov_task_reaches_near_its_known_optimum():
-    tcfg = TrainConfig(steps=150, global_batch=16, seq_len=32, lr=1e-2, warmup_steps=10,
-                       eval_every=0, eval_batches=4)  # fmt: skip
+    tcfg = TrainConfig(
+        steps=150,
+        global_batch=16,
+        seq_len=32,
+        lr=1e-2,
+        warmup_steps=10,
+        eval_every=0,
+        eval_batches=4,
+    )
     result = train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", progress=False))
     optimum = data.MarkovData().optimal_loss()
     final = result.evals[-1]["eval_loss"]
@@ -89,8 +96,9 @@ def test_markov_task_reaches_near_its_known_optimum():
 
 
 def test_non_finite_loss_stops_with_a_message():
-    tcfg = TrainConfig(steps=20, global_batch=8, seq_len=16, lr=1e9, warmup_steps=0,
-                       grad_clip=0, eval_every=0)  # fmt: skip
+    tcfg = TrainConfig(
+        steps=20, global_batch=8, seq_len=16, lr=1e9, warmup_steps=0, grad_clip=0, eval_every=0
+    )
     with pytest.raises(NonFiniteLoss, match=r"non-finite loss .* at step \d+"):
         train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", progress=False))
 
@@ -106,11 +114,34 @@ def test_train_cli_writes_metrics_and_samples(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     metrics = tmp_path / "m.jsonl"
-    rc = cli_main([
-        "train", "--mesh", "dp=2,tp=4", "--data", str(corpus), "--steps", "6", "--n-layers", "1",
-        "--global-batch", "8", "--seq-len", "16", "--eval-every", "3", "--log-every", "1",
-        "--metrics", str(metrics), "--sample-tokens", "8", "--prompt", "the ", "--no-progress",
-    ])  # fmt: skip
+    rc = cli_main(
+        [
+            "train",
+            "--mesh",
+            "dp=2,tp=4",
+            "--data",
+            str(corpus),
+            "--steps",
+            "6",
+            "--n-layers",
+            "1",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "16",
+            "--eval-every",
+            "3",
+            "--log-every",
+            "1",
+            "--metrics",
+            str(metrics),
+            "--sample-tokens",
+            "8",
+            "--prompt",
+            "the ",
+            "--no-progress",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -126,15 +157,18 @@ def test_train_cli_bad_mesh_exits_2(capsys):
     assert "dp=3 does not divide 8 devices" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--mesh", "pp=2,dp=4"], "pp=2 needs a pipeline schedule: --strategy manual:dp+1f1b"),
-    (["--mesh", "pp=2,dp=4", "--schedule", "1f1b", "--microbatches", "3"], "--microbatches 3"),
-    (["--mesh", "dp=8", "--schedule", "gpipe"], "needs a pipe axis: add pp=N"),
-    (["--mesh", "ep=2,dp=4"], "ep=2 needs a mixture-of-experts model"),
-    (["--mesh", "fsdp=4,tp=2", "--strategy", "manual:zero3"], "tp=2 is unused by manual:zero3"),
-    (["--mesh", "tp=8", "--strategy", "manual:zero1+tp"], "shards over the data axes"),
-    (["--mesh", "dp=8", "--strategy", "manual:ring"], "unknown part 'ring'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--mesh", "pp=2,dp=4"], "pp=2 needs a pipeline schedule: --strategy manual:dp+1f1b"),
+        (["--mesh", "pp=2,dp=4", "--schedule", "1f1b", "--microbatches", "3"], "--microbatches 3"),
+        (["--mesh", "dp=8", "--schedule", "gpipe"], "needs a pipe axis: add pp=N"),
+        (["--mesh", "ep=2,dp=4"], "ep=2 needs a mixture-of-experts model"),
+        (["--mesh", "fsdp=4,tp=2", "--strategy", "manual:zero3"], "tp=2 is unused by manual:zero3"),
+        (["--mesh", "tp=8", "--strategy", "manual:zero1+tp"], "shards over the data axes"),
+        (["--mesh", "dp=8", "--strategy", "manual:ring"], "unknown part 'ring'"),
+    ],
+)
 @pytest.mark.smoke
 def test_train_refuses_unused_axes_and_unknown_strategies(argv, message, capsys):
     assert cli_main(["train", *argv, "--steps", "1", "--no-progress"]) == 2
@@ -145,15 +179,40 @@ def test_train_cli_runs_a_manual_strategy(tmp_path, capsys):
     """`train --strategy manual:zero3+tp`: ZeRO-3 over fsdp and Megatron TP, explicit
     collectives, through the same loop, metrics and checkpoints as the auto path."""
     metrics = tmp_path / "m.jsonl"
-    rc = cli_main([
-        "train", "--strategy", "manual:zero3+tp", "--mesh", "fsdp=4,tp=2", "--data", "markov",
-        "--steps", "20", "--n-layers", "1", "--global-batch", "8", "--seq-len", "16",
-        "--eval-every", "0", "--log-every", "1", "--metrics", str(metrics), "--no-progress",
-        "--ckpt-dir", str(tmp_path / "ckpt"),
-    ])  # fmt: skip
+    rc = cli_main(
+        [
+            "train",
+            "--strategy",
+            "manual:zero3+tp",
+            "--mesh",
+            "fsdp=4,tp=2",
+            "--data",
+            "markov",
+            "--steps",
+            "20",
+            "--n-layers",
+            "1",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "16",
+            "--eval-every",
+            "0",
+            "--log-every",
+            "1",
+            "--metrics",
+            str(metrics),
+            "--no-progress",
+            "--ckpt-dir",
+            str(tmp_path / "ckpt"),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
-    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()
-              if "loss" in json.loads(line)]  # fmt: skip
+    losses = [
+        json.loads(line)["loss"]
+        for line in metrics.read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     assert len(losses) == 20 and losses[-1] < losses[0] - 0.3  # it learns
     assert "final train loss" in capsys.readouterr().out
 
@@ -173,8 +232,15 @@ def test_copy_task_is_learned_only_with_attention(monkeypatch):
     (monkeypatched into the model's pieces) it stays at log(n_symbols)."""
     task = data.CopyData()
     cfg = ModelConfig(n_layers=2)
-    tcfg = TrainConfig(steps=200, global_batch=16, seq_len=32, lr=3e-3, warmup_steps=10,
-                       eval_every=0, eval_batches=2)  # fmt: skip
+    tcfg = TrainConfig(
+        steps=200,
+        global_batch=16,
+        seq_len=32,
+        lr=3e-3,
+        warmup_steps=10,
+        eval_every=0,
+        eval_batches=2,
+    )
     setup = RunSetup(mesh="dp=8", dataset="copy", progress=False, sample_tokens=0)
     floor, blind = task.optimal_loss(32), math.log(task.n_symbols)
     learned = train(cfg, tcfg, setup).evals[-1]["eval_loss"]

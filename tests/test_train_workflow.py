@@ -14,8 +14,19 @@ import pytest
 
 from jaxscale.cli import main as cli_main
 
-TINY = ["--data", "markov", "--layers", "1", "--global-batch", "8", "--seq-len", "16",
-        "--no-progress", "--sample-tokens", "0"]  # fmt: skip
+TINY = [
+    "--data",
+    "markov",
+    "--layers",
+    "1",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "16",
+    "--no-progress",
+    "--sample-tokens",
+    "0",
+]
 
 
 def _train(capsys, *argv):
@@ -32,11 +43,26 @@ def _records(run_dir: Path) -> list[dict]:
 def test_a_run_directory_from_start_to_resumes(tmp_path, capsys):
     run = tmp_path / "runs" / "a"  # parents are created
     # --ckpt-every divides --steps: the final save is the step just saved, and that is fine
-    rc, out, err = _train(capsys, "--run-dir", str(run), "--steps", "6", "--ckpt-every", "3",
-                          "--eval-every", "3", "--log-every", "1")  # fmt: skip
+    rc, out, err = _train(
+        capsys,
+        "--run-dir",
+        str(run),
+        "--steps",
+        "6",
+        "--ckpt-every",
+        "3",
+        "--eval-every",
+        "3",
+        "--log-every",
+        "1",
+    )
     assert rc == 0, err
-    assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.jsonl", "checkpoints",
-                                               "loss.png"}  # fmt: skip
+    assert {p.name for p in run.iterdir()} >= {
+        "config.json",
+        "metrics.jsonl",
+        "checkpoints",
+        "loss.png",
+    }
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["3", "6"]
     saved = json.loads((run / "config.json").read_text())
     assert saved["train"]["steps"] == 6 and saved["model"]["n_layers"] == 1
@@ -48,8 +74,16 @@ def test_a_run_directory_from_start_to_resumes(tmp_path, capsys):
     assert start["event"] == "start" and start["devices"] == 8 and not start["resumed"]
     kinds = [("eval", r["step"]) if "eval_loss" in r else ("train", r["step"]) for r in rest]
     # every step once, each eval after the train record of the step before it, final eval kept
-    assert kinds == [("train", 0), ("train", 1), ("train", 2), ("eval", 3), ("train", 3),
-                     ("train", 4), ("train", 5), ("eval", 6)]  # fmt: skip
+    assert kinds == [
+        ("train", 0),
+        ("train", 1),
+        ("train", 2),
+        ("eval", 3),
+        ("train", 3),
+        ("train", 4),
+        ("train", 5),
+        ("eval", 6),
+    ]
     assert all(r["run_id"] == start["run_id"] and r["time_s"] >= 0 for r in records)
     assert "tokens_per_s" in rest[1] and "mfu" not in rest[1]  # no MFU on CPU: no known peak
     assert rest[-1]["optimal_loss"] == pytest.approx(1.1325, abs=1e-4)
@@ -69,8 +103,17 @@ def test_a_run_directory_from_start_to_resumes(tmp_path, capsys):
     # a stray step directory (no completion mark) is skipped, then replaced by the real step;
     # a compute-only change (remat, compute dtype) resumes the same parameters
     (run / "checkpoints" / "9").mkdir()
-    rc, out, err = _train(capsys, "--run-dir", str(run), "--resume", "--steps", "9", "--remat",
-                          "--compute-dtype", "bfloat16")  # fmt: skip
+    rc, out, err = _train(
+        capsys,
+        "--run-dir",
+        str(run),
+        "--resume",
+        "--steps",
+        "9",
+        "--remat",
+        "--compute-dtype",
+        "bfloat16",
+    )
     assert rc == 0, err
     assert "ignoring incomplete checkpoint" in out and "resuming from step 6" in out
     assert sorted(int(p.name) for p in (run / "checkpoints").iterdir())[-1] == 9
@@ -82,8 +125,9 @@ def test_a_run_directory_from_start_to_resumes(tmp_path, capsys):
 def test_resume_asks_for_a_directory_and_says_when_it_starts_fresh(tmp_path, capsys):
     rc, _, err = _train(capsys, "--steps", "2", "--resume")
     assert rc == 2 and "--resume needs a checkpoint directory" in err
-    rc, out, _ = _train(capsys, "--steps", "2", "--resume", "--dry-run",
-                        "--ckpt-dir", str(tmp_path / "empty"))  # fmt: skip
+    rc, out, _ = _train(
+        capsys, "--steps", "2", "--resume", "--dry-run", "--ckpt-dir", str(tmp_path / "empty")
+    )
     assert rc == 0 and "--resume: no checkpoint in" in out and "starting at step 0" in out
     assert not (tmp_path / "empty").exists()  # a dry run writes nothing
 
@@ -105,11 +149,21 @@ def test_inputs_that_would_fail_after_training_fail_before(tmp_path, capsys):
 @pytest.mark.slow
 def test_sigterm_stops_after_a_step_saves_and_exits_130(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "jaxscale", "train", *TINY, "--steps", "100000",
-           "--run-dir", str(run), "--log-every", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxscale",
+        "train",
+        *TINY,
+        "--steps",
+        "100000",
+        "--run-dir",
+        str(run),
+        "--log-every",
+        "1",
+    ]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until it really trains
         metrics = run / "metrics.jsonl"
@@ -129,7 +183,13 @@ def test_the_console_script_sees_the_same_8_devices_as_python_m(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "cpu"
     for cmd in ([str(script)], [sys.executable, "-m", "jaxscale"]):
-        out = subprocess.run([*cmd, "doctor", "--json"], env=env, capture_output=True,
-                             text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+        out = subprocess.run(
+            [*cmd, "doctor", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads(out.stdout)["device_count"] == 8

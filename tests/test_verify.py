@@ -75,8 +75,9 @@ def test_a_strategys_own_init_is_the_references_initial_state(text, mesh):
     with jax.set_mesh(built.mesh):
         state = built.init()
     assert jax.tree.structure(state) == jax.tree.structure(ref.initial)
-    for got, want in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(ref.initial),
-                         strict=True):  # fmt: skip
+    for got, want in zip(
+        jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(ref.initial), strict=True
+    ):
         np.testing.assert_array_equal(got, want)
     wq = state["params"]["blocks"]["wq_DHK"]
     assert wq.sharding.is_equivalent_to(built.state_shardings["params"]["blocks"]["wq_DHK"], 4)

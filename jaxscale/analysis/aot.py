@@ -39,8 +39,11 @@ ACCEPTED_FORMS = (
     "'cpu', or 'tpu:<generation>:<torus>' with v5e or v6e and an AxB torus (e.g. tpu:v5e:2x4), "
     "or v4 or v5p and an AxBxC torus (e.g. tpu:v5p:2x2x2)"
 )
-_QUIET_LIBTPU_ENV = {"TPU_HOST_BOUNDS": "1,1,1", "TPU_WORKER_HOSTNAMES": "localhost",
-                     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}  # fmt: skip
+_QUIET_LIBTPU_ENV = {
+    "TPU_HOST_BOUNDS": "1,1,1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
 
 
 @dataclass(frozen=True)

@@ -170,10 +170,12 @@ def _scattered_elements(result, shapes, group, users_of, computations) -> tuple[
     dynamic-sliced to 1/group of its elements?"""
     flags = []
     for i, (_, dims) in enumerate(shapes):
-        gtes = [u for u in users_of.get(result.name, ())
-                if u.opcode == "get-tuple-element" and u.attrs.get("index") == str(i)]  # fmt: skip
-        flags.append(any(_is_scattered(g, prod(dims), group, users_of, computations)
-                         for g in gtes))  # fmt: skip
+        gtes = [
+            u
+            for u in users_of.get(result.name, ())
+            if u.opcode == "get-tuple-element" and u.attrs.get("index") == str(i)
+        ]
+        flags.append(any(_is_scattered(g, prod(dims), group, users_of, computations) for g in gtes))
     return tuple(flags)
 
 
@@ -255,8 +257,9 @@ def collectives_from_text(text: str) -> list[Collective]:
             elements = sum(prod(d) for _, d in shapes)
             per_element = ()
             if op == "all-reduce" and len(shapes) > 1:
-                per_element = _scattered_elements(result, shapes, group_size, users_of,
-                                                  computations)  # fmt: skip
+                per_element = _scattered_elements(
+                    result, shapes, group_size, users_of, computations
+                )
             found.append(
                 Collective(
                     op=op,
@@ -335,9 +338,16 @@ def _split_mixed(collectives: list[Collective]) -> list[Collective]:
         for want in (True, False):
             part = tuple(s for s, f in zip(c.shapes, flags, strict=True) if f == want)
             dtypes = {d for d, _ in part}
-            out.append(replace(c, shapes=part, bytes_per_device=nbytes(part), scattered=want,
-                               scattered_elements=(), dtype=dtypes.pop() if len(dtypes) == 1
-                               else "mixed"))  # fmt: skip
+            out.append(
+                replace(
+                    c,
+                    shapes=part,
+                    bytes_per_device=nbytes(part),
+                    scattered=want,
+                    scattered_elements=(),
+                    dtype=dtypes.pop() if len(dtypes) == 1 else "mixed",
+                )
+            )
     return out
 
 

@@ -39,22 +39,37 @@ def add_parser(sub) -> None:
     )
     suites = ["meshes", "pipeline", "experts", "scaling", "serve", "collectives", "rl"]
     p.add_argument("suite", nargs="?", default="meshes", choices=suites)
-    p.add_argument("--model", default="small", choices=sorted(MODEL_PRESETS),
-                   help="model preset (default small)")  # fmt: skip
-    p.add_argument("--strategies", default="",
-                   help="comma-separated labels (auto:dp, manual:zero3, or a bare name such as "
-                   "dp for both paths); with --meshes, 'auto' or 'manual:...' on every mesh "
-                   "given (default: the bench's rows)")  # fmt: skip
-    p.add_argument("--target", default="cpu",
-                   help="'cpu' (run on the simulated devices; default) or a TPU topology such "
-                   "as tpu:v5e:2x4 (compile only; needs the tpu-aot extra)")  # fmt: skip
-    p.add_argument("--meshes", default="",
-                   help="mesh specs, ';'-separated (dp=4,tp=2;...): the auto path on each, or "
-                   "every --strategies entry on each")  # fmt: skip
-    p.add_argument("--global-batch", type=positive_int, default=16,
-                   help="sequences per step (default 16)")  # fmt: skip
-    p.add_argument("--seq-len", type=positive_int, default=64,
-                   help="tokens per sequence (default 64)")  # fmt: skip
+    p.add_argument(
+        "--model",
+        default="small",
+        choices=sorted(MODEL_PRESETS),
+        help="model preset (default small)",
+    )
+    p.add_argument(
+        "--strategies",
+        default="",
+        help="comma-separated labels (auto:dp, manual:zero3, or a bare name such as "
+        "dp for both paths); with --meshes, 'auto' or 'manual:...' on every mesh "
+        "given (default: the bench's rows)",
+    )
+    p.add_argument(
+        "--target",
+        default="cpu",
+        help="'cpu' (run on the simulated devices; default) or a TPU topology such "
+        "as tpu:v5e:2x4 (compile only; needs the tpu-aot extra)",
+    )
+    p.add_argument(
+        "--meshes",
+        default="",
+        help="mesh specs, ';'-separated (dp=4,tp=2;...): the auto path on each, or "
+        "every --strategies entry on each",
+    )
+    p.add_argument(
+        "--global-batch", type=positive_int, default=16, help="sequences per step (default 16)"
+    )
+    p.add_argument(
+        "--seq-len", type=positive_int, default=64, help="tokens per sequence (default 64)"
+    )
     p.add_argument(
         "--steps",
         type=positive_int,
@@ -67,24 +82,44 @@ def add_parser(sub) -> None:
         default="results",
         help="directory for the JSON report and the PNG (default results)",
     )
-    p.add_argument("--plot", type=writable_path, default=None,
-                   help="PNG path (default OUT/bench_<suite>.png)")  # fmt: skip
+    p.add_argument(
+        "--plot", type=writable_path, default=None, help="PNG path (default OUT/bench_<suite>.png)"
+    )
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
-    p.add_argument("--remat-layers", type=positive_int, default=8,
-                   help="layers of the model used for the remat vs sqrt(L) comparison "
-                   "(default 8)")  # fmt: skip
-    p.add_argument("--sweep", type=comma_list(positive_int), default=[8, 32],
-                   help="pipeline suite: microbatch counts M at which every schedule is "
-                   "compiled for its compile time, tick programs and temporaries (default "
-                   "8,32)")  # fmt: skip
-    p.add_argument("--devices", type=comma_list(positive_int), default=None,
-                   help="scaling suite: device counts, starting at 1 (default 1,2,4,... up to "
-                   "the devices there are), e.g. 1,2,4,8")  # fmt: skip
-    p.add_argument("--mode", choices=("strong", "weak", "both"), default="both",
-                   help="scaling suite: strong (global batch fixed), weak (--global-batch per "
-                   "device) or both (default)")  # fmt: skip
-    p.add_argument("--requests", type=positive_int, default=24,
-                   help="serve suite: requests per load level (default 24)")  # fmt: skip
+    p.add_argument(
+        "--remat-layers",
+        type=positive_int,
+        default=8,
+        help="layers of the model used for the remat vs sqrt(L) comparison (default 8)",
+    )
+    p.add_argument(
+        "--sweep",
+        type=comma_list(positive_int),
+        default=[8, 32],
+        help="pipeline suite: microbatch counts M at which every schedule is "
+        "compiled for its compile time, tick programs and temporaries (default "
+        "8,32)",
+    )
+    p.add_argument(
+        "--devices",
+        type=comma_list(positive_int),
+        default=None,
+        help="scaling suite: device counts, starting at 1 (default 1,2,4,... up to "
+        "the devices there are), e.g. 1,2,4,8",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("strong", "weak", "both"),
+        default="both",
+        help="scaling suite: strong (global batch fixed), weak (--global-batch per "
+        "device) or both (default)",
+    )
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        default=24,
+        help="serve suite: requests per load level (default 24)",
+    )
     p.add_argument("--no-http", action="store_true", help="serve suite: skip the HTTP runs")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     p.add_argument(
@@ -156,8 +191,9 @@ def main(args) -> int:
     try:
         cfg = MODEL_PRESETS[args.model]
         # no warmup: the trajectory compared with the reference has real updates from step 0
-        tcfg = TrainConfig(global_batch=args.global_batch, seq_len=args.seq_len, steps=100,
-                           warmup_steps=0, lr=1e-3)  # fmt: skip
+        tcfg = TrainConfig(
+            global_batch=args.global_batch, seq_len=args.seq_len, steps=100, warmup_steps=0, lr=1e-3
+        )
         if args.seq_len > cfg.max_seq:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq {cfg.max_seq}")
         target, n_devices = None, jax.device_count()
@@ -178,11 +214,13 @@ def main(args) -> int:
         print(f"jaxscale bench: error: {e}", file=sys.stderr)
         return 2
     env = report.environment(args.target)
-    print(f"bench: model {args.model} (d_model {cfg.d_model}, {cfg.n_layers} layers), batch "
-          f"{args.global_batch} x seq {args.seq_len}, {env['device_count']} {env['device_kind']} "
-          f"devices, jax {env['jax']}, "
-          f"{'run here' if target is None else f'compiled for {args.target}'}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"bench: model {args.model} (d_model {cfg.d_model}, {cfg.n_layers} layers), batch "
+        f"{args.global_batch} x seq {args.seq_len}, {env['device_count']} {env['device_kind']} "
+        f"devices, jax {env['jax']}, "
+        f"{'run here' if target is None else f'compiled for {args.target}'}",
+        file=sys.stderr,
+    )
     if args.dry_run:
         print("\n".join(f"{c.label:<20} {c.mesh}" for c in cases))
         return 0
@@ -193,8 +231,9 @@ def main(args) -> int:
     remat = meshes.remat_report(cfg.replace(n_layers=args.remat_layers), tcfg)
     bar.update(1, note="remat")
     bar.close()
-    paths = report.write_outputs(rows, env, args.out, extra={"remat": remat},
-                                 plot=plot_path(args, "bench_meshes"))  # fmt: skip
+    paths = report.write_outputs(
+        rows, env, args.out, extra={"remat": remat}, plot=plot_path(args, "bench_meshes")
+    )
     if args.json:
         print(json.dumps(report.to_json(rows, env, {"remat": remat})))
     else:
@@ -209,11 +248,14 @@ def main(args) -> int:
         print()
         print(report.remat_lines(remat))
         if jax.default_backend() == "cpu":
-            print("* step ms on simulated CPU devices sharing the host's cores: indicative only;"
-                  " compare meshes by the compiler figures, not by wall-clock.")  # fmt: skip
+            print(
+                "* step ms on simulated CPU devices sharing the host's cores: indicative only;"
+                " compare meshes by the compiler figures, not by wall-clock."
+            )
         print("\nwrote " + ", ".join(str(p) for p in paths))
-    ok = all(r.report is None or (r.equivalent and r.memory_ok and r.comm_ok is not False)
-             for r in rows)  # fmt: skip
+    ok = all(
+        r.report is None or (r.equivalent and r.memory_ok and r.comm_ok is not False) for r in rows
+    )
     return 0 if ok else 1
 
 

@@ -29,15 +29,22 @@ def plot_algorithms(rows, n_measured: int, path: str, link_key: str = "nvlink4")
         x = comm.crossover_bytes("all-reduce", alg, "ring", 8, link)
         if x:
             left.axvline(x, ls=":", color="gray")
-            left.text(x, left.get_ylim()[1] * 0.3, f" {alg} < ring\n below {x / 1e6:.2f} MB",
-                      fontsize=7)  # fmt: skip
-    left.set(xlabel="message size D (bytes)", ylabel="time (ms)",
-             title=f"alpha-beta model, 8 ranks, {link.name}")  # fmt: skip
+            left.text(
+                x, left.get_ylim()[1] * 0.3, f" {alg} < ring\n below {x / 1e6:.2f} MB", fontsize=7
+            )
+    left.set(
+        xlabel="message size D (bytes)",
+        ylabel="time (ms)",
+        title=f"alpha-beta model, 8 ranks, {link.name}",
+    )
     left.legend(fontsize=7)
     if rows:
         right.loglog([r.size_bytes for r in rows], [r.latency_s * 1e3 for r in rows], "o-")
-    right.set(xlabel="message size D (bytes)", ylabel="median latency (ms)",
-              title=f"measured psum, {n_measured} devices (indicative on CPU)")  # fmt: skip
+    right.set(
+        xlabel="message size D (bytes)",
+        ylabel="median latency (ms)",
+        title=f"measured psum, {n_measured} devices (indicative on CPU)",
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=120)

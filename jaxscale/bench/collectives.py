@@ -185,22 +185,29 @@ def fit_alpha_beta(rows: list[Row], n: int) -> Fit:
 def add_arguments(parser) -> None:
     """Flags of this suite (the mesh bench owns --json, --out, --model and friends)."""
     parser.add_argument(
-        "--sizes", default="1K:64M",
+        "--sizes",
+        default="1K:64M",
         help="message sizes per device: 'A:B' powers of 4 from A to B, or a list '1K,1M' "
         "(default 1K:64M)",
-    )  # fmt: skip
-    parser.add_argument("--repeats", type=positive_int, default=5,
-                        help="timed calls per size, median reported (default 5)")  # fmt: skip
-    parser.add_argument("--warmup", type=non_negative_int, default=1,
-                        help="untimed calls per size (default 1)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed calls per size, median reported (default 5)",
+    )
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=1, help="untimed calls per size (default 1)"
+    )
     parser.add_argument(
         "--budget-s",
         type=positive_float,
         default=1.0,
         help="stop timing a size after this many seconds (default 1)",
     )
-    parser.add_argument("--ops", default=",".join(VARIANTS),
-                        help=f"subset of {','.join(VARIANTS)} (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--ops", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)} (default: all)"
+    )
 
 
 def _validate(args) -> tuple[list[int], list[str]]:
@@ -236,8 +243,11 @@ def main(args, dry_run: bool = False) -> int:
     n = jax.device_count()
     platform = jax.default_backend()
     if n < 2:  # XLA drops collectives over one device: nothing to measure
-        print(f"jaxscale bench collectives: error: needs at least 2 devices, {platform} has {n} "
-              "(on CPU set JAX_NUM_CPU_DEVICES=8)", file=sys.stderr)  # fmt: skip
+        print(
+            f"jaxscale bench collectives: error: needs at least 2 devices, {platform} has {n} "
+            "(on CPU set JAX_NUM_CPU_DEVICES=8)",
+            file=sys.stderr,
+        )
         return 2
     budget = args.budget_s if jax.process_count() == 1 else None
     rows = [measure(op, n, s, args.repeats, args.warmup, budget) for op in ops for s in sizes]

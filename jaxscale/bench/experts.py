@@ -68,23 +68,29 @@ def seed_table(batch: int, seq: int) -> list[SeedRow]:
     return [
         SeedRow("TP of experts, tp=8", "all-reduce", tp, "2S", 2 * S),
         SeedRow("EP, ep=8, E=16", "all-to-all", ep, "2kS/N, N = 8 EP ranks", 2 * k * S / n_ranks),
-        SeedRow("EP, ep=8, E=16", "all-to-all", ep, "2kS/N, N = 16 experts",
-                2 * k * S / cfg.n_experts),
-    ]  # fmt: skip
+        SeedRow(
+            "EP, ep=8, E=16", "all-to-all", ep, "2kS/N, N = 16 experts", 2 * k * S / cfg.n_experts
+        ),
+    ]
 
 
 def a2a(row: meshes.BenchRow) -> tuple[int, float, float]:
     """(count, measured bytes, predicted bytes) of the row's all-to-alls."""
     totals = row.report.collective_totals()
     t = totals.get("all-to-all")
-    return (t.count if t else 0, t.total_bytes if t else 0.0,
-            (row.comm_predicted or {}).get("all-to-all", 0.0))  # fmt: skip
+    return (
+        t.count if t else 0,
+        t.total_bytes if t else 0.0,
+        (row.comm_predicted or {}).get("all-to-all", 0.0),
+    )
 
 
 def format_rows(rows: list[meshes.BenchRow]) -> str:
-    head = (f"{'strategy':<32} {'mesh':<10} {'a2a':>4} {'a2a KiB meas/pred':>19} "
-            f"{'all-reduce KiB meas/pred':>25} {'other KiB':>9} {'comm':>5} {'ms':>7}"
-            "  eq")  # fmt: skip
+    head = (
+        f"{'strategy':<32} {'mesh':<10} {'a2a':>4} {'a2a KiB meas/pred':>19} "
+        f"{'all-reduce KiB meas/pred':>25} {'other KiB':>9} {'comm':>5} {'ms':>7}"
+        "  eq"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.report is None:
@@ -108,14 +114,18 @@ def format_rows(rows: list[meshes.BenchRow]) -> str:
 
 def format_seed(rows: list[SeedRow], batch: int, seq: int) -> str:
     cfg = SEED_CFG
-    lines = [f"seed 002 ch. 7, EP vs TP per MoE layer forward, per device (S = B*T*D*4 = "
-             f"{batch}*{seq}*{cfg.d_model}*4 bytes, k = {cfg.top_k}, capacity factor 1):",
-             f"  {'layout':<22} {'op':<11} {'measured KiB':>12}  {'formula':<24} {'KiB':>7} "
-             f"within {COMM_RTOL:.0%}"]  # fmt: skip
+    lines = [
+        f"seed 002 ch. 7, EP vs TP per MoE layer forward, per device (S = B*T*D*4 = "
+        f"{batch}*{seq}*{cfg.d_model}*4 bytes, k = {cfg.top_k}, capacity factor 1):",
+        f"  {'layout':<22} {'op':<11} {'measured KiB':>12}  {'formula':<24} {'KiB':>7} "
+        f"within {COMM_RTOL:.0%}",
+    ]
     for r in rows:
         mark = "✓" if abs(r.measured - r.predicted) <= COMM_RTOL * r.predicted else "✗"
-        lines.append(f"  {r.layout:<22} {r.op:<11} {r.measured / KIB:>12.1f}  {r.formula:<24} "
-                     f"{r.predicted / KIB:>7.1f} {mark}")  # fmt: skip
+        lines.append(
+            f"  {r.layout:<22} {r.op:<11} {r.measured / KIB:>12.1f}  {r.formula:<24} "
+            f"{r.predicted / KIB:>7.1f} {mark}"
+        )
     return "\n".join(lines)
 
 
@@ -138,15 +148,27 @@ def main(args) -> int:
     bar.update(1, note="EP vs TP")
     bar.close()
     record = {
-        "model": {k: getattr(CFG, k) for k in ("d_model", "n_layers", "n_experts", "top_k",
-                                                "capacity_factor", "d_ff")},
-        "rows": [{"label": r.label, "mesh": r.case.mesh, "a2a": dict(zip(
-            ("count", "measured", "predicted"), a2a(r), strict=True)) if r.report else None,
-            "comm": r.comm if r.report else None, "comm_ok": r.comm_ok if r.report else None,
-            "equivalent": r.equivalent, "step_ms": r.step_ms_median, "error": r.error}
-            for r in rows],
+        "model": {
+            k: getattr(CFG, k)
+            for k in ("d_model", "n_layers", "n_experts", "top_k", "capacity_factor", "d_ff")
+        },
+        "rows": [
+            {
+                "label": r.label,
+                "mesh": r.case.mesh,
+                "a2a": dict(zip(("count", "measured", "predicted"), a2a(r), strict=True))
+                if r.report
+                else None,
+                "comm": r.comm if r.report else None,
+                "comm_ok": r.comm_ok if r.report else None,
+                "equivalent": r.equivalent,
+                "step_ms": r.step_ms_median,
+                "error": r.error,
+            }
+            for r in rows
+        ],
         "seed_ep_vs_tp": [vars(r) for r in seed],
-    }  # fmt: skip
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "bench_experts.json"
@@ -154,10 +176,12 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(record, default=str))
     else:
-        print(f"MoE: E={CFG.n_experts} top-{CFG.top_k} cf={CFG.capacity_factor:g}, "
-              f"{CFG.n_layers} MoE layers, d_model {CFG.d_model}, batch {tcfg.global_batch} x "
-              f"seq {tcfg.seq_len}; a2a per step = 4 per MoE layer (dispatch + combine, "
-              f"forward and backward)")  # fmt: skip
+        print(
+            f"MoE: E={CFG.n_experts} top-{CFG.top_k} cf={CFG.capacity_factor:g}, "
+            f"{CFG.n_layers} MoE layers, d_model {CFG.d_model}, batch {tcfg.global_batch} x "
+            f"seq {tcfg.seq_len}; a2a per step = 4 per MoE layer (dispatch + combine, "
+            f"forward and backward)"
+        )
         print(format_rows(rows))
         if jax.default_backend() == "cpu" and jax.config.read("jax_disable_most_optimizations"):
             print(

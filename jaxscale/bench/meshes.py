@@ -70,8 +70,12 @@ class BenchRow:
     @property
     def memory_ok(self) -> bool:
         m, p = self.state_layout, self.state_predicted
-        pairs = [(m.params, p.params), (m.grads, p.grads), (m.optimizer, p.optimizer),
-                 (self.args_measured, self.args_predicted)]  # fmt: skip
+        pairs = [
+            (m.params, p.params),
+            (m.grads, p.grads),
+            (m.optimizer, p.optimizer),
+            (self.args_measured, self.args_predicted),
+        ]
         return all(abs(a - b) <= MEMORY_RTOL * b for a, b in pairs)
 
     @property
@@ -139,13 +143,23 @@ def check_cases(cases: list[verify.Case], tcfg: TrainConfig, n_devices: int) -> 
         check(case.strategy, tcfg, n_devices)
 
 
-def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_steps: int,
-               reference, devices=None, target=None, execute=True) -> BenchRow:  # fmt: skip
+def bench_case(
+    case: verify.Case,
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    timed_steps: int,
+    reference,
+    devices=None,
+    target=None,
+    execute=True,
+) -> BenchRow:
     n_dev = len(devices) if devices is not None else jax.device_count()
     runs = target is None and execute
     if runs and len(reference.losses) != timed_steps + 1:  # final parameters compared
-        raise ValueError(f"reference has {len(reference.losses)} steps; the row runs "
-                         f"{timed_steps + 1} ({timed_steps} timed + 1)")  # fmt: skip
+        raise ValueError(
+            f"reference has {len(reference.losses)} steps; the row runs "
+            f"{timed_steps + 1} ({timed_steps} timed + 1)"
+        )
     try:
         built = build(case.strategy, cfg, tcfg, devices=devices)
         comm, why = built.predict_comm(cfg, tcfg.global_batch, tcfg.seq_len)
@@ -163,38 +177,56 @@ def bench_case(case: verify.Case, cfg: ModelConfig, tcfg: TrainConfig, timed_ste
     state_pred = predict.predicted_state(built, cfg)
     flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len) / n_dev
     row = BenchRow(
-        case, n_dev, report, built.label, flops_analytic_per_device=flops,
-        state_layout=predict.layout_state(built), state_predicted=state_pred,
-        args_predicted=state_pred.params + state_pred.optimizer
+        case,
+        n_dev,
+        report,
+        built.label,
+        flops_analytic_per_device=flops,
+        state_layout=predict.layout_state(built),
+        state_predicted=state_pred,
+        args_predicted=state_pred.params
+        + state_pred.optimizer
         + predict.batch_bytes(built, tcfg.global_batch, tcfg.seq_len),
-        comm_predicted=comm, comm_why_not=why,
-    )  # fmt: skip
+        comm_predicted=comm,
+        comm_why_not=why,
+    )
     if target is not None:
         row.args_padded, row.args_logical = entry.padded, entry.logical
         row.comm_predicted = None  # the schedule is the TPU compiler's; see the comparison table
-        row.comm_why_not = ("TPU compiler: weights gathered in bf16 (default matmul precision), "
-                            "re-gathered for the backward; see the CPU vs TPU table")  # fmt: skip
+        row.comm_why_not = (
+            "TPU compiler: weights gathered in bf16 (default matmul precision), "
+            "re-gathered for the backward; see the CPU vs TPU table"
+        )
     if runs:
         # the trajectory checked against the reference (real updates) is also what is timed:
         # all but its first step, which pays the transfers
         # from the reference's initial state placed in this layout: no init to compile
-        got = verify.run_built(built, tcfg, timed_steps + 1, step=compiled,
-                               initial=reference.initial)  # fmt: skip
+        got = verify.run_built(
+            built, tcfg, timed_steps + 1, step=compiled, initial=reference.initial
+        )
         row.result = verify.compare(case, got, reference, built.label)
         row.step_ms = list(got.step_ms[1:])
     return row
 
 
-def reference(cfg: ModelConfig, tcfg: TrainConfig, steps: int = DEFAULT_TIMED + 1,
-              ) -> tuple[verify.Trajectory, float]:  # fmt: skip
+def reference(
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    steps: int = DEFAULT_TIMED + 1,
+) -> tuple[verify.Trajectory, float]:
     """The single-device reference trajectory, and its median step ms after the first step."""
     traj = verify.reference(cfg, tcfg, steps, with_grads=False)
     return traj, statistics.median(traj.step_ms[1:]) if steps > 1 else float("nan")
 
 
-def run_bench(cfg: ModelConfig, tcfg: TrainConfig, cases: list[verify.Case],
-              timed_steps: int = DEFAULT_TIMED,
-              progress=None, target=None) -> tuple[list[BenchRow], float | None]:  # fmt: skip
+def run_bench(
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    cases: list[verify.Case],
+    timed_steps: int = DEFAULT_TIMED,
+    progress=None,
+    target=None,
+) -> tuple[list[BenchRow], float | None]:
     """Rows for `cases`, and the reference's step ms (None for an AOT target)."""
     cfg = cfg.replace(unroll_layers=True)
     devices, ref, ref_ms = None, None, None
@@ -219,16 +251,20 @@ def remat_report(cfg: ModelConfig, tcfg: TrainConfig) -> dict:
     004's sqrt(L) estimate (checkpoint every sqrt(L) layers: activations x sqrt(L)/L)."""
     from jaxscale.calc.memory import activation_bytes_simple
 
-    args = (jax.eval_shape(lambda: train_step.init_state(cfg, tcfg)),
-            jax.ShapeDtypeStruct((tcfg.global_batch, tcfg.seq_len + 1), np.int32))  # fmt: skip
+    args = (
+        jax.eval_shape(lambda: train_step.init_state(cfg, tcfg)),
+        jax.ShapeDtypeStruct((tcfg.global_batch, tcfg.seq_len + 1), np.int32),
+    )
     temps = {}
     for remat in (False, True):
         c = cfg.replace(remat=remat)
         compiled = train_step.jit_train_step(c, tcfg).lower(*args).compile()
         temps[remat] = memory_report(compiled).temp  # one device: no census to take
     L = cfg.n_layers
-    seed = [activation_bytes_simple(tcfg.global_batch, tcfg.seq_len, cfg.d_model, L,
-                                    checkpointing=ck) for ck in (False, True)]  # fmt: skip
+    seed = [
+        activation_bytes_simple(tcfg.global_batch, tcfg.seq_len, cfg.d_model, L, checkpointing=ck)
+        for ck in (False, True)
+    ]
     return {
         "n_layers": L,
         "temp_no_remat": temps[False],

@@ -78,8 +78,15 @@ def activation_shape(cfg: ModelConfig, tcfg: TrainConfig, built) -> tuple[tuple,
     return shape, float(np.prod(shape)) * np.dtype(cfg.compute_dtype).itemsize
 
 
-def pipe_row(text: str, mesh: str, m: int, v: int, cfg: ModelConfig, tcfg: TrainConfig,
-             ref: verify.Trajectory | None = None) -> PipeRow:  # fmt: skip
+def pipe_row(
+    text: str,
+    mesh: str,
+    m: int,
+    v: int,
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    ref: verify.Trajectory | None = None,
+) -> PipeRow:
     """Compile (and, given the reference, run and check: losses and final parameters, as the
     mesh table; `jaxscale verify` also checks the first step's gradients) one pipeline
     strategy. Checked or not, the same program: the training step, without gradient outputs."""
@@ -87,8 +94,9 @@ def pipe_row(text: str, mesh: str, m: int, v: int, cfg: ModelConfig, tcfg: Train
     built = build(strategy, cfg, tcfg)
     cpu0 = time.process_time()
     with jax.set_mesh(built.mesh):
-        compiled, report = compile_with_report(built.step, *built.abstract_args(
-            tcfg.global_batch, tcfg.seq_len))  # fmt: skip
+        compiled, report = compile_with_report(
+            built.step, *built.abstract_args(tcfg.global_batch, tcfg.seq_len)
+        )
     row = measure(built, report, cfg, tcfg)
     row.compile_cpu_s = time.process_time() - cpu0
     row.compiled_ticks = built.plan.compiled_ticks()
@@ -104,40 +112,64 @@ def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
     act_shape, act_bytes = activation_shape(cfg, tcfg, built)
     # the schedule's transfers carry [B_m, T, D]; any other collective-permute is GSPMD moving
     # the interleaved schedule's stage parameters between the stored and the circular layout
-    permutes = [c for c in report.collectives if c.op == "collective-permute"
-                and all(dims == act_shape for _, dims in c.shapes)]  # fmt: skip
-    layout = [c for c in report.collectives if c.op in ("collective-permute", "all-to-all")
-              and c not in permutes]  # fmt: skip
+    permutes = [
+        c
+        for c in report.collectives
+        if c.op == "collective-permute" and all(dims == act_shape for _, dims in c.shapes)
+    ]
+    layout = [
+        c
+        for c in report.collectives
+        if c.op in ("collective-permute", "all-to-all") and c not in permutes
+    ]
     n = len(built.mesh.devices.flat)
     occ = plan.occupancy()
     return PipeRow(
-        built.label, strategy.mesh, strategy.schedule, plan.config.stages,
-        strategy.microbatches, strategy.virtual_stages, occ["ticks"], occ["bubble"],
-        sim.predicted_bubble(plan.config, "s2"), sim.predicted_bubble(plan.config, "s4"),
+        built.label,
+        strategy.mesh,
+        strategy.schedule,
+        plan.config.stages,
+        strategy.microbatches,
+        strategy.virtual_stages,
+        occ["ticks"],
+        occ["bubble"],
+        sim.predicted_bubble(plan.config, "s2"),
+        sim.predicted_bubble(plan.config, "s4"),
         sum(c.trips for c in permutes),  # executed: a scanned tick's permutes once per trip
         # per pipeline: the pipeline's replicas over the data and tensor axes send the same
-        plan.config.stages / n * sum(c.bytes_per_device * c.num_groups * c.trips
-                                     for c in permutes),
+        plan.config.stages / n * sum(c.bytes_per_device * c.num_groups * c.trips for c in permutes),
         pp.predict_comm(plan, act_bytes)["collective-permute"],
-        plan.stash_slots, report.memory.temp, report.compile_s,
+        plan.stash_slots,
+        report.memory.temp,
+        report.compile_s,
         layout_bytes=sum(c.bytes_per_device * c.num_groups * c.trips for c in layout) / n,
-    )  # fmt: skip
+    )
 
 
-def point_configs(cfg: ModelConfig, tcfg: TrainConfig, m: int, v: int,
-                  micro_rows: int = MICRO_ROWS) -> tuple[ModelConfig, TrainConfig]:  # fmt: skip
+def point_configs(
+    cfg: ModelConfig, tcfg: TrainConfig, m: int, v: int, micro_rows: int = MICRO_ROWS
+) -> tuple[ModelConfig, TrainConfig]:
     """One layer per virtual stage; one microbatch of `micro_rows` rows x 32 tokens per data
     shard whatever M, so the stash of stage inputs -- not the microbatch's working set or the
     parameters -- is what M can move."""
-    return (cfg.replace(n_layers=STAGES * v),
-            tcfg.replace(global_batch=micro_rows * m * DATA, seq_len=32))  # fmt: skip
+    return (
+        cfg.replace(n_layers=STAGES * v),
+        tcfg.replace(global_batch=micro_rows * m * DATA, seq_len=32),
+    )
 
 
 _REFERENCES: dict = {}
 
 
-def point(cfg: ModelConfig, tcfg: TrainConfig, schedule: str, m: int, v: int, check: bool,
-          micro_rows: int = MICRO_ROWS) -> dict:  # fmt: skip
+def point(
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    schedule: str,
+    m: int,
+    v: int,
+    check: bool,
+    micro_rows: int = MICRO_ROWS,
+) -> dict:
     """One schedule at M microbatches on MESH: compiled, measured against its plan and
     formulas, and (check) run against the single-device reference. Compile seconds are wall
     and CPU (the process's, which other work on the host does not inflate)."""
@@ -175,8 +207,12 @@ def run_points(jobs: list[tuple], workers: int = 1, progress=None) -> list[dict]
     init = (jax.device_count(), bool(jax.config.read("jax_disable_most_optimizations")))
     # the longest compiles first (interleaving's, then large M), so the workers end together
     order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][4], -jobs[i][3]))
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init, initargs=init) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=init,
+    ) as pool:
         futures = {i: pool.submit(_worker_point, jobs[i]) for i in order}
         points = {}
         for i in order:
@@ -186,17 +222,27 @@ def run_points(jobs: list[tuple], workers: int = 1, progress=None) -> list[dict]
     return [points[i] for i in range(len(jobs))]
 
 
-def sweep(cfg: ModelConfig, tcfg: TrainConfig, ms=SWEEP, schedules=SCHEDULES, workers: int = 1,
-          progress=None, check_m: int | None = CHECKED_M,
-          micro_rows: int = MICRO_ROWS) -> tuple[list[PipeRow], list[dict]]:  # fmt: skip
+def sweep(
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    ms=SWEEP,
+    schedules=SCHEDULES,
+    workers: int = 1,
+    progress=None,
+    check_m: int | None = CHECKED_M,
+    micro_rows: int = MICRO_ROWS,
+) -> tuple[list[PipeRow], list[dict]]:
     """Every schedule at every M: the checked rows (M = check_m, and GPipe at M = 1, seed 004's
     naive model parallelism) and, per M, each schedule's compile seconds, tick programs
     compiled (the steady state is one loop body, so both stop growing once M reaches it) and
     compiler temporaries (GPipe stashes all M microbatches' stage inputs, the others at most
     P)."""
     every_m = sorted(set(ms) | ({check_m} if check_m is not None else set()))
-    jobs = [(cfg, tcfg, sched, m, v, m == check_m, micro_rows)
-            for m in every_m for sched, v in schedules]  # fmt: skip
+    jobs = [
+        (cfg, tcfg, sched, m, v, m == check_m, micro_rows)
+        for m in every_m
+        for sched, v in schedules
+    ]
     if check_m is not None:
         jobs.append((cfg, tcfg, "gpipe", 1, 1, True, micro_rows))
     points = run_points(jobs, workers, progress)
@@ -270,18 +316,25 @@ def main(args) -> int:
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"rows": [dataclasses.asdict(r) | {"bubble_ok": r.bubble_ok,
-                                                "permute_ok": r.permute_ok} for r in rows],
-              "sweep": swept, "mesh": MESH, "micro_rows": MICRO_ROWS}  # fmt: skip
+    record = {
+        "rows": [
+            dataclasses.asdict(r) | {"bubble_ok": r.bubble_ok, "permute_ok": r.permute_ok}
+            for r in rows
+        ],
+        "sweep": swept,
+        "mesh": MESH,
+        "micro_rows": MICRO_ROWS,
+    }
     (out / "bench_pipeline.json").write_text(json.dumps(record, indent=1))
-    plans = [pp.make_plan(r.stages, r.microbatches, r.schedule, r.virtual_stages)
-             for r in rows[1:]]  # fmt: skip
+    plans = [pp.make_plan(r.stages, r.microbatches, r.schedule, r.virtual_stages) for r in rows[1:]]
     png = None if args.no_plot else plot_grids(plans, args.plot or str(out / "bench_pipeline.png"))
     if args.json:
         print(json.dumps(record))
     else:
-        print(f"{MESH}, one layer per virtual stage (d_model {CFG.d_model}), one microbatch of "
-              f"{MICRO_ROWS} rows x 32 tokens per data shard:")  # fmt: skip
+        print(
+            f"{MESH}, one layer per virtual stage (d_model {CFG.d_model}), one microbatch of "
+            f"{MICRO_ROWS} rows x 32 tokens per data shard:"
+        )
         print(format_rows(rows))
         if swept:
             print(f"\nAs M grows (compiled only; the M = {CHECKED_M} programs are the rows'):")
@@ -293,9 +346,11 @@ def main(args) -> int:
 
 def format_rows(rows: list[PipeRow]) -> str:
     width = max([28] + [len(r.label) for r in rows])
-    head = (f"{'schedule':<{width}} {'mesh':<10} {'M':>3} {'ticks':>5} {'bubble meas/pred':>17} "
-            f"{'(s4)':>6} {'CP ops':>6} {'CP KiB meas/pred':>17} {'stash':>5} {'temp KiB':>9} "
-            f"{'moves KiB':>9} {'eq':>3}")  # fmt: skip
+    head = (
+        f"{'schedule':<{width}} {'mesh':<10} {'M':>3} {'ticks':>5} {'bubble meas/pred':>17} "
+        f"{'(s4)':>6} {'CP ops':>6} {'CP KiB meas/pred':>17} {'stash':>5} {'temp KiB':>9} "
+        f"{'moves KiB':>9} {'eq':>3}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         eq = "·" if r.passed is None else "✓" if r.passed else "✗"
@@ -314,6 +369,8 @@ def format_rows(rows: list[PipeRow]) -> str:
         "2 M (vP-1) x [B_m, T, D].",
         "moves: per device, the stage parameters GSPMD moves between the stored and the "
         "interleaved (circular) layout.",
+        "eq: 10 steps with real updates against one device: losses and final parameters within "
+        "the f32 tolerances (jaxscale verify also checks the first step's gradients).",
     ]
     return "\n".join(lines)
 
@@ -324,15 +381,18 @@ def format_sweep(swept: list[dict]) -> str:
     sub = "    " + " ".join(f"{'cpu s  ticks  temp KiB':>26}" for _ in names)
     lines = [head, sub]
     for rec in swept:
-        cells = [f"{r['compile_cpu_s']:>9.1f} {r['compiled_ticks']:>3}/{r['ticks']:<3}"
-                 f"{r['temp_bytes'] / 1024:>10.0f}" for r in (rec[n] for n in names)]  # fmt: skip
+        cells = [
+            f"{r['compile_cpu_s']:>9.1f} {r['compiled_ticks']:>3}/{r['ticks']:<3}"
+            f"{r['temp_bytes'] / 1024:>10.0f}"
+            for r in (rec[n] for n in names)
+        ]
         lines.append(f"{rec['microbatches']:>3} " + " ".join(f"{c:>26}" for c in cells))
     first, last = swept[0], swept[-1]
     if last["microbatches"] > first["microbatches"]:
-        ratios = ", ".join(f"{n} {last[n]['compile_cpu_s'] / first[n]['compile_cpu_s']:.2f}"
-                           for n in names)  # fmt: skip
-        lines.append(f"compile at M={last['microbatches']} / M={first['microbatches']}: "
-                     f"{ratios}")  # fmt: skip
+        ratios = ", ".join(
+            f"{n} {last[n]['compile_cpu_s'] / first[n]['compile_cpu_s']:.2f}" for n in names
+        )
+        lines.append(f"compile at M={last['microbatches']} / M={first['microbatches']}: {ratios}")
     lines += [
         "cpu s: lowering + compiling at XLA's backend optimisation level 0, CPU seconds of the "
         "compiling process (the suite runs beside other work; wall seconds are in the JSON);",

@@ -54,8 +54,11 @@ def predicted_state(built: Built, cfg: ModelConfig) -> StateBytes:
         **kw,
     )
     whole = training_memory_per_device(norm, **kw)
-    return StateBytes(split.weights + whole.weights, split.gradients + whole.gradients,
-                      split.optimizer + whole.optimizer)  # fmt: skip
+    return StateBytes(
+        split.weights + whole.weights,
+        split.gradients + whole.gradients,
+        split.optimizer + whole.optimizer,
+    )
 
 
 def layout_state(built: Built) -> StateBytes:

@@ -12,8 +12,14 @@ from jaxscale.bench.meshes import BenchRow
 from jaxscale.render import figure, fmt_mark
 
 MiB = 1 << 20
-SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
-         "collective-permute": "CP", "ragged-all-to-all": "RA2A"}  # fmt: skip
+SHORT = {
+    "all-reduce": "AR",
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-to-all": "A2A",
+    "collective-permute": "CP",
+    "ragged-all-to-all": "RA2A",
+}
 
 
 def _mp(measured: float, predicted: float) -> str:
@@ -25,14 +31,18 @@ def _flops(r: BenchRow) -> str:
 
 
 def memory_table(rows: list[BenchRow], ref_ms: float | None, mfu_lines: list[str] = ()) -> str:
-    head = (f"{'strategy':<17} {'mesh':<17} {'comp s':>6} {'params MiB':>11} {'grads MiB':>11} "
-            f"{'adam MiB':>11} {'args MiB':>11} {'temp MiB':>8} {'GFLOP/dev':>11} {'step ms*':>8} "
-            f"{'|dloss|':>8} {'eq':>3} {'mem':>3}")  # fmt: skip
+    head = (
+        f"{'strategy':<17} {'mesh':<17} {'comp s':>6} {'params MiB':>11} {'grads MiB':>11} "
+        f"{'adam MiB':>11} {'args MiB':>11} {'temp MiB':>8} {'GFLOP/dev':>11} {'step ms*':>8} "
+        f"{'|dloss|':>8} {'eq':>3} {'mem':>3}"
+    )
     lines = [head, "-" * len(head)]
     steps = 1 + max((len(r.step_ms) for r in rows), default=0)  # the first step is untimed
     if ref_ms is not None:
-        lines.append(f"{'reference':<17} {'1 device':<17} {'':>6} {'':>11} {'':>11} {'':>11} "
-                     f"{'':>11} {'':>8} {'':>11} {ref_ms:8.1f}")  # fmt: skip
+        lines.append(
+            f"{'reference':<17} {'1 device':<17} {'':>6} {'':>11} {'':>11} {'':>11} "
+            f"{'':>11} {'':>8} {'':>11} {ref_ms:8.1f}"
+        )
     for r in rows:
         if r.report is None:
             lines.append(f"{r.label:<17} {r.case.mesh:<17} skipped: {r.error}")
@@ -79,20 +89,28 @@ def mfu_lines(rows: list[BenchRow], model_flops_per_step: float, device_kind: st
 
 
 def comm_table(rows: list[BenchRow]) -> str:
-    head = (f"{'strategy':<17} {'mesh':<17} {'ok':>3}  "
-            "collectives per step, MiB/device measured/predicted")  # fmt: skip
+    head = (
+        f"{'strategy':<17} {'mesh':<17} {'ok':>3}  "
+        "collectives per step, MiB/device measured/predicted"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.report is None:
             continue
         if r.comm_predicted is None:
-            measured = " ".join(f"{SHORT.get(op, op)} {t.count}x {t.total_bytes / MiB:.2f}"
-                                for op, t in r.report.collective_totals().items())  # fmt: skip
-            lines.append(f"{r.label:<17} {r.case.mesh:<17} {'n/a':>3}  {measured or 'none'}"
-                         f"  ({r.comm_why_not})")  # fmt: skip
+            measured = " ".join(
+                f"{SHORT.get(op, op)} {t.count}x {t.total_bytes / MiB:.2f}"
+                for op, t in r.report.collective_totals().items()
+            )
+            lines.append(
+                f"{r.label:<17} {r.case.mesh:<17} {'n/a':>3}  {measured or 'none'}"
+                f"  ({r.comm_why_not})"
+            )
             continue
-        cells = " ".join(f"{SHORT.get(op, op)} {m / MiB:.3f}/{p / MiB:.3f}{'' if ok else '✗'}"
-                         for op, (m, p, ok) in r.comm.items())  # fmt: skip
+        cells = " ".join(
+            f"{SHORT.get(op, op)} {m / MiB:.3f}/{p / MiB:.3f}{'' if ok else '✗'}"
+            for op, (m, p, ok) in r.comm.items()
+        )
         lines.append(f"{r.label:<17} {r.case.mesh:<17} {fmt_mark(r.comm_ok):>3}  {cells}")
     lines += [
         f"ok ✓ when every op's bytes are within {tol.COMM_RTOL:.0%} of the axes' predictions "
@@ -176,7 +194,7 @@ def to_json(rows: list[BenchRow], env: dict, extra: dict | None = None) -> dict:
                 "collectives": {
                     op: {"measured": m, "predicted": p, "ok": ok}
                     for op, (m, p, ok) in r.comm.items()
-                },  # fmt: skip
+                },
                 "comm_ok": r.comm_ok,
                 "comm_why_not": r.comm_why_not,
                 "optimal_seconds": r.report.optimal_seconds,
@@ -215,8 +233,14 @@ def environment(target: str = "cpu") -> dict:
     }
 
 
-def write_outputs(rows: list[BenchRow], env: dict, out_dir, name="bench_meshes", extra=None,
-                  plot: str | None = None):  # fmt: skip
+def write_outputs(
+    rows: list[BenchRow],
+    env: dict,
+    out_dir,
+    name="bench_meshes",
+    extra=None,
+    plot: str | None = None,
+):
     """The JSON report in `out_dir`, and the PNG at `plot` (None: no plot)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -249,9 +273,12 @@ def _plot(rows: list[BenchRow], path: Path) -> Path:
         width = 0.8 / max(len(ops), 1)
         for i, op in enumerate(ops):
             values = [r.report.collective_totals().get(op) for r in good]
-            ax_comm.bar([x + i * width for x in xs],
-                        [v.total_bytes / MiB if v else 0 for v in values], width,
-                        label=op)  # fmt: skip
+            ax_comm.bar(
+                [x + i * width for x in xs],
+                [v.total_bytes / MiB if v else 0 for v in values],
+                width,
+                label=op,
+            )
         ax_comm.set_ylabel("MiB per device per step")
         ax_comm.set_title("Collective bytes by op (compiled HLO)")
         if ops:

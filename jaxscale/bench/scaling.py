@@ -59,8 +59,10 @@ def single_axis_case(name: str, n_devices: int):
 
     cases = [c for c in meshes.resolve_cases([name], [], n_devices) if "," not in c.mesh]
     if not cases:
-        raise ValueError(f"--strategy {name}: scaling grows one mesh axis; choose a strategy "
-                         "on a single-axis mesh (dp, fsdp, tp, zero1..3)")  # fmt: skip
+        raise ValueError(
+            f"--strategy {name}: scaling grows one mesh axis; choose a strategy "
+            "on a single-axis mesh (dp, fsdp, tp, zero1..3)"
+        )
     return cases[0]
 
 
@@ -88,13 +90,15 @@ def measure(case, cfg, tcfg, counts: list[int], modes: list[str], steps: int, pr
             if batch not in refs:
                 refs[batch] = meshes.reference(cfg, t, steps + 1)[0]
             row_case = _resized(case, n)
-            row = meshes.bench_case(row_case, cfg, t, steps, refs[batch],
-                                    devices=jax.devices()[:n])  # fmt: skip
+            row = meshes.bench_case(row_case, cfg, t, steps, refs[batch], devices=jax.devices()[:n])
             if row.report is None:
                 raise ValueError(f"{row_case.label} on {row_case.mesh}: {row.error}")
             comm = sum(v.total_bytes for v in row.report.collective_totals().values())
-            points.append(Point(mode, n, batch, row.step_ms_median, row.report.flops, comm,
-                                bool(row.equivalent)))  # fmt: skip
+            points.append(
+                Point(
+                    mode, n, batch, row.step_ms_median, row.report.flops, comm, bool(row.equivalent)
+                )
+            )
             if progress:
                 progress.update(1, note=f"{mode} {row_case.mesh}")
     return points
@@ -117,8 +121,9 @@ def predict(points: list[Point], link_bytes_per_s: float | None) -> list[Point]:
                 out.append(_with(p, one.step_ms * total_work, 0.0))
                 continue
             compute_s = one.step_ms / 1e3 * p.flops_per_device / one.flops_per_device
-            a = calc_scaling.amdahl(compute_s, p.comm_bytes_per_device / link_bytes_per_s,
-                                    p.devices)  # fmt: skip
+            a = calc_scaling.amdahl(
+                compute_s, p.comm_bytes_per_device / link_bytes_per_s, p.devices
+            )
             out.append(_with(p, a.total_s * 1e3, a.comm_fraction))
     return out
 
@@ -143,9 +148,11 @@ def efficiencies(points: list[Point]) -> dict[str, dict[str, list]]:
 
 
 def table(points: list[Point], eff: dict) -> str:
-    lines = [f"{'mode':<7}{'devices':>8}{'batch':>7}{'step ms':>10}{'pred ms':>10}"
-             f"{'speedup':>9}{'eff meas':>10}{'eff pred':>10}{'GFLOP/dev':>11}"
-             f"{'comm KiB/dev':>14}{'eq':>4}"]  # fmt: skip
+    lines = [
+        f"{'mode':<7}{'devices':>8}{'batch':>7}{'step ms':>10}{'pred ms':>10}"
+        f"{'speedup':>9}{'eff meas':>10}{'eff pred':>10}{'GFLOP/dev':>11}"
+        f"{'comm KiB/dev':>14}{'eq':>4}"
+    ]
     for mode, e in eff.items():
         series = [p for p in points if p.mode == mode]
         for p, m, q in zip(series, e["measured"], e["predicted"], strict=True):
@@ -194,25 +201,33 @@ def main(args) -> int:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq {cfg.max_seq}")
         counts = args.devices or device_counts(jax.device_count())
         if counts[0] != 1 or any(n > jax.device_count() for n in counts):
-            raise ValueError(f"--devices {counts}: start at 1 and stay within the "
-                             f"{jax.device_count()} devices there are")  # fmt: skip
+            raise ValueError(
+                f"--devices {counts}: start at 1 and stay within the "
+                f"{jax.device_count()} devices there are"
+            )
         modes = [m for m in MODES if args.mode in (m, "both")]
         case = single_axis_case(name, max(counts))
-        tcfg = TrainConfig(global_batch=args.global_batch, seq_len=args.seq_len, steps=100,
-                           warmup_steps=0, lr=1e-3)  # fmt: skip
+        tcfg = TrainConfig(
+            global_batch=args.global_batch, seq_len=args.seq_len, steps=100, warmup_steps=0, lr=1e-3
+        )
         for n in counts:  # the batch must split over every device count, before compiling
             if args.global_batch % n and "strong" in modes:
-                raise ValueError(f"--global-batch {args.global_batch} does not split over {n} "
-                                 "devices (strong scaling keeps it fixed)")  # fmt: skip
+                raise ValueError(
+                    f"--global-batch {args.global_batch} does not split over {n} "
+                    "devices (strong scaling keeps it fixed)"
+                )
     except ValueError as e:
         print(f"jaxscale bench scaling: error: {e}", file=sys.stderr)
         return 2
     env = report.environment()
     backend = jax.default_backend()
     label = "indicative: simulated CPU devices" if backend == "cpu" else f"real: {backend}"
-    print(f"bench scaling: {case.label} over {case.mesh.split('=')[0]} = {counts}, model "
-          f"{args.model}, batch {args.global_batch} (strong: global; weak: per device) x seq "
-          f"{args.seq_len}, {env['device_kind']} ({label})", file=sys.stderr)  # fmt: skip
+    print(
+        f"bench scaling: {case.label} over {case.mesh.split('=')[0]} = {counts}, model "
+        f"{args.model}, batch {args.global_batch} (strong: global; weak: per device) x seq "
+        f"{args.seq_len}, {env['device_kind']} ({label})",
+        file=sys.stderr,
+    )
     if args.dry_run:
         print("\n".join(f"{m:<7}{n:>3} devices" for m in modes for n in counts))
         return 0
@@ -222,18 +237,30 @@ def main(args) -> int:
     device = for_device_kind(env["device_kind"]) if backend != "cpu" else None
     link = device.link_bytes_per_s if device is not None else None
     if backend != "cpu" and link is None:
-        print("no link bandwidth for this device in jaxscale/hardware.py: communication is "
-              "left out of the prediction", file=sys.stderr)  # fmt: skip
+        print(
+            "no link bandwidth for this device in jaxscale/hardware.py: communication is "
+            "left out of the prediction",
+            file=sys.stderr,
+        )
         link = float("inf")
     points = predict(points, None if backend == "cpu" else link)
     eff = efficiencies(points)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = {"env": env, "strategy": case.label, "model": args.model, "label": label,
-            "points": [asdict(p) for p in points],
-            "efficiency": {m: {"measured": [p.efficiency for p in e["measured"]],
-                               "predicted": [p.efficiency for p in e["predicted"]]}
-                           for m, e in eff.items()}}  # fmt: skip
+    data = {
+        "env": env,
+        "strategy": case.label,
+        "model": args.model,
+        "label": label,
+        "points": [asdict(p) for p in points],
+        "efficiency": {
+            m: {
+                "measured": [p.efficiency for p in e["measured"]],
+                "predicted": [p.efficiency for p in e["predicted"]],
+            }
+            for m, e in eff.items()
+        },
+    }
     (out / "bench_scaling.json").write_text(json.dumps(data, indent=1))
     paths = [out / "bench_scaling.json"]
     if not args.no_plot:
@@ -244,8 +271,10 @@ def main(args) -> int:
     else:
         print(table(points, eff))
         if backend == "cpu":
-            print("* simulated CPU devices share the host's cores: the prediction is the same "
-                  "work on the same cores (efficiency ~1/N for strong scaling). Run on GPUs or "
-                  "TPUs for real scaling.")  # fmt: skip
+            print(
+                "* simulated CPU devices share the host's cores: the prediction is the same "
+                "work on the same cores (efficiency ~1/N for strong scaling). Run on GPUs or "
+                "TPUs for real scaling."
+            )
         print("wrote " + ", ".join(str(p) for p in paths))
     return 0 if all(p.equivalent for p in points) else 1

@@ -47,25 +47,34 @@ def _pct(xs, q):
 def _engine(setup: Setup, params, n_pages: int = 1024, **kw):
     from jaxscale.serve.engine import Engine, EngineConfig
 
-    e = EngineConfig(max_num_seqs=kw.pop("max_num_seqs", setup.max_num_seqs),
-                     max_num_batched_tokens=setup.budget, page_size=setup.page_size,
-                     n_pages=n_pages, **kw)  # fmt: skip
+    e = EngineConfig(
+        max_num_seqs=kw.pop("max_num_seqs", setup.max_num_seqs),
+        max_num_batched_tokens=setup.budget,
+        page_size=setup.page_size,
+        n_pages=n_pages,
+        **kw,
+    )
     return Engine(params, setup.cfg, e)
 
 
 def _prompts(setup: Setup, rng) -> list[list[int]]:
-    return [[int(t) for t in rng.integers(32, 127, setup.prompt_len)]
-            for _ in range(setup.n_requests)]  # fmt: skip
+    return [
+        [int(t) for t in rng.integers(32, 127, setup.prompt_len)] for _ in range(setup.n_requests)
+    ]
 
 
 def summarize(arrival, first, last, n_out, makespan: float) -> dict:
     """p50/p99 TTFT and TPOT (ms), requests/s and generated tokens/s."""
     ttft = [(f - a) * 1e3 for a, f in zip(arrival, first, strict=True)]
     tpot = [(la - f) * 1e3 / (n - 1) for f, la, n in zip(first, last, n_out, strict=True) if n > 1]
-    return {"ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-            "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
-            "requests_per_s": len(arrival) / makespan,
-            "tokens_per_s": sum(n_out) / makespan}  # fmt: skip
+    return {
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "tpot_p50_ms": _pct(tpot, 50),
+        "tpot_p99_ms": _pct(tpot, 99),
+        "requests_per_s": len(arrival) / makespan,
+        "tokens_per_s": sum(n_out) / makespan,
+    }
 
 
 def poisson_in_process(setup: Setup, params, rate: float) -> dict:
@@ -96,8 +105,13 @@ def poisson_in_process(setup: Setup, params, rate: float) -> dict:
             last[ev.request_id] = t
             count[ev.request_id] = count.get(ev.request_id, 0) + 1
     ids = [str(k) for k in range(len(prompts))]
-    return summarize(arrive, [first[k] for k in ids], [last[k] for k in ids],
-                     [count[k] for k in ids], max(last.values()))  # fmt: skip
+    return summarize(
+        arrive,
+        [first[k] for k in ids],
+        [last[k] for k in ids],
+        [count[k] for k in ids],
+        max(last.values()),
+    )
 
 
 def poisson_http(setup: Setup, params, rate: float) -> dict:
@@ -115,8 +129,9 @@ def poisson_http(setup: Setup, params, rate: float) -> dict:
         port = s.getsockname()[1]
     eng = _engine(setup, params)
     eng.warmup()
-    server = uvicorn.Server(uvicorn.Config(make_app(eng, "bench"), host="127.0.0.1", port=port,
-                                           log_level="warning"))  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(make_app(eng, "bench"), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -132,9 +147,13 @@ def poisson_http(setup: Setup, params, rate: float) -> dict:
     def one(k):
         time.sleep(max(0.0, arrive[k] - (time.perf_counter() - t0)))
         stream = client.completions.create(
-            model="bench", prompt=prompts[k], stream=True, max_tokens=setup.max_new,
-            temperature=1.0, seed=k,
-        )  # fmt: skip
+            model="bench",
+            prompt=prompts[k],
+            stream=True,
+            max_tokens=setup.max_new,
+            temperature=1.0,
+            seed=k,
+        )
         for _ in stream:
             t = time.perf_counter() - t0
             first[k] = first[k] or t
@@ -157,9 +176,13 @@ def batching(setup: Setup, params) -> dict:
     time, beside the simulator's steps."""
     from jaxscale.serve.scheduler import Request
 
-    lengths = sim.Workload(num_requests=setup.n_requests, mean_length=setup.max_new,
-                           std_length=setup.max_new * 0.75, min_length=2,
-                           max_length=2 * setup.max_new).lengths()  # fmt: skip
+    lengths = sim.Workload(
+        num_requests=setup.n_requests,
+        mean_length=setup.max_new,
+        std_length=setup.max_new * 0.75,
+        min_length=2,
+        max_length=2 * setup.max_new,
+    ).lengths()
     B = setup.max_num_seqs
     pred_s, pred_c = sim.simulate_static(lengths, B), sim.simulate_continuous(lengths, B)
     out = {"lengths": lengths.tolist(), "batch": B}
@@ -170,8 +193,12 @@ def batching(setup: Setup, params) -> dict:
         done = eng.run([Request(str(i), [65], int(n)) for i, n in enumerate(lengths)])
         wall = time.perf_counter() - t0
         # each request's prompt step also yields its first token, so steps = tokens' steps
-        out[name] = {"steps": eng.steps, "predicted_steps": pred.total_steps, "wall_s": wall,
-                     "tokens": sum(len(r.out) for r in done.values())}  # fmt: skip
+        out[name] = {
+            "steps": eng.steps,
+            "predicted_steps": pred.total_steps,
+            "wall_s": wall,
+            "tokens": sum(len(r.out) for r in done.values()),
+        }
     out["speedup_measured"] = out["static"]["wall_s"] / out["continuous"]["wall_s"]
     out["speedup_predicted"] = pred_s.total_steps / pred_c.total_steps
     return out
@@ -187,27 +214,35 @@ def capacity(setup: Setup, params) -> dict:
     contiguous = (n_pages - 1) * ps // S
     rng = np.random.default_rng(setup.seed)
     eng = _engine(setup, params, n_pages=n_pages, max_num_seqs=64, prefix_cache=False)
-    reqs = [Request(str(i), [int(t) for t in rng.integers(32, 127, setup.prompt_len)],
-                    setup.max_new) for i in range(64)]  # fmt: skip
+    reqs = [
+        Request(str(i), [int(t) for t in rng.integers(32, 127, setup.prompt_len)], setup.max_new)
+        for i in range(64)
+    ]
     for r in reqs:
         eng.add(r)
     # calc kv's fragmentation model for these requests: contiguous reserves max_seq positions
     # each, paging holds what is used; the ratio of the two is the capacity ratio it predicts
-    per_token = calc_kv.kv_bytes_per_token(setup.cfg.n_layers, setup.cfg.n_kv_heads,
-                                           setup.cfg.head_dim, 4)  # fmt: skip
+    per_token = calc_kv.kv_bytes_per_token(
+        setup.cfg.n_layers, setup.cfg.n_kv_heads, setup.cfg.head_dim, 4
+    )
     frag = calc_kv.fragmentation(per_token, len(reqs), setup.prompt_len + setup.max_new, S)
     peak = pages_each = 0
     while eng.scheduler.has_work():
         eng.step()
         peak = max(peak, len(eng.scheduler.running))
         pages_each = max([pages_each] + [len(r.pages) for r in eng.scheduler.running])
-    return {"kv_positions": (n_pages - 1) * ps, "request_positions":
-            setup.prompt_len + setup.max_new, "max_seq": S, "contiguous": contiguous,
-            "paged_peak_running": peak, "pages_per_request": pages_each,
-            "paged_at_full_length": (n_pages - 1) // pages_each,
-            "calc_kv_ratio": frag.bytes_without_paging / frag.bytes_with_paging,
-            "calc_kv_waste": frag.waste_fraction,
-            "preemptions": sum(r.preemptions for r in reqs)}  # fmt: skip
+    return {
+        "kv_positions": (n_pages - 1) * ps,
+        "request_positions": setup.prompt_len + setup.max_new,
+        "max_seq": S,
+        "contiguous": contiguous,
+        "paged_peak_running": peak,
+        "pages_per_request": pages_each,
+        "paged_at_full_length": (n_pages - 1) // pages_each,
+        "calc_kv_ratio": frag.bytes_without_paging / frag.bytes_with_paging,
+        "calc_kv_waste": frag.waste_fraction,
+        "preemptions": sum(r.preemptions for r in reqs),
+    }
 
 
 def prefix_hits(setup: Setup, params) -> dict:
@@ -219,22 +254,36 @@ def prefix_hits(setup: Setup, params) -> dict:
     own = 8
     eng = _engine(setup, params, max_num_seqs=1)
     n = 8
-    eng.run([Request(str(i), system + [int(t) for t in rng.integers(32, 127, own)], 2)
-             for i in range(n)])  # fmt: skip
+    eng.run(
+        [
+            Request(str(i), system + [int(t) for t in rng.integers(32, 127, own)], 2)
+            for i in range(n)
+        ]
+    )
     shared = len(system) // setup.page_size * setup.page_size  # whole pages only
     pred = calc_prefix.shared_prefix_savings(n, shared, len(system) - shared + own, 1)
-    return {"requests": n, "system_tokens": len(system), "shared_whole_pages": shared,
-            "hit_rate": eng.cache.hit_rate,
-            "calc_prefix_saved_fraction": pred.saved_fraction}  # fmt: skip
+    return {
+        "requests": n,
+        "system_tokens": len(system),
+        "shared_whole_pages": shared,
+        "hit_rate": eng.cache.hit_rate,
+        "calc_prefix_saved_fraction": pred.saved_fraction,
+    }
 
 
 def run(setup: Setup, http: bool = True, progress=None) -> dict:
     from jaxscale.model import state as ms
 
     params = ms.init_params(setup.cfg, 0)
-    out: dict = {"setup": {"n_requests": setup.n_requests, "prompt_len": setup.prompt_len,
-                           "max_new": setup.max_new, "max_num_seqs": setup.max_num_seqs,
-                           "rates": list(setup.rates)}}  # fmt: skip
+    out: dict = {
+        "setup": {
+            "n_requests": setup.n_requests,
+            "prompt_len": setup.prompt_len,
+            "max_new": setup.max_new,
+            "max_num_seqs": setup.max_num_seqs,
+            "rates": list(setup.rates),
+        }
+    }
     steps = [("batching", batching), ("capacity", capacity), ("prefix", prefix_hits)]
     out["in_process"] = {}
     for rate in setup.rates:
@@ -255,36 +304,49 @@ def run(setup: Setup, http: bool = True, progress=None) -> dict:
 
 
 def report(res: dict) -> str:
-    lines = [f"{'path':<11}{'rate/s':>7}{'TTFT p50':>10}{'p99':>8}{'TPOT p50':>10}{'p99':>8}"
-             f"{'req/s':>8}{'tok/s':>9}   (ms; CPU: indicative)"]  # fmt: skip
+    lines = [
+        f"{'path':<11}{'rate/s':>7}{'TTFT p50':>10}{'p99':>8}{'TPOT p50':>10}{'p99':>8}"
+        f"{'req/s':>8}{'tok/s':>9}   (ms; CPU: indicative)"
+    ]
     for path in ("in_process", "http"):
         for rate, m in res.get(path, {}).items():
-            lines.append(f"{path:<11}{rate:>7g}{m['ttft_p50_ms']:>10.1f}{m['ttft_p99_ms']:>8.1f}"
-                         f"{m['tpot_p50_ms']:>10.1f}{m['tpot_p99_ms']:>8.1f}"
-                         f"{m['requests_per_s']:>8.2f}{m['tokens_per_s']:>9.1f}")  # fmt: skip
+            lines.append(
+                f"{path:<11}{rate:>7g}{m['ttft_p50_ms']:>10.1f}{m['ttft_p99_ms']:>8.1f}"
+                f"{m['tpot_p50_ms']:>10.1f}{m['tpot_p99_ms']:>8.1f}"
+                f"{m['requests_per_s']:>8.2f}{m['tokens_per_s']:>9.1f}"
+            )
     b = res["batching"]
-    lines += ["", f"batching, {len(b['lengths'])} requests, {b['batch']} slots: steps measured / "
-              "simulate batching",
-              f"  static      {b['static']['steps']:>5} / {b['static']['predicted_steps']:<5} "
-              f"{b['static']['wall_s']:.2f} s",
-              f"  continuous  {b['continuous']['steps']:>5} / "
-              f"{b['continuous']['predicted_steps']:<5} {b['continuous']['wall_s']:.2f} s",
-              f"  continuous speedup: measured {b['speedup_measured']:.2f}x, predicted (steps) "
-              f"{b['speedup_predicted']:.2f}x"]  # fmt: skip
+    lines += [
+        "",
+        f"batching, {len(b['lengths'])} requests, {b['batch']} slots: steps measured / "
+        "simulate batching",
+        f"  static      {b['static']['steps']:>5} / {b['static']['predicted_steps']:<5} "
+        f"{b['static']['wall_s']:.2f} s",
+        f"  continuous  {b['continuous']['steps']:>5} / "
+        f"{b['continuous']['predicted_steps']:<5} {b['continuous']['wall_s']:.2f} s",
+        f"  continuous speedup: measured {b['speedup_measured']:.2f}x, predicted (steps) "
+        f"{b['speedup_predicted']:.2f}x",
+    ]
     c = res["capacity"]
-    lines += ["", f"capacity, {c['kv_positions']} KV positions, requests of "
-              f"{c['request_positions']} positions (context {c['max_seq']}):",
-              f"  contiguous (max_seq reserved each): {c['contiguous']}; paged: "
-              f"{c['paged_at_full_length']} at full length ({c['pages_per_request']} pages "
-              f"each), x{c['paged_at_full_length'] / max(c['contiguous'], 1):.1f}; peak running "
-              f"{c['paged_peak_running']} with {c['preemptions']} preemptions",
-              f"  calc kv (fragmentation of {c['request_positions']} of {c['max_seq']}): "
-              f"{c['calc_kv_waste']:.1%} of a contiguous cache unused, x"
-              f"{c['calc_kv_ratio']:.1f} requests with paging"]  # fmt: skip
+    lines += [
+        "",
+        f"capacity, {c['kv_positions']} KV positions, requests of "
+        f"{c['request_positions']} positions (context {c['max_seq']}):",
+        f"  contiguous (max_seq reserved each): {c['contiguous']}; paged: "
+        f"{c['paged_at_full_length']} at full length ({c['pages_per_request']} pages "
+        f"each), x{c['paged_at_full_length'] / max(c['contiguous'], 1):.1f}; peak running "
+        f"{c['paged_peak_running']} with {c['preemptions']} preemptions",
+        f"  calc kv (fragmentation of {c['request_positions']} of {c['max_seq']}): "
+        f"{c['calc_kv_waste']:.1%} of a contiguous cache unused, x"
+        f"{c['calc_kv_ratio']:.1f} requests with paging",
+    ]
     p = res["prefix"]
-    lines += ["", f"prefix cache, {p['requests']} requests sharing {p['system_tokens']} tokens "
-              f"({p['shared_whole_pages']} in whole pages): hit rate {p['hit_rate']:.1%}, calc "
-              f"prefix saved fraction {p['calc_prefix_saved_fraction']:.1%}"]  # fmt: skip
+    lines += [
+        "",
+        f"prefix cache, {p['requests']} requests sharing {p['system_tokens']} tokens "
+        f"({p['shared_whole_pages']} in whole pages): hit rate {p['hit_rate']:.1%}, calc "
+        f"prefix saved fraction {p['calc_prefix_saved_fraction']:.1%}",
+    ]
     return "\n".join(lines)
 
 
@@ -296,10 +358,12 @@ def plot(res: dict, path) -> Path:
             rows = res.get(pth, {})
             if rows:
                 rates = list(rows)
-                ax_t.plot(rates, [rows[r]["ttft_p50_ms"] for r in rates], style,
-                          label=f"TTFT p50 {pth}")  # fmt: skip
-                ax_t.plot(rates, [rows[r]["tpot_p50_ms"] for r in rates], style,
-                          label=f"TPOT p50 {pth}")  # fmt: skip
+                ax_t.plot(
+                    rates, [rows[r]["ttft_p50_ms"] for r in rates], style, label=f"TTFT p50 {pth}"
+                )
+                ax_t.plot(
+                    rates, [rows[r]["tpot_p50_ms"] for r in rates], style, label=f"TPOT p50 {pth}"
+                )
         ax_t.set_xscale("log")
         rates = sorted({r for pth in ("in_process", "http") for r in res.get(pth, {})})
         ax_t.set_xticks(rates, [f"{r:g}" for r in rates])
@@ -312,8 +376,7 @@ def plot(res: dict, path) -> Path:
         names = ["static", "continuous"]
         x = np.arange(2)
         ax_b.bar(x - 0.2, [b[n]["steps"] for n in names], 0.4, label="engine steps")
-        ax_b.bar(x + 0.2, [b[n]["predicted_steps"] for n in names], 0.4,
-                 label="simulate batching")  # fmt: skip
+        ax_b.bar(x + 0.2, [b[n]["predicted_steps"] for n in names], 0.4, label="simulate batching")
         ax_b.set_xticks(x, names)
         ax_b.legend(fontsize=8)
         ax_b.set_title("steps for one workload")
@@ -332,18 +395,31 @@ def main(args) -> int:
             import openai  # noqa: F401
             import uvicorn  # noqa: F401
         except ImportError as e:
-            print(f"jaxscale bench serve: error: the HTTP runs need the server stack and the "
-                  f"openai client ({e.name} is missing): pip install -e '.[dev]', or pass "
-                  "--no-http", file=sys.stderr)  # fmt: skip
+            print(
+                f"jaxscale bench serve: error: the HTTP runs need the server stack and the "
+                f"openai client ({e.name} is missing): pip install -e '.[dev]', or pass "
+                "--no-http",
+                file=sys.stderr,
+            )
             return 2
-    print(f"bench serve: model d_model {setup.cfg.d_model}, {setup.cfg.n_layers} layers, "
-          f"context {setup.cfg.max_seq}; {setup.n_requests} requests of {setup.prompt_len} + "
-          f"{setup.max_new} tokens, {setup.max_num_seqs} slots", file=sys.stderr)  # fmt: skip
+    print(
+        f"bench serve: model d_model {setup.cfg.d_model}, {setup.cfg.n_layers} layers, "
+        f"context {setup.cfg.max_seq}; {setup.n_requests} requests of {setup.prompt_len} + "
+        f"{setup.max_new} tokens, {setup.max_num_seqs} slots",
+        file=sys.stderr,
+    )
     if args.dry_run:
         paths = ["in-process"] + (["http"] if http else [])
-        print("\n".join([f"poisson {p} at {r:g} requests/s" for p in paths for r in setup.rates]
-                        + ["continuous vs static batching", "paged vs contiguous capacity",
-                           "prefix cache hit rate"]))  # fmt: skip
+        print(
+            "\n".join(
+                [f"poisson {p} at {r:g} requests/s" for p in paths for r in setup.rates]
+                + [
+                    "continuous vs static batching",
+                    "paged vs contiguous capacity",
+                    "prefix cache hit rate",
+                ]
+            )
+        )
         return 0
     bar = Progress(len(setup.rates) * (2 if http else 1) + 3, desc="bench serve")
     res = run(setup, http=http, progress=bar)

@@ -34,14 +34,22 @@ def scaled_strategy(tp: int, pp: int, dp: int, zero_stage: int, n_devices: int) 
     while pipe * 2 <= pp and (n_devices // tensor) % (pipe * 2) == 0:
         pipe *= 2
     data = n_devices // tensor // pipe
-    notes = [f"TP{tp} -> tensor={tensor}, PP{pp} -> pipe={pipe}, DP{dp} -> data={data} on "
-             f"{n_devices} devices"]  # fmt: skip
+    notes = [
+        f"TP{tp} -> tensor={tensor}, PP{pp} -> pipe={pipe}, DP{dp} -> data={data} on "
+        f"{n_devices} devices"
+    ]
     axes = (("pp", pipe), ("dp", data), ("tp", tensor))
     mesh = ",".join(f"{a}={n}" for a, n in axes if n > 1) or "dp=1"
     zero = zero_stage if data > 1 else 0  # a ZeRO group of one device shards nothing
     schedule = "1f1b" if pipe > 1 else None
-    return Strategy(mesh, "manual", zero, "megatron" if tensor > 1 else None, schedule=schedule,
-                    microbatches=TCFG.global_batch // data if pipe > 1 else 1), notes  # fmt: skip
+    return Strategy(
+        mesh,
+        "manual",
+        zero,
+        "megatron" if tensor > 1 else None,
+        schedule=schedule,
+        microbatches=TCFG.global_batch // data if pipe > 1 else 1,
+    ), notes
 
 
 def validate(tp: int, pp: int, dp: int, zero_stage: int) -> tuple[list[str], bool]:
@@ -57,13 +65,19 @@ def validate(tp: int, pp: int, dp: int, zero_stage: int) -> tuple[list[str], boo
         ("params (layout)", layout.params, predicted.params),
         ("gradients (layout)", layout.grads, predicted.grads),
         ("Adam m, v (layout)", layout.optimizer, predicted.optimizer),
-        ("arguments (memory_analysis)", report.memory.argument,
-         predicted.params + predicted.optimizer + predict.batch_bytes(built, B, T)),
-    ]  # fmt: skip
+        (
+            "arguments (memory_analysis)",
+            report.memory.argument,
+            predicted.params + predicted.optimizer + predict.batch_bytes(built, B, T),
+        ),
+    ]
     ok = True
-    lines = [f"validation on {jax.device_count()} simulated devices: {built.label} "
-             f"{strategy.mesh} (tiny model, {cfg.n_layers} layers)", *("  " + n for n in notes),
-             f"  {'per device':<30} {'measured MiB':>12} {'predicted MiB':>13}"]  # fmt: skip
+    lines = [
+        f"validation on {jax.device_count()} simulated devices: {built.label} "
+        f"{strategy.mesh} (tiny model, {cfg.n_layers} layers)",
+        *("  " + n for n in notes),
+        f"  {'per device':<30} {'measured MiB':>12} {'predicted MiB':>13}",
+    ]
     for name, m, p in rows:
         good = abs(m - p) <= MEMORY_RTOL * p
         ok &= good
@@ -76,15 +90,18 @@ def validate(tp: int, pp: int, dp: int, zero_stage: int) -> tuple[list[str], boo
         row = pipeline.measure(built, report, cfg, TCFG)
         good = row.permute_ok and row.bubble_ok
         ok &= good
-        lines.append(f"  {'collective-permute bytes/step':<30} {row.permute_bytes / MiB:12.4f} "
-                     f"{row.permute_predicted / MiB:13.4f}  {fmt_mark(good)}  (one pipeline; "
-                     f"bubble {row.bubble:.1%} = (P-1)/(M+P-1))")  # fmt: skip
+        lines.append(
+            f"  {'collective-permute bytes/step':<30} {row.permute_bytes / MiB:12.4f} "
+            f"{row.permute_predicted / MiB:13.4f}  {fmt_mark(good)}  (one pipeline; "
+            f"bubble {row.bubble:.1%} = (P-1)/(M+P-1))"
+        )
     for op, (m, p, good) in predict.compare_comm(measured_comm, comm_pred or {}).items():
         if comm_pred is None:
             break
         ok &= good
-        lines.append(f"  {op + ' bytes/step':<30} {m / MiB:12.4f} {p / MiB:13.4f}  "
-                     f"{fmt_mark(good)}")  # fmt: skip
+        lines.append(
+            f"  {op + ' bytes/step':<30} {m / MiB:12.4f} {p / MiB:13.4f}  {fmt_mark(good)}"
+        )
     if why:
         lines.append(f"  collectives not predicted: {why}")
     return lines, ok

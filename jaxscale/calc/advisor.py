@@ -62,8 +62,14 @@ def validate(workload: Workload, hw: Hardware) -> None:
     """Raise ValueError naming the first bad input."""
     w = workload
     shape = {n: getattr(w, n) for n in ("hidden", "layers") if getattr(w, n) != 0}  # 0 = derive
-    positive_ints(seq=w.seq, batch=w.batch, micro_batch=w.micro_batch, **shape,
-                  num_experts=w.num_experts, top_k=w.top_k)  # fmt: skip
+    positive_ints(
+        seq=w.seq,
+        batch=w.batch,
+        micro_batch=w.micro_batch,
+        **shape,
+        num_experts=w.num_experts,
+        top_k=w.top_k,
+    )
     positive(params=w.n_params)
     if w.top_k > w.num_experts:
         raise ValueError(f"top_k={w.top_k} exceeds num_experts={w.num_experts}")
@@ -76,8 +82,17 @@ def validate(workload: Workload, hw: Hardware) -> None:
             f"{g} GPUs do not factor into nodes of {node}: use a multiple of {node}"
             f" or a divisor of it"
         )
-    positive(**{n: getattr(hw, n) for n in ("gpu_memory_bytes", "intra_node_bytes_per_s",
-                                            "inter_node_bytes_per_s", "peak_flops")})  # fmt: skip
+    positive(
+        **{
+            n: getattr(hw, n)
+            for n in (
+                "gpu_memory_bytes",
+                "intra_node_bytes_per_s",
+                "inter_node_bytes_per_s",
+                "peak_flops",
+            )
+        }
+    )
     for name in ("usable_fraction", "assumed_mfu"):
         if not 0 < getattr(hw, name) <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {getattr(hw, name)!r}")
@@ -149,11 +164,19 @@ def advise(
     smallest = min(costs, key=lambda c: c.memory.total)
     gpu_gb = hw.gpu_memory_bytes / GB
     seed002 = seed002_calculator(
-        workload.n_params / 1e9, hw.num_gpus, gpu_gb, workload.batch, workload.seq,
-        moe=workload.is_moe, num_experts=workload.num_experts, gpus_per_node=hw.gpus_per_node,
-        micro_batch=workload.micro_batch, hidden=hidden, layers=layers,
+        workload.n_params / 1e9,
+        hw.num_gpus,
+        gpu_gb,
+        workload.batch,
+        workload.seq,
+        moe=workload.is_moe,
+        num_experts=workload.num_experts,
+        gpus_per_node=hw.gpus_per_node,
+        micro_batch=workload.micro_batch,
+        hidden=hidden,
+        layers=layers,
         seed_faithful=seed_faithful,
-    )  # fmt: skip
+    )
     advices = (
         seed000_decision_tree(workload.n_params, hw.num_gpus, gpu_gb),
         seed001_recommend(workload.n_params, hw.num_gpus, hw.gpus_per_node, gpu_gb),

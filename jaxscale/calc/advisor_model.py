@@ -151,17 +151,24 @@ def expert_fraction(workload: Workload) -> float:
 
 def _sum(a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
     return TrainingMemory(
-        a.weights + b.weights, a.gradients + b.gradients, a.optimizer + b.optimizer,
-        a.master + b.master, a.activations + b.activations,
-    )  # fmt: skip
+        a.weights + b.weights,
+        a.gradients + b.gradients,
+        a.optimizer + b.optimizer,
+        a.master + b.master,
+        a.activations + b.activations,
+    )
 
 
 def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
     """Memory and communication of one layout (which need not use every GPU)."""
     w, t, p, d, e = workload, layout.tp, layout.pp, layout.dp, layout.ep
     hidden, layers = model_shape(w)
-    state = {"weight_bytes": w.weight_bytes, "grad_bytes": w.grad_bytes,
-             "optimizer_bytes": w.optimizer_bytes, "master_bytes": w.master_bytes}  # fmt: skip
+    state = {
+        "weight_bytes": w.weight_bytes,
+        "grad_bytes": w.grad_bytes,
+        "optimizer_bytes": w.optimizer_bytes,
+        "master_bytes": w.master_bytes,
+    }
     n_expert = w.n_params * expert_fraction(w)
     n_dense = w.n_params - n_expert
     z = layout.zero_stage

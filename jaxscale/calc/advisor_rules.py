@@ -73,17 +73,29 @@ def seed000_decision_tree(n_params: float, num_gpus: int, gpu_memory_gb: float) 
     if total_bytes <= gpu_bytes:
         reason = f"full model ({total_bytes / GB:.1f} GB) fits on one GPU"
         return RuleAdvice(
-            **common, strategy="DATA PARALLELISM", tp=1, pp=1, dp=num_gpus, zero_stage=0,
-            per_gpu_bytes=total_bytes, reason=reason,
-        )  # fmt: skip
+            **common,
+            strategy="DATA PARALLELISM",
+            tp=1,
+            pp=1,
+            dp=num_gpus,
+            zero_stage=0,
+            per_gpu_bytes=total_bytes,
+            reason=reason,
+        )
     for stage in (1, 2, 3):
         mem = training_memory_per_device(n_params, dp=num_gpus, zero_stage=stage)
         if mem.total <= gpu_bytes:
             reason = f"ZeRO-{stage} shards {_ZERO_NAMES[stage]} across {num_gpus} GPUs"
             return RuleAdvice(
-                **common, strategy=f"ZeRO Stage {stage} + DATA PARALLELISM", tp=1, pp=1,
-                dp=num_gpus, zero_stage=stage, per_gpu_bytes=mem.total, reason=reason,
-            )  # fmt: skip
+                **common,
+                strategy=f"ZeRO Stage {stage} + DATA PARALLELISM",
+                tp=1,
+                pp=1,
+                dp=num_gpus,
+                zero_stage=stage,
+                per_gpu_bytes=mem.total,
+                reason=reason,
+            )
     # Next the seed searches tp in (1,2,4,8) x pp in (1,2,4,8,16) with dp = rest (L1176-1205). It
     # calls that layout "ZeRO Stage 3" but divides only the optimizer state by dp (weights and
     # gradients by tp*pp): ZeRO-1. Its per-GPU memory, 4N/(tp*pp) + 8N/G bytes, is never below
@@ -91,10 +103,15 @@ def seed000_decision_tree(n_params: float, num_gpus: int, gpu_memory_gb: float) 
     # always ends here. tests/calc/test_advisor_rules.py runs the seed's search to show it.
     reason = f"{num_gpus} x {gpu_memory_gb:g} GB cannot hold {total_bytes / GB:.1f} GB"
     return RuleAdvice(
-        **common, strategy="INSUFFICIENT RESOURCES", tp=None, pp=None, dp=None, zero_stage=None,
+        **common,
+        strategy="INSUFFICIENT RESOURCES",
+        tp=None,
+        pp=None,
+        dp=None,
+        zero_stage=None,
         reason=reason,
         notes=("its TP x PP search is dead code: that memory is >= ZeRO-3's, which failed",),
-    )  # fmt: skip
+    )
 
 
 # --- seed 001, recommend_parallelism --------------------------------------------------------------
@@ -132,10 +149,15 @@ def seed001_recommend(
         zero, recompute = 2, True
         if pp == 0:
             return RuleAdvice(
-                **common, strategy="3D parallelism", tp=tp, pp=0, dp=None, zero_stage=zero,
+                **common,
+                strategy="3D parallelism",
+                tp=tp,
+                pp=0,
+                dp=None,
+                zero_stage=zero,
                 notes=(*notes, "pp = min(4, num_nodes // 2) = 0"),
                 error="ZeroDivisionError: num_gpus // (tp_size * pp_size) with pp_size = 0",
-            )  # fmt: skip
+            )
         dp = num_gpus // (tp * pp)
         reason = (
             f"Multi-node 3D parallelism: TP={tp} (within node), PP={pp} (across nodes), DP={dp}"
@@ -143,9 +165,15 @@ def seed001_recommend(
     notes.extend(_idle_note(tp * pp * dp, num_gpus))
     strategy = f"TP {tp} x PP {pp} x DP {dp}, ZeRO-{zero}" + (", recompute" if recompute else "")
     return RuleAdvice(
-        **common, strategy=strategy, tp=tp, pp=pp, dp=dp, zero_stage=zero, reason=reason,
+        **common,
+        strategy=strategy,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        zero_stage=zero,
+        reason=reason,
         notes=tuple(notes),
-    )  # fmt: skip
+    )
 
 
 # --- seed 004, get_parallelism_config -------------------------------------------------------------
@@ -182,10 +210,16 @@ def seed004_config(n_params: float, num_gpus: int) -> RuleAdvice:
         strategy = "full 3D parallelism"
         if pp == 0:
             return RuleAdvice(
-                **common, strategy=strategy, tp=tp, pp=0, dp=None, zero_stage=0, reason=reason,
+                **common,
+                strategy=strategy,
+                tp=tp,
+                pp=0,
+                dp=None,
+                zero_stage=0,
+                reason=reason,
                 notes=("pp = min(8, total_gpus // 8) = 0 with fewer than 8 GPUs",),
                 error="ZeroDivisionError: total_gpus // (tp_size * pp_size) with pp_size = 0",
-            )  # fmt: skip
+            )
         dp = num_gpus // (tp * pp)
     else:
         tp, pp, dp = 8, num_gpus // 64, 8
@@ -194,6 +228,12 @@ def seed004_config(n_params: float, num_gpus: int) -> RuleAdvice:
             notes.append("pp = total_gpus // 64 = 0 with fewer than 64 GPUs")
     notes.extend(_idle_note(tp * pp * dp, num_gpus))
     return RuleAdvice(
-        **common, strategy=strategy, tp=tp, pp=pp, dp=dp, zero_stage=0, reason=reason,
+        **common,
+        strategy=strategy,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        zero_stage=0,
+        reason=reason,
         notes=tuple(notes),
-    )  # fmt: skip
+    )

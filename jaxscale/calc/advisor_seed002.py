@@ -140,8 +140,14 @@ def seed002_calculator(
     hidden, layers: the model's shape for the corrected activations and volumes (0: the seed's);
     seed-faithful mode always uses the seed's fixed shape."""
     positive(params_b=params_b, memory_gb=memory_gb)
-    positive_ints(gpus=gpus, batch_size=batch_size, seq_len=seq_len, num_experts=num_experts,
-                  gpus_per_node=gpus_per_node, micro_batch=micro_batch)  # fmt: skip
+    positive_ints(
+        gpus=gpus,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_experts=num_experts,
+        gpus_per_node=gpus_per_node,
+        micro_batch=micro_batch,
+    )
     shape = Seed002Shape(num_experts=num_experts if moe else 1)
     if not seed_faithful:
         shape = replace(shape, hidden=hidden or shape.hidden, layers=layers or shape.layers)
@@ -176,11 +182,17 @@ def seed002_calculator(
             mem = (params_gb / (tp * pp), params_gb / (tp * pp), optimizer_gb / (tp * pp) / dp, act)
             rows.append(
                 Seed002Row(
-                    tp, pp, dp, *mem, fits=sum(mem) < memory_gb * SEED002_FIT_FRACTION,
-                    tp_comm_gb=tp_c, pp_comm_gb=pp_c, dp_comm_gb=dp_c,
+                    tp,
+                    pp,
+                    dp,
+                    *mem,
+                    fits=sum(mem) < memory_gb * SEED002_FIT_FRACTION,
+                    tp_comm_gb=tp_c,
+                    pp_comm_gb=pp_c,
+                    dp_comm_gb=dp_c,
                     tp_intra_node=tp <= gpus_per_node,
                 )
-            )  # fmt: skip
+            )
         if error:
             break
     valid = sorted(
@@ -194,10 +206,18 @@ def seed002_calculator(
             "use EP instead of/in addition to TP for the FFN experts"
         )
     return Seed002Result(
-        seed_faithful=seed_faithful, param_count=n, params_gb=params_gb, grads_gb=params_gb,
-        optimizer_gb=optimizer_gb, rows=tuple(rows), best=None if error or not valid else valid[0],
-        memory_per_gpu_gb=memory_gb, moe_advice=moe_advice, skipped=tuple(skipped), error=error,
-    )  # fmt: skip
+        seed_faithful=seed_faithful,
+        param_count=n,
+        params_gb=params_gb,
+        grads_gb=params_gb,
+        optimizer_gb=optimizer_gb,
+        rows=tuple(rows),
+        best=None if error or not valid else valid[0],
+        memory_per_gpu_gb=memory_gb,
+        moe_advice=moe_advice,
+        skipped=tuple(skipped),
+        error=error,
+    )
 
 
 def seed002_advice(result: Seed002Result) -> RuleAdvice:
@@ -216,13 +236,23 @@ def seed002_advice(result: Seed002Result) -> RuleAdvice:
     if best is None:
         strategy = "no configuration fits" if result.error is None else "crashes"
         return RuleAdvice(
-            **common, strategy=strategy, tp=None, pp=None, dp=None, zero_stage=None,
-            notes=tuple(notes), error=result.error,
-        )  # fmt: skip
+            **common,
+            strategy=strategy,
+            tp=None,
+            pp=None,
+            dp=None,
+            zero_stage=None,
+            notes=tuple(notes),
+            error=result.error,
+        )
     return RuleAdvice(
-        **common, strategy=f"TP {best.tp} x PP {best.pp} x DP {best.dp}", tp=best.tp, pp=best.pp,
-        dp=best.dp, zero_stage=1,  # its "ZeRO-3" shards only the optimizer state over dp
+        **common,
+        strategy=f"TP {best.tp} x PP {best.pp} x DP {best.dp}",
+        tp=best.tp,
+        pp=best.pp,
+        dp=best.dp,
+        zero_stage=1,  # its "ZeRO-3" shards only the optimizer state over dp
         per_gpu_bytes=best.memory_per_gpu_gb * GB,
         reason=f"fits under 90% of memory with least volume, {best.total_comm_gb:.2f} GB/step",
         notes=tuple(notes),
-    )  # fmt: skip
+    )

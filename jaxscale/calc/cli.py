@@ -22,8 +22,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
 
     # memory; flops, chinchilla, moe; time; comm; scaling
-    for module in (cli_training_memory, cli_training_compute, cli_training_time,
-                   cli_training_comm, cli_training_scaling):  # fmt: skip
+    for module in (
+        cli_training_memory,
+        cli_training_compute,
+        cli_training_time,
+        cli_training_comm,
+        cli_training_scaling,
+    ):
         module.add_parser(calc_sub)
     cli_serving.add_commands(calc_sub)
     cli_gae.add_parser(calc_sub)  # gae (seed 002 ch. 12)

@@ -70,10 +70,16 @@ def _run(args) -> int:
     if faithful and args.spread_rm:
         raise ValueError("--seed-faithful puts the RM score at the last token: drop --spread-rm")
     beta, rm_score, est = args.kl_coef, args.rm_score, args.estimator
-    out = reward.compute_rewards(reward.SEED_ACTOR_LPS, reward.SEED_REF_LPS, rm_score, beta,
-                                 not args.spread_rm, est)  # fmt: skip
-    rep = Report("calc reward", kl_coef=beta, rm_score=rm_score, estimator=est,
-                 reward_at_end_only=not args.spread_rm).mode(faithful, FAITHFUL)  # fmt: skip
+    out = reward.compute_rewards(
+        reward.SEED_ACTOR_LPS, reward.SEED_REF_LPS, rm_score, beta, not args.spread_rm, est
+    )
+    rep = Report(
+        "calc reward",
+        kl_coef=beta,
+        rm_score=rm_score,
+        estimator=est,
+        reward_at_end_only=not args.spread_rm,
+    ).mode(faithful, FAITHFUL)
     where = "spread over the tokens" if args.spread_rm else "at the last token"
     signs = "the seed's signs below; corrected: " if faithful else ""
     rep.put(convention=CONVENTION).say(
@@ -90,8 +96,13 @@ def _run(args) -> int:
     _sweep(rep, reward.kl_coef_sweep(demo_rm, est, seed_faithful=faithful), demo_rm)
     _scenarios(rep, reward.scenarios(demo_rm, demo_beta, est), demo_rm, demo_beta)
     prose = reward.prose_example()
-    rep.put(prose_example={"rm_score": reward.PROSE_RM_SCORE,
-                           "total_kl": reward.PROSE_TOTAL_KL, "rows": prose})  # fmt: skip
+    rep.put(
+        prose_example={
+            "rm_score": reward.PROSE_RM_SCORE,
+            "total_kl": reward.PROSE_TOTAL_KL,
+            "rows": prose,
+        }
+    )
     lo, hi = reward.TYPICAL_KL_COEFS
     rep.say(
         "",
@@ -107,54 +118,100 @@ def _run(args) -> int:
 def _tokens(rep: Report, out: reward.Rewards, faithful: bool) -> None:
     records = [
         {"t": t, "actor_logprob": a, "ref_logprob": r, "kl": k, "penalty": p, "rm": m, "reward": x}
-        for t, (a, r, k, p, m, x) in enumerate(zip(reward.SEED_ACTOR_LPS, reward.SEED_REF_LPS,
-            out.kl, out.penalties, out.rm, out.rewards, strict=True))
-    ]  # fmt: skip
-    total = {"t": "Total", "kl": out.total_kl, "penalty": out.penalty, "rm": sum(out.rm),
-             "reward": out.net}  # fmt: skip
+        for t, (a, r, k, p, m, x) in enumerate(
+            zip(
+                reward.SEED_ACTOR_LPS,
+                reward.SEED_REF_LPS,
+                out.kl,
+                out.penalties,
+                out.rm,
+                out.rewards,
+                strict=True,
+            )
+        )
+    ]
+    total = {
+        "t": "Total",
+        "kl": out.total_kl,
+        "penalty": out.penalty,
+        "rm": sum(out.rm),
+        "reward": out.net,
+    }
     if faithful:  # the seed's column is the reward's KL term, -beta·KL, under "KL Penalty"
         pen = Col("penalty", "KL Penalty", lambda v: signed(-v))
     else:
         pen = Col("penalty", "penalty beta·KL", signed)
-    cols = [Col("t", "Token"), Col("actor_logprob", "actor lp", "+.2f"),
-            Col("ref_logprob", "ref lp", "+.2f"), Col("kl", "KL", signed), pen,
-            Col("rm", "RM", signed), Col("reward", "Reward", signed)]  # fmt: skip
+    cols = [
+        Col("t", "Token"),
+        Col("actor_logprob", "actor lp", "+.2f"),
+        Col("ref_logprob", "ref lp", "+.2f"),
+        Col("kl", "KL", signed),
+        pen,
+        Col("rm", "RM", signed),
+        Col("reward", "Reward", signed),
+    ]
     rep.table(None, cols, records + [total], title="token-level rewards:")
     rep.put(tokens=records)
 
 
 def _summary(rep: Report, out: reward.Rewards, faithful: bool) -> None:
-    rep.put(summary={"rm_score": out.rm_score, "total_kl": out.total_kl, "mean_kl": out.mean_kl,
-                     "penalty": out.penalty, "net_reward": out.net})  # fmt: skip
+    rep.put(
+        summary={
+            "rm_score": out.rm_score,
+            "total_kl": out.total_kl,
+            "mean_kl": out.mean_kl,
+            "penalty": out.penalty,
+            "net_reward": out.net,
+        }
+    )
     kl_line = f"  total KL           {signed(out.total_kl)}  (mean {signed(out.mean_kl)} per token)"
     if faithful:
-        rep.say("", "summary (the seed's signs):", f"  RM score           {signed(out.rm_score)}",
-                kl_line, f"  Total KL Penalty   {signed(out.penalty)}",
-                f"  KL penalty         {signed(-out.penalty)} (distributed)",
-                f"  net reward         {signed(out.net)}")  # fmt: skip
+        rep.say(
+            "",
+            "summary (the seed's signs):",
+            f"  RM score           {signed(out.rm_score)}",
+            kl_line,
+            f"  Total KL Penalty   {signed(out.penalty)}",
+            f"  KL penalty         {signed(-out.penalty)} (distributed)",
+            f"  net reward         {signed(out.net)}",
+        )
         return
     note = ""
     if out.penalty < 0:
         note = f"  (sum KL < 0 under k1: a bonus of {-out.penalty:.4f}; k3 cannot go negative)"
-    rep.say("", "summary:", f"  RM score           {signed(out.rm_score)}", kl_line,
-            f"  penalty beta·sumKL {signed(out.penalty)}{note}",
-            f"  net reward         {signed(out.net)}  = RM - penalty")  # fmt: skip
+    rep.say(
+        "",
+        "summary:",
+        f"  RM score           {signed(out.rm_score)}",
+        kl_line,
+        f"  penalty beta·sumKL {signed(out.penalty)}{note}",
+        f"  net reward         {signed(out.net)}  = RM - penalty",
+    )
 
 
 def _sweep(rep: Report, rows: list[dict], rm_score: float) -> None:
     total_kl = rows[0]["total_kl"]
-    cols = [Col("kl_coef", "beta", "g"), Col("penalty", "penalty beta·sumKL", signed),
-            Col("net_reward", "net reward", signed), Col("effect", "effect")]  # fmt: skip
-    title = (f"\nKL coefficient sweep (the seed's 5-token response, sum KL {signed(total_kl)}, "
-             f"RM {rm_score:g}):")  # fmt: skip
+    cols = [
+        Col("kl_coef", "beta", "g"),
+        Col("penalty", "penalty beta·sumKL", signed),
+        Col("net_reward", "net reward", signed),
+        Col("effect", "effect"),
+    ]
+    title = (
+        f"\nKL coefficient sweep (the seed's 5-token response, sum KL {signed(total_kl)}, "
+        f"RM {rm_score:g}):"
+    )
     rep.table("kl_coef_sweep", cols, rows, title=title)
 
 
 def _scenarios(rep: Report, rows: list[dict], rm_score: float, beta: float) -> None:
-    cols = [Col("name", "scenario"),
-            Col("kl", "per-token KL", lambda ks: "[" + ", ".join(f"{k:+.2f}" for k in ks) + "]"),
-            Col("total_kl", "sum KL", signed), Col("penalty", "penalty", signed),
-            Col("net_reward", "net reward", signed)]  # fmt: skip
+    cols = [
+        Col("name", "scenario"),
+        Col("kl", "per-token KL", lambda ks: "[" + ", ".join(f"{k:+.2f}" for k in ks) + "]"),
+        Col("total_kl", "sum KL", signed),
+        Col("penalty", "penalty", signed),
+        Col("net_reward", "net reward", signed),
+    ]
     title = f"\nKL divergence scenarios (3 tokens, beta {beta:g}, RM {rm_score:g}):"
     rep.table("scenarios", cols, rows, title=title)
     bonus = [r["name"] for r in rows if r["penalty"] < 0]

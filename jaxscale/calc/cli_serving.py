@@ -42,35 +42,64 @@ def _add_serving(calc_sub) -> None:
     add_model_flags(p)
     add_gpu_flags(p)
     p.add_argument("--users", type=positive_int, help="concurrent users")
-    p.add_argument("--rps-per-user", type=positive_float, default=0.01,
-                   help="requests per second per user, with --users (default 0.01)")  # fmt: skip
-    p.add_argument("--prompt-len", type=positive_int, default=srv.SEED_PROMPT_LEN,
-                   help="prompt tokens per request")  # fmt: skip
-    p.add_argument("--gen-len", type=positive_int, default=srv.SEED_GEN_LEN,
-                   help="generated tokens per request")  # fmt: skip
-    p.add_argument("--target-latency-ms", type=positive_float, default=1000.0,
-                   help="latency target per request")  # fmt: skip
+    p.add_argument(
+        "--rps-per-user",
+        type=positive_float,
+        default=0.01,
+        help="requests per second per user, with --users (default 0.01)",
+    )
+    p.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=srv.SEED_PROMPT_LEN,
+        help="prompt tokens per request",
+    )
+    p.add_argument(
+        "--gen-len",
+        type=positive_int,
+        default=srv.SEED_GEN_LEN,
+        help="generated tokens per request",
+    )
+    p.add_argument(
+        "--target-latency-ms",
+        type=positive_float,
+        default=1000.0,
+        help="latency target per request",
+    )
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(_run_serving))
 
 
-LOAD_COLS = [Col("scenario", "Scenario"), Col("users", "Users", ","),
-             Col("rps_per_user", "RPS/user", "g"),
-             Col("total_rps", "Total RPS", ".1f")]  # fmt: skip
-SEED_COLS = [Col("requests_per_gpu", "Req/GPU", ".2f"), Col("gpus_needed", "GPUs"),
-             Col("single_request_latency_s", "Latency ms", ms)]  # fmt: skip
-PLAN_COLS = [Col("tp", "TP"), Col("batch_per_replica", "Batch"),
-             Col("request_latency_s", "Latency ms", ms),
-             Col("rps_per_replica", "RPS/replica", ".1f"), Col("replicas", "Replicas"),
-             Col("gpus", "GPUs")]  # fmt: skip
+LOAD_COLS = [
+    Col("scenario", "Scenario"),
+    Col("users", "Users", ","),
+    Col("rps_per_user", "RPS/user", "g"),
+    Col("total_rps", "Total RPS", ".1f"),
+]
+SEED_COLS = [
+    Col("requests_per_gpu", "Req/GPU", ".2f"),
+    Col("gpus_needed", "GPUs"),
+    Col("single_request_latency_s", "Latency ms", ms),
+]
+PLAN_COLS = [
+    Col("tp", "TP"),
+    Col("batch_per_replica", "Batch"),
+    Col("request_latency_s", "Latency ms", ms),
+    Col("rps_per_replica", "RPS/replica", ".1f"),
+    Col("replicas", "Replicas"),
+    Col("gpus", "GPUs"),
+]
 
 
 def _run_serving(args) -> int:
     model, gpu, sf = model_from_args(args), gpu_from_args(args), args.seed_faithful
     loads = [("Custom", args.users, args.rps_per_user)] if args.users else srv.SEED_LOAD_SCENARIOS
-    common = dict(kv_bytes_per_token=model.kv_bytes_per_token(sf),
-                  gpu_memory_bytes=gpu.memory_bytes, flops_per_s=gpu.flops_per_s,
-                  hbm_bytes_per_s=gpu.hbm_bytes_per_s)  # fmt: skip
+    common = dict(
+        kv_bytes_per_token=model.kv_bytes_per_token(sf),
+        gpu_memory_bytes=gpu.memory_bytes,
+        flops_per_s=gpu.flops_per_s,
+        hbm_bytes_per_s=gpu.hbm_bytes_per_s,
+    )
     shape = (args.prompt_len, args.gen_len, args.target_latency_ms / 1e3)
     rows = []
     for name, users, per_user in loads:
@@ -83,15 +112,25 @@ def _run_serving(args) -> int:
         else:
             rows.append({**load, "total_rps": users * per_user, "gpus": None})
     r = Report("serving")
-    r.say(f"Serving {header(model, gpu)}: prompt {args.prompt_len}, generate {args.gen_len}, "
-          f"target {args.target_latency_ms:g} ms per request")  # fmt: skip
+    r.say(
+        f"Serving {header(model, gpu)}: prompt {args.prompt_len}, generate {args.gen_len}, "
+        f"target {args.target_latency_ms:g} ms per request"
+    )
     r.mode(sf, SERVING_FAITHFUL).say("")
-    r.put(model=model.name, gpu=gpu.name, prompt_len=args.prompt_len, gen_len=args.gen_len,
-          target_latency_s=shape[2], scenarios=rows)  # fmt: skip
+    r.put(
+        model=model.name,
+        gpu=gpu.name,
+        prompt_len=args.prompt_len,
+        gen_len=args.gen_len,
+        target_latency_s=shape[2],
+        scenarios=rows,
+    )
     shown = rows if sf else [{**row, "gpus": row["gpus"] or NO_PLAN} for row in rows]
     r.table(None, LOAD_COLS + (SEED_COLS if sf else PLAN_COLS), shown)
     if not sf:
-        r.say("replica = tp GPUs holding the weights; batch = largest that meets the target and "
-              "fits; ideal TP, no queueing")  # fmt: skip
+        r.say(
+            "replica = tp GPUs holding the weights; batch = largest that meets the target and "
+            "fits; ideal TP, no queueing"
+        )
     r.emit(args)
     return 0

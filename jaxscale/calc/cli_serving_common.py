@@ -56,9 +56,14 @@ def add_model_flags(p, default: str = "llama-70b") -> None:
 
 def model_from_args(args) -> Transformer:
     m = get_model(args.model)
-    return Transformer(m.name, args.params or m.n_params, args.layers or m.n_layers,
-                       args.d_model or m.d_model, args.kv_heads or m.n_kv_heads,
-                       args.head_dim or m.head_dim)  # fmt: skip
+    return Transformer(
+        m.name,
+        args.params or m.n_params,
+        args.layers or m.n_layers,
+        args.d_model or m.d_model,
+        args.kv_heads or m.n_kv_heads,
+        args.head_dim or m.head_dim,
+    )
 
 
 def add_gpu_flags(p) -> None:
@@ -71,13 +76,16 @@ def gpu_from_args(args) -> Device:
     """--gpu from jaxscale/hardware.py; without it seed 001's H100 (990 TFLOPS, not 989.5), so the
     seed's tables print its numbers."""
     g = inf.SEED001_H100 if args.gpu is None else get_device(args.gpu)
-    g = replace(g, bf16_tflops=args.gpu_tflops or g.bf16_tflops,
-                hbm_tb_s=args.hbm_tbs or g.hbm_tb_s)  # fmt: skip
+    g = replace(
+        g, bf16_tflops=args.gpu_tflops or g.bf16_tflops, hbm_tb_s=args.hbm_tbs or g.hbm_tb_s
+    )
     if g.bf16_tflops is None or g.hbm_tb_s is None:
         raise ValueError(f"no FLOP/s or bandwidth known for {g.name}: pass --gpu-tflops, --hbm-tbs")
     return g
 
 
 def header(model: Transformer, gpu: Device) -> str:
-    return (f"{model.name} ({fmt_count(model.n_params)} params) on {gpu.name} "
-            f"({gpu.bf16_tflops:g} TFLOPS, {gpu.hbm_tb_s:g} TB/s)")  # fmt: skip
+    return (
+        f"{model.name} ({fmt_count(model.n_params)} params) on {gpu.name} "
+        f"({gpu.bf16_tflops:g} TFLOPS, {gpu.hbm_tb_s:g} TB/s)"
+    )

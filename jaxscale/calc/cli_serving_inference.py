@@ -20,13 +20,21 @@ from jaxscale.render import Col, Report, grid
 
 FAITHFUL = "seed 001 section 9: compute-only prefill, weights-only decode, KV from d_model"
 LATENCY_PROPERTIES = ("decode_per_token_s", "total_s", "tokens_per_s", "kv_total_bytes")
-COLS = [Col("scenario", "Scenario"), Col("prompt_len", "Prompt"), Col("gen_len", "Gen"),
-        Col("batch_size", "Batch"), Col("prefill_s", "Prefill ms", ms),
-        Col("decode_per_token_s", "Decode ms/tok", ms), Col("decode_total_s", "Decode ms", ms),
-        Col("total_s", "Total ms", ms), Col("tokens_per_s", "Tokens/s", ".1f"),
-        Col("kv_per_seq_bytes", "KV/seq GB", per(1e9, ".3f")),
-        Col("kv_total_bytes", "KV total GB", per(1e9, ".3f")),
-        Col("prefill_bound", "Prefill"), Col("decode_bound", "Decode")]  # fmt: skip
+COLS = [
+    Col("scenario", "Scenario"),
+    Col("prompt_len", "Prompt"),
+    Col("gen_len", "Gen"),
+    Col("batch_size", "Batch"),
+    Col("prefill_s", "Prefill ms", ms),
+    Col("decode_per_token_s", "Decode ms/tok", ms),
+    Col("decode_total_s", "Decode ms", ms),
+    Col("total_s", "Total ms", ms),
+    Col("tokens_per_s", "Tokens/s", ".1f"),
+    Col("kv_per_seq_bytes", "KV/seq GB", per(1e9, ".3f")),
+    Col("kv_total_bytes", "KV total GB", per(1e9, ".3f")),
+    Col("prefill_bound", "Prefill"),
+    Col("decode_bound", "Decode"),
+]
 
 
 def add_parser(calc_sub) -> None:
@@ -44,10 +52,18 @@ def add_parser(calc_sub) -> None:
     p.add_argument("--gen-len", type=positive_int, help="generated tokens (default 50)")
     p.add_argument("--batch-size", type=positive_int, help="sequences per batch (default 1)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (ideal)")
-    p.add_argument("--context", type=positive_int, default=inf.SEED_SERVING_CONTEXT,
-        help="tokens per request in the serving-memory table")  # fmt: skip
-    p.add_argument("--requests", type=positive_int, default=inf.SEED_SERVING_REQUESTS,
-        help="concurrent requests in the serving-memory table")  # fmt: skip
+    p.add_argument(
+        "--context",
+        type=positive_int,
+        default=inf.SEED_SERVING_CONTEXT,
+        help="tokens per request in the serving-memory table",
+    )
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        default=inf.SEED_SERVING_REQUESTS,
+        help="concurrent requests in the serving-memory table",
+    )
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -62,12 +78,26 @@ def run(args) -> int:
     roof = (gpu.flops_per_s, gpu.hbm_bytes_per_s)
     rows = []
     for name, prompt, gen, batch in scenarios:
-        lat = inf.inference_latency(model.n_params, prompt, gen, batch, kv_bytes_per_token=kv_tok,
-                                    flops_per_s=roof[0], hbm_bytes_per_s=roof[1], tp=args.tp,
-                                    seed_faithful=sf)  # fmt: skip
-        rows.append(record(lat, *LATENCY_PROPERTIES, scenario=name,
-                           prefill_bound=inf.bound(lat.prefill_intensity, *roof),
-                           decode_bound=inf.bound(lat.decode_intensity, *roof)))  # fmt: skip
+        lat = inf.inference_latency(
+            model.n_params,
+            prompt,
+            gen,
+            batch,
+            kv_bytes_per_token=kv_tok,
+            flops_per_s=roof[0],
+            hbm_bytes_per_s=roof[1],
+            tp=args.tp,
+            seed_faithful=sf,
+        )
+        rows.append(
+            record(
+                lat,
+                *LATENCY_PROPERTIES,
+                scenario=name,
+                prefill_bound=inf.bound(lat.prefill_intensity, *roof),
+                decode_bound=inf.bound(lat.decode_intensity, *roof),
+            )
+        )
     ridge = inf.ridge_point(*roof)
     a100 = inf.ridge_point(inf.A100.flops_per_s, inf.A100.hbm_bytes_per_s)
     link = inf.transfer_cost()
@@ -76,28 +106,41 @@ def run(args) -> int:
 
     r = Report("inference").say(f"Inference latency: {header(model, gpu)}, tp={args.tp}")
     r.mode(sf, FAITHFUL).say(f"KV per token: {kv_tok:,} B", "")
-    r.put(model=model.name, n_params=model.n_params, gpu=gpu.name, tp=args.tp,
-          kv_bytes_per_token=kv_tok)  # fmt: skip
+    r.put(
+        model=model.name,
+        n_params=model.n_params,
+        gpu=gpu.name,
+        tp=args.tp,
+        kv_bytes_per_token=kv_tok,
+    )
     r.table("scenarios", COLS, rows)
     r.say("Prefill/Decode: which roofline limit binds (compute or memory)")
     if weights_gb > args.tp * gpu.memory_gb:
-        r.say(f"note: {weights_gb:.1f} GB of weights exceed {args.tp} x {gpu.memory_gb:g} GB; "
-              "these latencies need --tp large enough to hold them")  # fmt: skip
-    r.say("",
-          f"Roofline: ridge point {ridge:.1f} FLOP/B on {gpu.name}; seed 003's A100 (312 TFLOPS, "
-          f"2 TB/s): {a100:.0f} FLOP/B. Below the ridge a step is memory-bound.",
-          f"Moving 1 GB over 600 GB/s NVLink: {link.seconds * 1e3:.2f} ms = "
-          f"{link.flops_forgone / 1e9:.0f} GFLOP of A100 compute (seed 003 L80: ~1.7 ms, "
-          "~530 GFLOP)",
-          "",
-          f"Serving memory: {args.requests} requests x {args.context} tokens "
-          "(shared/seeds/002 L6264-6271)",
-          grid(["Component", "GB"], [
-              ["Weights (FP16)", f"{mem.weights_bytes / 1e9:.1f}"],
-              ["KV per request", f"{mem.kv_per_request_bytes / 1e9:.2f}"],
-              [f"KV x {args.requests}", f"{mem.kv_total_bytes / 1e9:.1f}"],
-              ["Activations", f"{mem.activations_bytes / 1e9:.1f}"],
-              ["Total", f"{mem.total_bytes / 1e9:.1f}"]]))  # fmt: skip
+        r.say(
+            f"note: {weights_gb:.1f} GB of weights exceed {args.tp} x {gpu.memory_gb:g} GB; "
+            "these latencies need --tp large enough to hold them"
+        )
+    r.say(
+        "",
+        f"Roofline: ridge point {ridge:.1f} FLOP/B on {gpu.name}; seed 003's A100 (312 TFLOPS, "
+        f"2 TB/s): {a100:.0f} FLOP/B. Below the ridge a step is memory-bound.",
+        f"Moving 1 GB over 600 GB/s NVLink: {link.seconds * 1e3:.2f} ms = "
+        f"{link.flops_forgone / 1e9:.0f} GFLOP of A100 compute (seed 003 L80: ~1.7 ms, "
+        "~530 GFLOP)",
+        "",
+        f"Serving memory: {args.requests} requests x {args.context} tokens "
+        "(shared/seeds/002 L6264-6271)",
+        grid(
+            ["Component", "GB"],
+            [
+                ["Weights (FP16)", f"{mem.weights_bytes / 1e9:.1f}"],
+                ["KV per request", f"{mem.kv_per_request_bytes / 1e9:.2f}"],
+                [f"KV x {args.requests}", f"{mem.kv_total_bytes / 1e9:.1f}"],
+                ["Activations", f"{mem.activations_bytes / 1e9:.1f}"],
+                ["Total", f"{mem.total_bytes / 1e9:.1f}"],
+            ],
+        ),
+    )
     if sf:
         r.say("KV per request is ch8's '~2 GB for 32K' (L6266); ch9's formula: 10.74 GB")
     r.put(ridge_flop_per_byte=ridge, a100_ridge_flop_per_byte=a100, nvlink_1gb=record(link))

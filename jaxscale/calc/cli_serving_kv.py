@@ -31,18 +31,34 @@ def _kib(num_bytes: float) -> str:
     return fmt_bytes(num_bytes, binary=True, digits=2)
 
 
-MODEL_COLS = [Col("name", "Model"), Col("num_layers", "Layers"), Col("num_kv_heads", "KV heads"),
-              Col("head_dim", "Head dim"), Col("kv_bytes_per_token", "Per token", _kib),
-              Col("kv_bytes_8k", "@ 8K ctx", _kib),
-              Col("kv_bytes_32k", "@ 32K ctx", _kib)]  # fmt: skip
-CAPACITY_HEADS = ["Context", "KV/request GiB", "Max tokens", "Max requests", "Without paging",
-                  "With paging", "Improvement"]  # fmt: skip
-FRAGMENTATION_COLS = [Col("scenario", "Scenario"), Col("requests", "Requests"),
-                      Col("avg_context", "Avg ctx"), Col("max_context", "Max ctx"),
-                      Col("bytes_without_paging", "Without paging", _kib),
-                      Col("bytes_with_paging", "With paging", _kib),
-                      Col("wasted_bytes", "Saved", _kib),
-                      Col("waste_fraction", "Waste", ".1%")]  # fmt: skip
+MODEL_COLS = [
+    Col("name", "Model"),
+    Col("num_layers", "Layers"),
+    Col("num_kv_heads", "KV heads"),
+    Col("head_dim", "Head dim"),
+    Col("kv_bytes_per_token", "Per token", _kib),
+    Col("kv_bytes_8k", "@ 8K ctx", _kib),
+    Col("kv_bytes_32k", "@ 32K ctx", _kib),
+]
+CAPACITY_HEADS = [
+    "Context",
+    "KV/request GiB",
+    "Max tokens",
+    "Max requests",
+    "Without paging",
+    "With paging",
+    "Improvement",
+]
+FRAGMENTATION_COLS = [
+    Col("scenario", "Scenario"),
+    Col("requests", "Requests"),
+    Col("avg_context", "Avg ctx"),
+    Col("max_context", "Max ctx"),
+    Col("bytes_without_paging", "Without paging", _kib),
+    Col("bytes_with_paging", "With paging", _kib),
+    Col("wasted_bytes", "Saved", _kib),
+    Col("waste_fraction", "Waste", ".1%"),
+]
 
 
 def add_parsers(calc_sub) -> None:
@@ -54,26 +70,45 @@ def add_parsers(calc_sub) -> None:
         "fits there, else on one 8-GPU node (tensor parallel), unless --gpus says otherwise.",
         example="jaxscale calc kv --model llama-70b --gpu h100 --gpus 4 --contexts 4096,32768",
     )
-    p.add_argument("--model", "-m", default="llama-70b", choices=list(kv.MODELS),
-                   help="the model whose cache is sized")  # fmt: skip
+    p.add_argument(
+        "--model",
+        "-m",
+        default="llama-70b",
+        choices=list(kv.MODELS),
+        help="the model whose cache is sized",
+    )
     p.add_argument("--gpu", "-g", default="h100", choices=GPUS, help="the GPU kind")
-    p.add_argument("--custom", action="store_true",
-                   help="size --layers/--kv-heads/--head-dim instead")  # fmt: skip
+    p.add_argument(
+        "--custom", action="store_true", help="size --layers/--kv-heads/--head-dim instead"
+    )
     p.add_argument("--layers", type=positive_int, default=80, help="layers, with --custom")
     a = p.add_argument("--kv-heads", type=positive_int, default=8, help="K/V heads, with --custom")
     hidden_alias(p, a, "--heads")
-    a = p.add_argument("--head-dim", type=positive_int, default=128,
-                       help="head dimension, with --custom")  # fmt: skip
+    a = p.add_argument(
+        "--head-dim", type=positive_int, default=128, help="head dimension, with --custom"
+    )
     hidden_alias(p, a, "--dim")
-    p.add_argument("--model-size-gb", type=positive_float,
-        help="FP16 weights in GB (default: the seed's size; 14 for --custom)")  # fmt: skip
-    a = p.add_argument("--gpus", type=positive_int,
-                       help="GPUs sharing the model (default: 1 or 8, above)")  # fmt: skip
+    p.add_argument(
+        "--model-size-gb",
+        type=positive_float,
+        help="FP16 weights in GB (default: the seed's size; 14 for --custom)",
+    )
+    a = p.add_argument(
+        "--gpus", type=positive_int, help="GPUs sharing the model (default: 1 or 8, above)"
+    )
     hidden_alias(p, a, "--num-gpus")
-    p.add_argument("--overhead-gb", type=non_negative_float, default=kv.SEED_OVERHEAD_GB_PER_GPU,
-        help="runtime overhead per GPU, as the seed")  # fmt: skip
-    p.add_argument("--contexts", type=comma_list(positive_int), default=list(kv.SEED_CONTEXTS),
-        help="context lengths of the capacity table, comma-separated")  # fmt: skip
+    p.add_argument(
+        "--overhead-gb",
+        type=non_negative_float,
+        default=kv.SEED_OVERHEAD_GB_PER_GPU,
+        help="runtime overhead per GPU, as the seed",
+    )
+    p.add_argument(
+        "--contexts",
+        type=comma_list(positive_int),
+        default=list(kv.SEED_CONTEXTS),
+        help="context lengths of the capacity table, comma-separated",
+    )
     p.add_argument("--dtype-bytes", type=positive_int, default=2, help="bytes per KV value")
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(_run_kv))
@@ -85,14 +120,31 @@ def add_parsers(calc_sub) -> None:
         description="The seed's prefix-sharing demo: savings = 1 - (S + n*U) / (n*(S + U)).",
         example="jaxscale calc prefix --num-requests 100 --system-prompt-len 500",
     )
-    p.add_argument("--num-requests", "-n", type=positive_int, default=100,
-                   help="requests sharing the prefix (n)")  # fmt: skip
-    p.add_argument("--system-prompt-len", type=positive_int, default=500,
-                   help="tokens of the shared system prompt (S)")  # fmt: skip
-    p.add_argument("--user-prompt-len", type=positive_int, default=100,
-                   help="tokens of each request's own prompt (U)")  # fmt: skip
-    p.add_argument("--model", default="llama-70b", choices=list(kv.MODELS),
-        help="whose KV bytes per token (llama-70b: 327,680 B, as the seed)")  # fmt: skip
+    p.add_argument(
+        "--num-requests",
+        "-n",
+        type=positive_int,
+        default=100,
+        help="requests sharing the prefix (n)",
+    )
+    p.add_argument(
+        "--system-prompt-len",
+        type=positive_int,
+        default=500,
+        help="tokens of the shared system prompt (S)",
+    )
+    p.add_argument(
+        "--user-prompt-len",
+        type=positive_int,
+        default=100,
+        help="tokens of each request's own prompt (U)",
+    )
+    p.add_argument(
+        "--model",
+        default="llama-70b",
+        choices=list(kv.MODELS),
+        help="whose KV bytes per token (llama-70b: 327,680 B, as the seed)",
+    )
     add_output_flags(p)
     p.set_defaults(func=guarded(_run_prefix))
 
@@ -101,9 +153,15 @@ def _capacity_cells(c: dict) -> list:
     if not c["fits"]:
         return [c["context_len"], "Model does not fit in GPU memory", "", "", "", "", ""]
     gain = "n/a" if c["paging_improvement"] is None else f"{c['paging_improvement']:.0%}"
-    return [c["context_len"], f"{c['kv_per_request_gib']:.2f}", f"{c['max_tokens']:,}",
-            c["max_requests"], c["requests_without_paging"], c["requests_with_paging"],
-            gain]  # fmt: skip
+    return [
+        c["context_len"],
+        f"{c['kv_per_request_gib']:.2f}",
+        f"{c['max_tokens']:,}",
+        c["max_requests"],
+        c["requests_without_paging"],
+        c["requests_with_paging"],
+        gain,
+    ]
 
 
 def _run_kv(args) -> int:
@@ -120,8 +178,9 @@ def _run_kv(args) -> int:
     for m in list(kv.MODELS.values()) + ([model] if args.custom else []):
         per_token = kv.model_kv_bytes_per_token(m, args.dtype_bytes)
         at_8k, at_32k = (per_token * c for c in kv.COMPARISON_CONTEXTS)
-        models.append(record(m, kv_bytes_per_token=per_token, kv_bytes_8k=at_8k,
-                             kv_bytes_32k=at_32k))  # fmt: skip
+        models.append(
+            record(m, kv_bytes_per_token=per_token, kv_bytes_8k=at_8k, kv_bytes_32k=at_32k)
+        )
     fits_from = kv.min_gpus_to_fit(model.model_size_gb, gpu.memory_gb, args.overhead_gb)
     gpus = 1 if sf else args.gpus
     gpus = gpus or kv.deployment_gpus(model.model_size_gb, gpu.memory_gb, args.overhead_gb)
@@ -137,22 +196,36 @@ def _run_kv(args) -> int:
     available = kv.available_kv_gib(model.model_size_gb, gpu.memory_gb, gpus, args.overhead_gb)
     where = gpu.name if gpus == 1 else f"{gpus} x {gpu.name} (tensor parallel)"
 
-    r = Report("kv").say("KV cache calculator (shared/seeds/002 ch9); sizes in binary units (the "
-                         "seed prints KiB as 'KB', GiB as 'GB')")  # fmt: skip
+    r = Report("kv").say(
+        "KV cache calculator (shared/seeds/002 ch9); sizes in binary units (the "
+        "seed prints KiB as 'KB', GiB as 'GB')"
+    )
     r.mode(sf, KV_FAITHFUL).say("")
     r.table("models", MODEL_COLS, models)
-    r.say("", f"Capacity: {model.name} ({model.model_size_gb:g} GB weights) on {where}, overhead "
-          f"{args.overhead_gb:g} GB per GPU: {available:.1f} GB left for KV")  # fmt: skip
+    r.say(
+        "",
+        f"Capacity: {model.name} ({model.model_size_gb:g} GB weights) on {where}, overhead "
+        f"{args.overhead_gb:g} GB per GPU: {available:.1f} GB left for KV",
+    )
     if args.custom and args.model_size_gb is None:
         r.say("(14 GB of weights is the seed's fallback for --custom; see --model-size-gb)")
     if fits_from is not None and fits_from > 1:
         r.say(f"(the weights need at least {fits_from} GPUs of {gpu.memory_gb:g} GB)")
     r.say(grid(CAPACITY_HEADS, [_capacity_cells(c) for c in capacity]), PAGING)
     r.say("", f"Fragmentation: {model.name}, every request pre-allocating its max context")
-    r.put(capacity={"model": model.name, "model_size_gb": model.model_size_gb, "gpu": gpu.name,
-                    "gpu_memory_gb": gpu.memory_gb, "num_gpus": gpus, "min_gpus_to_fit": fits_from,
-                    "overhead_gb_per_gpu": args.overhead_gb, "kv_bytes_per_token": per_token,
-                    "rows": capacity})  # fmt: skip
+    r.put(
+        capacity={
+            "model": model.name,
+            "model_size_gb": model.model_size_gb,
+            "gpu": gpu.name,
+            "gpu_memory_gb": gpu.memory_gb,
+            "num_gpus": gpus,
+            "min_gpus_to_fit": fits_from,
+            "overhead_gb_per_gpu": args.overhead_gb,
+            "kv_bytes_per_token": per_token,
+            "rows": capacity,
+        }
+    )
     r.table("fragmentation", FRAGMENTATION_COLS, fragmentation)
     r.emit(args)
     return 0
@@ -164,25 +237,35 @@ def _savings(s: px.PrefixSavings, num_requests: int) -> dict:
 
 
 def _savings_table(s: dict) -> str:
-    return grid(["", "Memory"], [
-        ["Without sharing", f"{s['bytes_without_sharing'] / 1e9:.2f} GB"],
-        ["With sharing", f"{s['bytes_with_sharing'] / 1e9:.2f} GB"],
-        ["Saved", f"{s['saved_bytes'] / 1e9:.2f} GB ({s['saved_fraction'] * 100:.1f}%)"],
-        ["Shared prefix (cached once)", f"{s['shared_bytes'] / 1e6:.2f} MB"],
-        ["Own tokens (all requests)", f"{s['unique_bytes'] / 1e9:.2f} GB"]])  # fmt: skip
+    return grid(
+        ["", "Memory"],
+        [
+            ["Without sharing", f"{s['bytes_without_sharing'] / 1e9:.2f} GB"],
+            ["With sharing", f"{s['bytes_with_sharing'] / 1e9:.2f} GB"],
+            ["Saved", f"{s['saved_bytes'] / 1e9:.2f} GB ({s['saved_fraction'] * 100:.1f}%)"],
+            ["Shared prefix (cached once)", f"{s['shared_bytes'] / 1e6:.2f} MB"],
+            ["Own tokens (all requests)", f"{s['unique_bytes'] / 1e9:.2f} GB"],
+        ],
+    )
 
 
 def _run_prefix(args) -> int:
     n, demo = args.num_requests, px.radix_demo()
     per_token = kv.model_kv_bytes_per_token(kv.get_model(args.model))
-    system = _savings(px.shared_prefix_savings(n, args.system_prompt_len, args.user_prompt_len,
-                                               per_token), n)  # fmt: skip
+    system = _savings(
+        px.shared_prefix_savings(n, args.system_prompt_len, args.user_prompt_len, per_token), n
+    )
     few_shot_len = px.FEW_SHOT_EXAMPLES * px.FEW_SHOT_EXAMPLE_LEN
     few = _savings(px.shared_prefix_savings(n, few_shot_len, px.FEW_SHOT_QUERY_LEN, per_token), n)
     lengths = zip(px.SEED_REQUESTS, demo.tokens_per_request, strict=True)
     requests = [[f"{i + 1}. {text}", tokens] for i, (text, tokens) in enumerate(lengths)]
-    r = Report("prefix", radix_demo=record(demo, "total_tokens", "savings"),
-               kv_bytes_per_token=per_token, system_prompt=system, few_shot=few)  # fmt: skip
+    r = Report(
+        "prefix",
+        radix_demo=record(demo, "total_tokens", "savings"),
+        kv_bytes_per_token=per_token,
+        system_prompt=system,
+        few_shot=few,
+    )
     r.say(
         "Prefix sharing (shared/seeds/002 ch9 prefix_sharing_demo.py); words get ids in "
         "first-seen order (the seed's salted hash() ids change per run)",

@@ -42,16 +42,24 @@ def add_parser(calc_sub) -> None:
     g.add_argument("--params", type=parse_count, default=70e9, help="parameter count")
     g.add_argument("--layers", type=positive_int, default=80, help="transformer layers")
     g.add_argument("--dp", type=positive_int, default=64, help="data-parallel degree")
-    g.add_argument("--link", choices=tuple(tc.SEED_LINKS), default="infiniband",
-                   help="the DP group's interconnect")  # fmt: skip
+    g.add_argument(
+        "--link",
+        choices=tuple(tc.SEED_LINKS),
+        default="infiniband",
+        help="the DP group's interconnect",
+    )
     g = p.add_argument_group("tp_mlp.py analysis (seed 002 defaults: -H 64 -b 4 -s 16 -t 4)")
     _alias(g, "--mlp-d-model", "--hidden", 64, "hidden size H")
     _alias(g, "--mlp-batch-size", "--mlp-batch", 4, "sequences")
     _alias(g, "--mlp-seq-len", "--mlp-seq", 16, "sequence length")
     g.add_argument("--mlp-tp", type=positive_int, default=4, help="tensor-parallel degree")
     _alias(g, "--scaling-d-model", "--scaling-hidden", 4096, "hidden size, MLP params example")
-    g.add_argument("--scaling-tp", type=positive_int, default=8,
-                   help="tensor-parallel degree, MLP params example")  # fmt: skip
+    g.add_argument(
+        "--scaling-tp",
+        type=positive_int,
+        default=8,
+        help="tensor-parallel degree, MLP params example",
+    )
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -62,11 +70,13 @@ def _alias(group, flag: str, old: str, default: int, help: str) -> None:
     hidden_alias(group, action, old)
 
 
-ZERO_COLS = [Col("zero_stage", "Stage", STAGE_NAMES.__getitem__),
-             Col("collectives", "Collectives"),
-             Col("bytes_per_gpu", "GB/GPU", lambda b: f"{b / 1e9:.1f}"),
-             Col("step_ms", "Step ms", ".2f"),
-             Col("per_layer_ms", "Per layer ms", ".2f")]  # fmt: skip
+ZERO_COLS = [
+    Col("zero_stage", "Stage", STAGE_NAMES.__getitem__),
+    Col("collectives", "Collectives"),
+    Col("bytes_per_gpu", "GB/GPU", lambda b: f"{b / 1e9:.1f}"),
+    Col("step_ms", "Step ms", ".2f"),
+    Col("per_layer_ms", "Per layer ms", ".2f"),
+]
 
 
 def run(args) -> int:
@@ -78,48 +88,96 @@ def run(args) -> int:
     # Tensor parallelism, forward: all-reduce after attention and after the MLP.
     tp_rows = []
     for link in (links["nvlink"], links["infiniband"]):
-        t = tc.tp_layer_comm(args.d_model, args.tp, args.batch_size, args.seq_len, link,
-                             seed_faithful=faithful)  # fmt: skip
-        tp_rows.append({"link": link.name, "bandwidth_gb_s": link.bandwidth_gb_s,
-                        "allreduce_ms": t.allreduce_ms, "per_layer_ms": t.per_layer_ms,
-                        "per_layer_bytes": t.per_layer_bytes})  # fmt: skip
+        t = tc.tp_layer_comm(
+            args.d_model, args.tp, args.batch_size, args.seq_len, link, seed_faithful=faithful
+        )
+        tp_rows.append(
+            {
+                "link": link.name,
+                "bandwidth_gb_s": link.bandwidth_gb_s,
+                "allreduce_ms": t.allreduce_ms,
+                "per_layer_ms": t.per_layer_ms,
+                "per_layer_bytes": t.per_layer_bytes,
+            }
+        )
     bandwidth = {x["link"]: x["bandwidth_gb_s"] for x in tp_rows}
-    r.say(f"Tensor parallel, per layer forward (d_model={args.d_model}, TP={args.tp}, "
-          f"batch={args.batch_size}, seq={args.seq_len}, bf16)")  # fmt: skip
-    r.table("tensor_parallel", [
-        Col("link", "Link", lambda name: f"{name} ({bandwidth[name]:g} GB/s)"),
-        Col("allreduce_ms", "Attn all-reduce ms", ".2f"),
-        Col("allreduce_ms", "MLP all-reduce ms", ".2f"),
-        Col("per_layer_ms", "Per layer ms", ".2f"),
-        Col("per_layer_bytes", "GB/layer", lambda b: f"{b / 1e9:.3f}")], tp_rows)  # fmt: skip
+    r.say(
+        f"Tensor parallel, per layer forward (d_model={args.d_model}, TP={args.tp}, "
+        f"batch={args.batch_size}, seq={args.seq_len}, bf16)"
+    )
+    r.table(
+        "tensor_parallel",
+        [
+            Col("link", "Link", lambda name: f"{name} ({bandwidth[name]:g} GB/s)"),
+            Col("allreduce_ms", "Attn all-reduce ms", ".2f"),
+            Col("allreduce_ms", "MLP all-reduce ms", ".2f"),
+            Col("per_layer_ms", "Per layer ms", ".2f"),
+            Col("per_layer_bytes", "GB/layer", lambda b: f"{b / 1e9:.3f}"),
+        ],
+        tp_rows,
+    )
     r.say("The backward pass adds two more all-reduces per layer. Keep TP inside a node.", "")
 
     link = links[args.link]
-    zero = [tc.zero_step_comm(args.params, args.layers, args.dp, stage, link,
-                              seed_faithful=faithful) for stage in range(4)]  # fmt: skip
-    r.say(f"FSDP/ZeRO per step: {fmt_count(args.params)} params (bf16 grads), {args.layers} "
-          f"layers, DP={args.dp} over {link.name} ({link.bandwidth_gb_s:g} GB/s)")  # fmt: skip
-    r.table("zero", ZERO_COLS, [
-        {"zero_stage": z.stage, "collectives": z.collectives, "bytes_per_gpu": z.bytes_per_gpu,
-         "step_ms": z.step_ms, "per_layer_ms": z.per_layer_ms} for z in zero])  # fmt: skip
+    zero = [
+        tc.zero_step_comm(args.params, args.layers, args.dp, stage, link, seed_faithful=faithful)
+        for stage in range(4)
+    ]
+    r.say(
+        f"FSDP/ZeRO per step: {fmt_count(args.params)} params (bf16 grads), {args.layers} "
+        f"layers, DP={args.dp} over {link.name} ({link.bandwidth_gb_s:g} GB/s)"
+    )
+    r.table(
+        "zero",
+        ZERO_COLS,
+        [
+            {
+                "zero_stage": z.stage,
+                "collectives": z.collectives,
+                "bytes_per_gpu": z.bytes_per_gpu,
+                "step_ms": z.step_ms,
+                "per_layer_ms": z.per_layer_ms,
+            }
+            for z in zero
+        ],
+    )
     r.say("")
 
     vol = tc.zero_volume_table()
     model_gb, ddp = args.params * 2 / 1e9, vol[0].total_d
-    r.say(f"DDP/ZeRO volume per GPU, D = model size (shared/seeds/002 L3318-3322; "
-          f"GB for {fmt_count(args.params)} params in bf16)")  # fmt: skip
-    r.table("zero_volume_d", [
-        Col("strategy", "Strategy"), Col("forward", "Forward", _d), Col("backward", "Backward", _d),
-        Col("optimizer", "Optimizer", _d), Col("total", "Total", _d),
-        Col("total", "GB", lambda t: f"{t * model_gb:,.0f}"),
-        Col("total", "vs DDP", lambda t: f"{t / ddp:.1f}x"),
-        Col("paper_total", "ZeRO paper", _d)], [
-        {"strategy": STAGE_NAMES[v.stage], "forward": v.forward_d, "backward": v.backward_d,
-         "optimizer": v.optimizer_d, "total": v.total_d, "paper_total": v.paper_total_d}
-        for v in vol])  # fmt: skip
-    r.say(f"ZeRO-3 moves {vol[3].total_d / ddp:.1f}x DDP's volume by this table "
-          "(the seed's prose, L3326, says 3x; the ZeRO paper's accounting gives 1.5x).",
-          "")  # fmt: skip
+    r.say(
+        f"DDP/ZeRO volume per GPU, D = model size (shared/seeds/002 L3318-3322; "
+        f"GB for {fmt_count(args.params)} params in bf16)"
+    )
+    r.table(
+        "zero_volume_d",
+        [
+            Col("strategy", "Strategy"),
+            Col("forward", "Forward", _d),
+            Col("backward", "Backward", _d),
+            Col("optimizer", "Optimizer", _d),
+            Col("total", "Total", _d),
+            Col("total", "GB", lambda t: f"{t * model_gb:,.0f}"),
+            Col("total", "vs DDP", lambda t: f"{t / ddp:.1f}x"),
+            Col("paper_total", "ZeRO paper", _d),
+        ],
+        [
+            {
+                "strategy": STAGE_NAMES[v.stage],
+                "forward": v.forward_d,
+                "backward": v.backward_d,
+                "optimizer": v.optimizer_d,
+                "total": v.total_d,
+                "paper_total": v.paper_total_d,
+            }
+            for v in vol
+        ],
+    )
+    r.say(
+        f"ZeRO-3 moves {vol[3].total_d / ddp:.1f}x DDP's volume by this table "
+        "(the seed's prose, L3326, says 3x; the ZeRO paper's accounting gives 1.5x).",
+        "",
+    )
 
     m = tc.tp_mlp_comm(args.mlp_d_model, args.mlp_batch_size, args.mlp_seq_len, args.mlp_tp)
     full = tc.mlp_params_per_gpu(args.scaling_d_model)
@@ -137,11 +195,16 @@ def run(args) -> int:
         f"({full * 4 / 1e6:,.1f} MB fp32) -> TP={args.scaling_tp}: {split / 1e6:,.2f}M "
         f"({split * 4 / 1e6:,.1f} MB per GPU)",
     )
-    r.put(tp_mlp={"elements_per_allreduce": m.elements_per_allreduce,
-                  "bytes_per_allreduce": m.bytes_per_allreduce,
-                  "ring_bytes_per_gpu": m.ring_bytes_per_gpu,
-                  "ring_bytes_total": m.ring_bytes_total, "mlp_params": full,
-                  "mlp_params_per_gpu": split})  # fmt: skip
+    r.put(
+        tp_mlp={
+            "elements_per_allreduce": m.elements_per_allreduce,
+            "bytes_per_allreduce": m.bytes_per_allreduce,
+            "ring_bytes_per_gpu": m.ring_bytes_per_gpu,
+            "ring_bytes_total": m.ring_bytes_total,
+            "mlp_params": full,
+            "mlp_params_per_gpu": split,
+        }
+    )
     r.emit(args)
     return 0
 

@@ -33,16 +33,26 @@ def add_parser(calc_sub) -> None:
         "style model) and the table verifying the 6N rule.",
         example="jaxscale calc flops --model llama-7b --attention --causal",
     )
-    p.add_argument("--model", type=arg_type(get_model),
-                   help=f"a preset instead of the shape flags: {', '.join(MODELS)}")  # fmt: skip
-    p.add_argument("--d-model", type=positive_int, default=SEED_FLOPS_CONFIG["d_model"],
-                   help="hidden size")  # fmt: skip
-    p.add_argument("--layers", type=positive_int, default=SEED_FLOPS_CONFIG["layers"],
-                   help="transformer layers")  # fmt: skip
-    p.add_argument("--seq-len", type=positive_int, default=SEED_FLOPS_CONFIG["seq_len"],
-                   help="sequence length")  # fmt: skip
-    p.add_argument("--vocab", type=positive_int, default=SEED_FLOPS_CONFIG["vocab"],
-                   help="vocabulary size")  # fmt: skip
+    p.add_argument(
+        "--model",
+        type=arg_type(get_model),
+        help=f"a preset instead of the shape flags: {', '.join(MODELS)}",
+    )
+    p.add_argument(
+        "--d-model", type=positive_int, default=SEED_FLOPS_CONFIG["d_model"], help="hidden size"
+    )
+    p.add_argument(
+        "--layers",
+        type=positive_int,
+        default=SEED_FLOPS_CONFIG["layers"],
+        help="transformer layers",
+    )
+    p.add_argument(
+        "--seq-len", type=positive_int, default=SEED_FLOPS_CONFIG["seq_len"], help="sequence length"
+    )
+    p.add_argument(
+        "--vocab", type=positive_int, default=SEED_FLOPS_CONFIG["vocab"], help="vocabulary size"
+    )
     p.add_argument("--d-ff", type=positive_int, help="MLP width (default 4 * d_model)")
     p.add_argument("--attention", action="store_true", help="count QK^T and AV matmuls")
     p.add_argument("--causal", action="store_true", help="halve the attention-score FLOPs")
@@ -56,10 +66,14 @@ def add_parser(calc_sub) -> None:
         description="Chinchilla-optimal training tokens and 6ND compute (seed 001 §2).",
         example="jaxscale calc chinchilla --params 7B,70B --tokens 2T --plot chinchilla.png",
     )
-    p.add_argument("--params", type=comma_list(parse_count),
-                   help="parameter counts, e.g. 7B,70B (default: the seed's models)")  # fmt: skip
-    p.add_argument("--tokens-per-param", type=positive_float, default=20.0,
-                   help="the compute-optimal ratio")  # fmt: skip
+    p.add_argument(
+        "--params",
+        type=comma_list(parse_count),
+        help="parameter counts, e.g. 7B,70B (default: the seed's models)",
+    )
+    p.add_argument(
+        "--tokens-per-param", type=positive_float, default=20.0, help="the compute-optimal ratio"
+    )
     p.add_argument("--tokens", type=parse_count, help="tokens actually trained on, for the ratio")
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run_chinchilla))
@@ -76,8 +90,12 @@ def add_parser(calc_sub) -> None:
     p.add_argument("--experts", type=positive_int, help="number of experts")
     p.add_argument("--expert-size", type=parse_count, help="parameters of one expert, e.g. 7B")
     p.add_argument("--top-k", type=positive_int, help="experts per token")
-    p.add_argument("--tokens-per-param", type=positive_float, default=20.0,
-                   help="optimal tokens per active parameter")  # fmt: skip
+    p.add_argument(
+        "--tokens-per-param",
+        type=positive_float,
+        default=20.0,
+        help="optimal tokens per active parameter",
+    )
     add_output_flags(p)
     p.set_defaults(func=guarded(run_moe))
 
@@ -93,46 +111,80 @@ FLOPS_ROWS = (
     ("bwd_total", "bwd_total", "BWD total"),
     ("step_total", "step_total", "Full step"),
 )
-SIX_N_COLS = [Col("model", "Model"), Col("n_params", "Params", fmt_count),
-              Col("detailed", "Detailed", ",.0f"), Col("six_n", "6N", ",.0f"),
-              Col("ratio", "Ratio", ".2f")]  # fmt: skip
+SIX_N_COLS = [
+    Col("model", "Model"),
+    Col("n_params", "Params", fmt_count),
+    Col("detailed", "Detailed", ",.0f"),
+    Col("six_n", "6N", ",.0f"),
+    Col("ratio", "Ratio", ".2f"),
+]
 
 
 def run_flops(args) -> int:
     if m := args.model:
         shape = (m.name, m.d_model, m.n_layers, m.max_seq_len, m.vocab_size, args.d_ff or m.d_ff)
     else:
-        shape = ("GPT-3 style model", args.d_model, args.layers, args.seq_len, args.vocab,
-                 args.d_ff)  # fmt: skip
+        shape = (
+            "GPT-3 style model",
+            args.d_model,
+            args.layers,
+            args.seq_len,
+            args.vocab,
+            args.d_ff,
+        )
     name, d_model, layers, seq_len, vocab, d_ff = shape
-    f = fl.transformer_flops_per_token(d_model, layers, seq_len, vocab, d_ff=d_ff,
-                                       include_attention=args.attention, causal=args.causal,
-                                       seed_faithful=args.seed_faithful)  # fmt: skip
+    f = fl.transformer_flops_per_token(
+        d_model,
+        layers,
+        seq_len,
+        vocab,
+        d_ff=d_ff,
+        include_attention=args.attention,
+        causal=args.causal,
+        seed_faithful=args.seed_faithful,
+    )
     counts = {key: getattr(f, attr) for key, attr, _ in FLOPS_ROWS}
     rows = [[head, f"{counts[key]:,.0f}"] for key, _, head in FLOPS_ROWS]
     if not args.attention:
         rows[1][1] = "not counted (--attention)"
-    rows += [["BWD / FWD ratio", f"{f.bwd_total / f.fwd_total:.1f}x"],
-             ["Step / FWD ratio", f"{f.step_total / f.fwd_total:.1f}x"]]  # fmt: skip
+    rows += [
+        ["BWD / FWD ratio", f"{f.bwd_total / f.fwd_total:.1f}x"],
+        ["Step / FWD ratio", f"{f.step_total / f.fwd_total:.1f}x"],
+    ]
     checks = [fl.check_six_n(*spec) for spec in fl.SIX_N_MODELS]
     r = Report("flops")
-    r.say(f"FLOPs per token, {name}: d_model={d_model}, layers={layers}, seq_len={seq_len}, "
-          f"vocab={vocab}")  # fmt: skip
+    r.say(
+        f"FLOPs per token, {name}: d_model={d_model}, layers={layers}, seq_len={seq_len}, "
+        f"vocab={vocab}"
+    )
     r.mode(args.seed_faithful, FAITHFUL_FLOPS)
     r.put(model=name, d_model=d_model, layers=layers, seq_len=seq_len, vocab=vocab, **counts)
     r.say("", grid(["Component", "FLOPs per token"], rows), "")
     r.say("Verification of the 6N rule (seq_len 1, vocab 50000, as shared/seeds/001 L478-500)")
-    r.table("six_n_check", SIX_N_COLS, [
-        {"model": c.name, "n_params": c.n_params, "detailed": c.detailed_flops,
-         "six_n": c.six_n_flops, "ratio": c.ratio} for c in checks])  # fmt: skip
+    r.table(
+        "six_n_check",
+        SIX_N_COLS,
+        [
+            {
+                "model": c.name,
+                "n_params": c.n_params,
+                "detailed": c.detailed_flops,
+                "six_n": c.six_n_flops,
+                "ratio": c.ratio,
+            }
+            for c in checks
+        ],
+    )
     r.emit(args)
     return 0
 
 
-CHINCHILLA_COLS = [Col("model", "Model"), Col("n_params", "Params", billions),
-                   Col("optimal_tokens", "Optimal tokens", billions),
-                   Col("compute_flops", "Compute (ZettaFLOPs)",
-                       lambda c: f"{c / sl.ZETTA:,.2f}")]  # fmt: skip
+CHINCHILLA_COLS = [
+    Col("model", "Model"),
+    Col("n_params", "Params", billions),
+    Col("optimal_tokens", "Optimal tokens", billions),
+    Col("compute_flops", "Compute (ZettaFLOPs)", lambda c: f"{c / sl.ZETTA:,.2f}"),
+]
 
 
 def run_chinchilla(args) -> int:
@@ -146,25 +198,48 @@ def run_chinchilla(args) -> int:
             raise ValueError("--tokens needs --params")
     for _, n in models:
         if not n * args.tokens_per_param > 0:
-            raise ValueError(f"--params {n:g} x --tokens-per-param {args.tokens_per_param:g} "
-                             "underflows to 0 tokens")  # fmt: skip
+            raise ValueError(
+                f"--params {n:g} x --tokens-per-param {args.tokens_per_param:g} "
+                "underflows to 0 tokens"
+            )
     chin = [sl.chinchilla_row(name, n, args.tokens_per_param) for name, n in models]
     r = Report("chinchilla", tokens_per_param=args.tokens_per_param)
-    r.say(f"Compute-optimal training tokens ({args.tokens_per_param:g} per parameter; "
-          "compute = 6 * N * D)", "")  # fmt: skip
-    records = r.table("models", CHINCHILLA_COLS, [
-        {"model": c.name, "n_params": c.n_params, "optimal_tokens": c.optimal_tokens,
-         "compute_flops": c.compute_flops} for c in chin])  # fmt: skip
+    r.say(
+        f"Compute-optimal training tokens ({args.tokens_per_param:g} per parameter; "
+        "compute = 6 * N * D)",
+        "",
+    )
+    records = r.table(
+        "models",
+        CHINCHILLA_COLS,
+        [
+            {
+                "model": c.name,
+                "n_params": c.n_params,
+                "optimal_tokens": c.optimal_tokens,
+                "compute_flops": c.compute_flops,
+            }
+            for c in chin
+        ],
+    )
     r.say("")
-    ratios = [{"model": name, "n_params": n, "tokens": tokens,
-               "tokens_per_param": sl.tokens_per_param(n, tokens)}
-              for name, n, tokens in actual]  # fmt: skip
+    ratios = [
+        {
+            "model": name,
+            "n_params": n,
+            "tokens": tokens,
+            "tokens_per_param": sl.tokens_per_param(n, tokens),
+        }
+        for name, n, tokens in actual
+    ]
     r.put(actual=ratios)
     for x in ratios:
         ratio = x["tokens_per_param"]
         verdict = "undertrained" if ratio < args.tokens_per_param else "overtrained for quality"
-        r.say(f"{x['model']} trained on {billions(x['tokens'])} tokens = {ratio:.1f}x ratio "
-              f"({verdict})")  # fmt: skip
+        r.say(
+            f"{x['model']} trained on {billions(x['tokens'])} tokens = {ratio:.1f}x ratio "
+            f"({verdict})"
+        )
     if args.plot:
         _plot_chinchilla(args.plot, records, args.tokens_per_param)
         r.say(f"plot written to {args.plot}")
@@ -172,10 +247,13 @@ def run_chinchilla(args) -> int:
     return 0
 
 
-MOE_COLS = [Col("model", "Model"), Col("total_params", "Total", billions),
-            Col("active_params", "Active", billions),
-            Col("active_fraction", "Active/total", lambda x: f"{x * 100:.1f}%"),
-            Col("optimal_tokens", "Optimal tokens", billions)]  # fmt: skip
+MOE_COLS = [
+    Col("model", "Model"),
+    Col("total_params", "Total", billions),
+    Col("active_params", "Active", billions),
+    Col("active_fraction", "Active/total", lambda x: f"{x * 100:.1f}%"),
+    Col("optimal_tokens", "Optimal tokens", billions),
+]
 
 
 def run_moe(args) -> int:
@@ -191,14 +269,26 @@ def run_moe(args) -> int:
     else:
         models = sl.MOE_MODELS
     r = Report("moe")
-    r.say("Mixture of experts: total = shared + experts * expert size; active = shared + top_k *"
-          " expert size",
-          f"Optimal tokens = {args.tokens_per_param:g} x ACTIVE parameters", "")  # fmt: skip
-    r.table("models", MOE_COLS, [
-        {"model": name, "total_params": m.total_params, "active_params": m.active_params,
-         "active_fraction": m.active_fraction,
-         "optimal_tokens": m.optimal_tokens(args.tokens_per_param)}
-        for name, m in models.items()])  # fmt: skip
+    r.say(
+        "Mixture of experts: total = shared + experts * expert size; active = shared + top_k *"
+        " expert size",
+        f"Optimal tokens = {args.tokens_per_param:g} x ACTIVE parameters",
+        "",
+    )
+    r.table(
+        "models",
+        MOE_COLS,
+        [
+            {
+                "model": name,
+                "total_params": m.total_params,
+                "active_params": m.active_params,
+                "active_fraction": m.active_fraction,
+                "optimal_tokens": m.optimal_tokens(args.tokens_per_param),
+            }
+            for name, m in models.items()
+        ],
+    )
     r.say("", "Compute follows the active parameters, memory the total.")
     r.emit(args)
     return 0
@@ -217,8 +307,14 @@ def _plot_chinchilla(path, records: list[dict], tokens_per_param: float) -> None
             points.setdefault(xy, []).append(x["model"])
         for xy, names in points.items():
             ax1.scatter(*xy, s=60, zorder=5)
-            ax1.annotate("\n".join(names), xy, xytext=(8, -4), textcoords="offset points",
-                         va="top", fontsize=8)  # fmt: skip
+            ax1.annotate(
+                "\n".join(names),
+                xy,
+                xytext=(8, -4),
+                textcoords="offset points",
+                va="top",
+                fontsize=8,
+            )
         ax1.set_xlabel("Model parameters (billions)")
         ax1.set_ylabel("Training tokens (billions)")
         ax1.set_title(f"Chinchilla optimal: {tokens_per_param:g} tokens per parameter")

@@ -51,17 +51,22 @@ def add_parser(calc_sub) -> None:
         "--master). Without --model/--params it prints seed 000's tables.",
         example="jaxscale calc memory --params 70B --gpus 64 --tp 8 --pp 2 --plot memory.png",
     )
-    p.add_argument("--model", type=comma_list(get_model),
-                   help=f"presets, comma-separated: {', '.join(MODELS)}")  # fmt: skip
+    p.add_argument(
+        "--model", type=comma_list(get_model), help=f"presets, comma-separated: {', '.join(MODELS)}"
+    )
     p.add_argument("--params", type=parse_count, help="parameter count instead, e.g. 70B")
-    p.add_argument("--scenario", choices=("seed000", "seed001", "s4"),
-                   help="a seed's table: seed 000's ZeRO stages (the default), seed 001's "
-                   "LLaMA-2-70B configurations, seed 004's GPT-3 on one GPU")  # fmt: skip
+    p.add_argument(
+        "--scenario",
+        choices=("seed000", "seed001", "s4"),
+        help="a seed's table: seed 000's ZeRO stages (the default), seed 001's "
+        "LLaMA-2-70B configurations, seed 004's GPT-3 on one GPU",
+    )
     p.add_argument("--gpus", type=positive_int, default=8, help="GPUs")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline stages")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
-                   help="only this ZeRO stage (default: all four)")  # fmt: skip
+    p.add_argument(
+        "--zero", type=int, choices=(0, 1, 2, 3), help="only this ZeRO stage (default: all four)"
+    )
     p.add_argument("--master", action="store_true", help="keep an fp32 master copy (+4 B/param)")
     a = p.add_argument(
         "--gpu-mem", type=positive_float, default=80, help="GB of memory per GPU (an A100's)"
@@ -75,8 +80,9 @@ def add_parser(calc_sub) -> None:
     )
     a = p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per GPU")
     hidden_alias(p, a, "--batch")
-    a = p.add_argument("--seq-len", type=positive_int,
-                       help="sequence length (default: the preset's, else 2048)")  # fmt: skip
+    a = p.add_argument(
+        "--seq-len", type=positive_int, help="sequence length (default: the preset's, else 2048)"
+    )
     hidden_alias(p, a, "--seq")
     a = p.add_argument("--d-model", type=positive_int, help="hidden size, with --params")
     hidden_alias(p, a, "--hidden")
@@ -132,8 +138,11 @@ def _record(m: mem.TrainingMemory, capacity: float, **fields) -> dict:
 
 def _cols(first: Col, parts, fmt, args, fits=("YES", "NO")) -> list[Col]:
     """The first column, one per (field, header) part, and whether the total fits."""
-    return [first, *(Col(key, head, fmt) for key, head in parts),
-            Col("fits", f"Fits {args.gpu_mem:g} GB?", lambda ok: fits[not ok])]  # fmt: skip
+    return [
+        first,
+        *(Col(key, head, fmt) for key, head in parts),
+        Col("fits", f"Fits {args.gpu_mem:g} GB?", lambda ok: fits[not ok]),
+    ]
 
 
 def _zero_cols(first: Col, args) -> list[Col]:
@@ -153,11 +162,15 @@ def _zero_tables(args) -> int:
     per_param = mem.MIXED_ADAM_BYTES_PER_PARAM + master
     stages = [args.zero] if args.zero is not None else list(mem.ZERO_STAGES)
     r = Report("memory")
-    r.say("Training memory, mixed-precision Adam: bf16 weights 2 + bf16 grads 2 + fp32 Adam m,v 8"
-          + (" + fp32 master 4" if master else "") + f" = {per_param} B/param")  # fmt: skip
+    r.say(
+        "Training memory, mixed-precision Adam: bf16 weights 2 + bf16 grads 2 + fp32 Adam m,v 8"
+        + (" + fp32 master 4" if master else "")
+        + f" = {per_param} B/param"
+    )
     r.mode(args.seed_faithful, FAITHFUL_WHAT)
-    r.put(bytes_per_param=per_param, device_memory_bytes=capacity, gpus=args.gpus, dp=dp, tp=tp,
-          pp=pp)  # fmt: skip
+    r.put(
+        bytes_per_param=per_param, device_memory_bytes=capacity, gpus=args.gpus, dp=dp, tp=tp, pp=pp
+    )
     models = _models(args)
     single = []
     for name, n, hidden, layers, seq in models:
@@ -170,9 +183,15 @@ def _zero_tables(args) -> int:
     per_gpu, stage_col = [], Col("zero_stage", "ZeRO stage", STAGE_LABELS.__getitem__)
     for name, n, hidden, layers, seq in models:
         act = _activation_bytes(args, n, hidden, layers, seq, tp, pp)
-        rows = mem.zero_stage_memories(n, dp=dp, tp=tp, pp=pp, master_bytes=master,
-                                       activation_bytes=act,
-                                       seed_faithful=args.seed_faithful)  # fmt: skip
+        rows = mem.zero_stage_memories(
+            n,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            master_bytes=master,
+            activation_bytes=act,
+            seed_faithful=args.seed_faithful,
+        )
         records = [_record(rows[s], capacity, zero_stage=s) for s in stages]
         per_gpu.append({"model": name, "n_params": n, "stages": records})
         r.say(f"--- {name} ({fmt_count(n)} params) ---")
@@ -193,13 +212,20 @@ def _seed001(args) -> int:
     records = []
     for name, tp, pp, dp, zero, ckpt in SEED001_CONFIGS:
         act = mem.activation_bytes_param_heuristic(SEED001_PARAMS, tp=tp, pp=pp, checkpointing=ckpt)
-        m = mem.training_memory_per_device(SEED001_PARAMS, dp=dp, tp=tp, pp=pp, zero_stage=zero,
-                                           activation_bytes=act)  # fmt: skip
-        records.append(_record(m, capacity, config=name, tp=tp, pp=pp, dp=dp, zero_stage=zero,
-                               checkpointing=ckpt))  # fmt: skip
+        m = mem.training_memory_per_device(
+            SEED001_PARAMS, dp=dp, tp=tp, pp=pp, zero_stage=zero, activation_bytes=act
+        )
+        records.append(
+            _record(
+                m, capacity, config=name, tp=tp, pp=pp, dp=dp, zero_stage=zero, checkpointing=ckpt
+            )
+        )
     r = Report("memory", scenario="seed001")
-    r.say("Memory per GPU for a 70B model (shared/seeds/001 L622-645; activations = 10x params,",
-          "3x with gradient checkpointing, in bf16)", "")  # fmt: skip
+    r.say(
+        "Memory per GPU for a 70B model (shared/seeds/001 L622-645; activations = 10x params,",
+        "3x with gradient checkpointing, in bf16)",
+        "",
+    )
     parts = zip(PARTS, SEED001_HEADS, strict=True)
     cols = _cols(Col("config", "Configuration"), parts, _gb(1), args, ("yes", "no"))
     r.table("rows", cols, records)
@@ -213,14 +239,19 @@ def _s4(args) -> int:
         mem.single_gpu_memory(175e9, mixed_precision=True, activation_checkpointing=c, **S4_GPT3)
         for c in (False, True)
     )
-    rows = [[head] + [_gb(2)(getattr(m, key)) for m in (plain, ckpt)]
-            for key, head in zip(PARTS, S4_HEADS, strict=True)]  # fmt: skip
+    rows = [
+        [head] + [_gb(2)(getattr(m, key)) for m in (plain, ckpt)]
+        for key, head in zip(PARTS, S4_HEADS, strict=True)
+    ]
     fits = ["Fits" if mem.fits(m, capacity) else "Does not fit" for m in (plain, ckpt)]
     rows.append([f"{args.gpu_mem:g} GB GPU", *fits])
     r = Report("memory", scenario="s4")
-    r.say("GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision "
-          "(shared/seeds/004 L1610-1636)", "",
-          grid(["Component", "No checkpointing", "Checkpointing (sqrt L)"], rows))  # fmt: skip
+    r.say(
+        "GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision "
+        "(shared/seeds/004 L1610-1636)",
+        "",
+        grid(["Component", "No checkpointing", "Checkpointing (sqrt L)"], rows),
+    )
     r.put(no_checkpointing=_record(plain, capacity), checkpointing=_record(ckpt, capacity))
     r.emit(args)
     return 0
@@ -230,9 +261,13 @@ def _gb(digits: int):
     return lambda n: f"{n / 1e9:.{digits}f} GB"
 
 
-PLOT_PARTS = (("weights", "Weights (bf16)"), ("gradients", "Gradients (bf16)"),
-              ("optimizer", "Optimizer states (fp32)"), ("master", "Master copy (fp32)"),
-              ("activations", "Activations"))  # fmt: skip
+PLOT_PARTS = (
+    ("weights", "Weights (bf16)"),
+    ("gradients", "Gradients (bf16)"),
+    ("optimizer", "Optimizer states (fp32)"),
+    ("master", "Master copy (fp32)"),
+    ("activations", "Activations"),
+)
 
 
 def _plot(path, model: dict, gpus: int, capacity_gb: float) -> None:
@@ -246,8 +281,9 @@ def _plot(path, model: dict, gpus: int, capacity_gb: float) -> None:
             if any(values):
                 ax.bar(labels, values, 0.5, bottom=bottom, label=label)
                 bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.axhline(capacity_gb, color="red", linestyle="--",
-                   label=f"GPU capacity ({capacity_gb:g} GB)")  # fmt: skip
+        ax.axhline(
+            capacity_gb, color="red", linestyle="--", label=f"GPU capacity ({capacity_gb:g} GB)"
+        )
         for i, total in enumerate(bottom):
             ax.text(i, total, f"{total:.1f} GB", ha="center", va="bottom")
         ax.set_ylabel("Per-GPU memory (GB)")

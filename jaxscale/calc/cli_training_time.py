@@ -45,24 +45,51 @@ def add_parser(calc_sub) -> None:
     )
     p.add_argument("--params", type=parse_count, default=70e9, help="parameter count")
     p.add_argument("--tokens", type=parse_count, default=2e12, help="training tokens")
-    p.add_argument("--gpu", type=comma_list(_gpu), help=f"devices, comma-separated: "
-                   f"{', '.join(DEVICES)} (default: {SEED_GPUS})")  # fmt: skip
-    p.add_argument("--gpus", type=comma_list(positive_int), default=[512, 1024, 2048],
-                   help="GPU counts, comma-separated")  # fmt: skip
+    p.add_argument(
+        "--gpu",
+        type=comma_list(_gpu),
+        help=f"devices, comma-separated: {', '.join(DEVICES)} (default: {SEED_GPUS})",
+    )
+    p.add_argument(
+        "--gpus",
+        type=comma_list(positive_int),
+        default=[512, 1024, 2048],
+        help="GPU counts, comma-separated",
+    )
     p.add_argument("--mfu", type=fraction, default=0.5, help="model FLOPs utilisation")
-    p.add_argument("--usd-per-gpu-hour", type=non_negative_float, default=tt.SEED_USD_PER_GPU_HOUR,
-                   help="price of one GPU-hour in USD")  # fmt: skip
-    p.add_argument("--sweep-gpu", type=_gpu, help="device of the MFU sweep "
-                   "(default: seed 001's h100 at its 990 TFLOPS)")  # fmt: skip
+    p.add_argument(
+        "--usd-per-gpu-hour",
+        type=non_negative_float,
+        default=tt.SEED_USD_PER_GPU_HOUR,
+        help="price of one GPU-hour in USD",
+    )
+    p.add_argument(
+        "--sweep-gpu",
+        type=_gpu,
+        help="device of the MFU sweep (default: seed 001's h100 at its 990 TFLOPS)",
+    )
     p.add_argument("--sweep-gpus", type=positive_int, default=1024, help="GPUs of the MFU sweep")
-    p.add_argument("--samples", type=parse_count, default=300e9,
-                   help="dataset size of seed 004's throughput estimate")  # fmt: skip
-    p.add_argument("--batch-size", type=parse_count, default=4e6,
-                   help="batch of seed 004's throughput estimate")  # fmt: skip
-    p.add_argument("--epochs", type=parse_count, default=1.0,
-                   help="epochs of seed 004's throughput estimate")  # fmt: skip
-    p.add_argument("--samples-per-second", type=parse_count, default=1000.0,
-                   help="throughput of seed 004's estimate")  # fmt: skip
+    p.add_argument(
+        "--samples",
+        type=parse_count,
+        default=300e9,
+        help="dataset size of seed 004's throughput estimate",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=parse_count,
+        default=4e6,
+        help="batch of seed 004's throughput estimate",
+    )
+    p.add_argument(
+        "--epochs", type=parse_count, default=1.0, help="epochs of seed 004's throughput estimate"
+    )
+    p.add_argument(
+        "--samples-per-second",
+        type=parse_count,
+        default=1000.0,
+        help="throughput of seed 004's estimate",
+    )
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
 
@@ -87,34 +114,65 @@ def run(args) -> int:
     for gpu, peak in peaks:
         for n in args.gpus:
             t = estimate(n, peak)
-            runs.append({"gpu": gpu, "num_gpus": n, "total_flops": t.total_flops, "days": t.days,
-                         "gpu_hours": t.gpu_hours, "cost_usd": t.cost_usd(price),
-                         "peak_tflops": peak, "effective_tflops": t.effective_tflops})  # fmt: skip
-    sweep = [{"mfu": m, "days": t.days, "gpu_hours": t.gpu_hours}
-             for m in MFU_SWEEP for t in [estimate(args.sweep_gpus, sweep_peak, m)]]  # fmt: skip
+            runs.append(
+                {
+                    "gpu": gpu,
+                    "num_gpus": n,
+                    "total_flops": t.total_flops,
+                    "days": t.days,
+                    "gpu_hours": t.gpu_hours,
+                    "cost_usd": t.cost_usd(price),
+                    "peak_tflops": peak,
+                    "effective_tflops": t.effective_tflops,
+                }
+            )
+    sweep = [
+        {"mfu": m, "days": t.days, "gpu_hours": t.gpu_hours}
+        for m in MFU_SWEEP
+        for t in [estimate(args.sweep_gpus, sweep_peak, m)]
+    ]
     hours = tt.throughput_training_hours(
         args.samples, args.batch_size, args.epochs, args.samples_per_second
     )
     year_cost = tt.cluster_cost_usd(1, S4_ONE_GPU_YEAR_HOURS, price)
     cluster_cost = tt.cluster_cost_usd(S4_CLUSTER_GPUS, S4_CLUSTER_HOURS, price)
-    implied = tt.implied_scaling_efficiency(S4_ONE_GPU_YEAR_HOURS, S4_CLUSTER_GPUS,
-                                            S4_CLUSTER_HOURS)  # fmt: skip
+    implied = tt.implied_scaling_efficiency(
+        S4_ONE_GPU_YEAR_HOURS, S4_CLUSTER_GPUS, S4_CLUSTER_HOURS
+    )
 
     r = Report("time", n_params=args.params, n_tokens=args.tokens, mfu=args.mfu)
-    r.say(f"Training time: {fmt_count(args.params)} params, {fmt_count(args.tokens)} tokens, MFU"
-          f" {args.mfu:.0%} (6*N*D = {6 * args.params * args.tokens:.3g} FLOPs)", "")  # fmt: skip
-    run_cols = [Col("label", "GPUs"), Col("days", "Days", ",.1f"),
-                Col("gpu_hours", "GPU-hours", ",.0f"),
-                Col("effective_tflops", "Eff. TFLOPS", ",.0f"),
-                Col("cost_usd", f"Cost @ ${price:g}/h", lambda c: f"${c:,.0f}")]  # fmt: skip
+    r.say(
+        f"Training time: {fmt_count(args.params)} params, {fmt_count(args.tokens)} tokens, MFU"
+        f" {args.mfu:.0%} (6*N*D = {6 * args.params * args.tokens:.3g} FLOPs)",
+        "",
+    )
+    run_cols = [
+        Col("label", "GPUs"),
+        Col("days", "Days", ",.1f"),
+        Col("gpu_hours", "GPU-hours", ",.0f"),
+        Col("effective_tflops", "Eff. TFLOPS", ",.0f"),
+        Col("cost_usd", f"Cost @ ${price:g}/h", lambda c: f"${c:,.0f}"),
+    ]
     r.put(runs=runs)
     r.table(None, run_cols, [{**x, "label": f"{x['gpu'].upper()} x {x['num_gpus']}"} for x in runs])
     r.say("", f"Effect of MFU ({sweep_gpu.upper()} x {args.sweep_gpus})")
-    r.table("mfu_sweep", [Col("mfu", "MFU", ".0%"), Col("days", "Days", ",.1f"),
-                          Col("gpu_hours", "GPU-hours", ",.0f")], sweep)  # fmt: skip
-    r.put(sweep_gpu=sweep_gpu, sweep_peak_tflops=sweep_peak, throughput_hours=hours,
-          one_gpu_year_cost_usd=year_cost, cluster_cost_usd=cluster_cost,
-          implied_scaling_efficiency=implied)  # fmt: skip
+    r.table(
+        "mfu_sweep",
+        [
+            Col("mfu", "MFU", ".0%"),
+            Col("days", "Days", ",.1f"),
+            Col("gpu_hours", "GPU-hours", ",.0f"),
+        ],
+        sweep,
+    )
+    r.put(
+        sweep_gpu=sweep_gpu,
+        sweep_peak_tflops=sweep_peak,
+        throughput_hours=hours,
+        one_gpu_year_cost_usd=year_cost,
+        cluster_cost_usd=cluster_cost,
+        implied_scaling_efficiency=implied,
+    )
     r.say(
         "",
         "Throughput estimate (shared/seeds/004 L80-110): "
@@ -123,8 +181,10 @@ def run(args) -> int:
         f"  {hours:,.0f} hours ({hours / 24:,.0f} days)",
     )
     if (args.samples, args.epochs, args.samples_per_second) == (300e9, 1.0, 1000.0):
-        r.say(f"  (the seed's comment says ~{S4_COMMENT_HOURS:,} hours / ~868 days; its code and"
-              " the arithmetic give the figure above)")  # fmt: skip
+        r.say(
+            f"  (the seed's comment says ~{S4_COMMENT_HOURS:,} hours / ~868 days; its code and"
+            " the arithmetic give the figure above)"
+        )
     r.say(
         "",
         f"Cost (shared/seeds/004 L115-121) at ${price:g}/GPU-hour:",
@@ -146,8 +206,9 @@ def run(args) -> int:
             ax1.set_ylabel("Training days")
             ax1.set_title(f"{fmt_count(args.params)} params, {fmt_count(args.tokens)} tokens")
             ax1.legend()
-            ax2.plot([m * 100 for m in MFU_SWEEP], [x["days"] for x in sweep], marker="s",
-                     color="green")  # fmt: skip
+            ax2.plot(
+                [m * 100 for m in MFU_SWEEP], [x["days"] for x in sweep], marker="s", color="green"
+            )
             ax2.set_xlabel("Model FLOPs utilisation (%)")
             ax2.set_ylabel("Training days")
             ax2.set_title(f"Impact of MFU ({sweep_gpu.upper()} x {args.sweep_gpus})")

@@ -258,13 +258,18 @@ def double_binary_tree(n_ranks: int) -> tuple[list[int | None], list[int | None]
     return tree_a, tree_b
 
 
-def moe_layer_volumes(tokens: int, hidden: int, top_k: int, n: int,
-                      dtype_bytes: int = 2) -> dict[str, float]:  # fmt: skip
+def moe_layer_volumes(
+    tokens: int, hidden: int, top_k: int, n: int, dtype_bytes: int = 2
+) -> dict[str, float]:
     """Bytes one MoE layer moves (shared/seeds/002 L5236-5252): TP's 2 all-reduces of S =
     tokens x hidden (2S, and 2S (n-1)/n on a ring) against EP's 2 all-to-alls of k/n of the
     tokens each (2kS/n). The seed leaves n ambiguous: EP ranks or experts; pass either."""
     if min(tokens, hidden, top_k, n, dtype_bytes) < 1:
         raise ValueError("tokens, hidden, top_k, n and dtype_bytes must be >= 1")
     S = tokens * hidden * dtype_bytes
-    return {"S": float(S), "tp_2S": 2.0 * S, "tp_2S_ring": 2.0 * S * (n - 1) / n,
-            "ep_2kS_over_n": 2.0 * top_k * S / n}  # fmt: skip
+    return {
+        "S": float(S),
+        "tp_2S": 2.0 * S,
+        "tp_2S_ring": 2.0 * S * (n - 1) / n,
+        "ep_2kS_over_n": 2.0 * top_k * S / n,
+    }

@@ -100,8 +100,13 @@ def inference_latency(
     seed_faithful: bool = False,
 ) -> InferenceLatency:
     """Prefill then `gen_len` decode steps for a batch of equal requests (001 L1070-1139)."""
-    positive(n_params=n_params, kv_bytes_per_token=kv_bytes_per_token, flops_per_s=flops_per_s,
-             hbm_bytes_per_s=hbm_bytes_per_s, weight_bytes=weight_bytes)  # fmt: skip
+    positive(
+        n_params=n_params,
+        kv_bytes_per_token=kv_bytes_per_token,
+        flops_per_s=flops_per_s,
+        hbm_bytes_per_s=hbm_bytes_per_s,
+        weight_bytes=weight_bytes,
+    )
     positive_ints(prompt_len=prompt_len, gen_len=gen_len, batch_size=batch_size, tp=tp)
     flops, bandwidth = tp * flops_per_s, tp * hbm_bytes_per_s
     weights = n_params * weight_bytes

@@ -78,8 +78,9 @@ def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2
 ) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x dtype bytes (S2 L6843, L7135)."""
-    positive_ints(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                  dtype_bytes=dtype_bytes)  # fmt: skip
+    positive_ints(
+        num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes
+    )
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
@@ -197,8 +198,12 @@ class Fragmentation:
 def fragmentation(
     kv_per_token: int, requests: int, avg_context: int, max_context: int
 ) -> Fragmentation:
-    positive_ints(requests=requests, avg_context=avg_context, max_context=max_context,
-                  kv_per_token=kv_per_token)  # fmt: skip
+    positive_ints(
+        requests=requests,
+        avg_context=avg_context,
+        max_context=max_context,
+        kv_per_token=kv_per_token,
+    )
     if avg_context > max_context:
         raise ValueError(f"avg context {avg_context} exceeds max context {max_context}")
     return Fragmentation(

@@ -63,8 +63,13 @@ def training_memory_per_device(
     positive_ints(dp=dp, tp=tp, pp=pp)
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of 0, 1, 2, 3, got {zero_stage!r}")
-    non_negative(weight_bytes=weight_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes,
-                 master_bytes=master_bytes, activation_bytes=activation_bytes)  # fmt: skip
+    non_negative(
+        weight_bytes=weight_bytes,
+        grad_bytes=grad_bytes,
+        optimizer_bytes=optimizer_bytes,
+        master_bytes=master_bytes,
+        activation_bytes=activation_bytes,
+    )
 
     params_per_device = n_params / (tp * pp)
     # Each ZeRO stage adds one more state kind sharded over the data-parallel group.
@@ -95,9 +100,18 @@ def zero_stage_memories(
     seed_faithful reproduces shared/seeds/002_*.txt L3297, whose ZeRO-2 row (210 GB for 70B on 8
     GPUs) leaves the sharded gradients out: 140 + 560/8 = 210. Counting them gives 227.5.
     """
-    rows = [training_memory_per_device(n_params, dp=dp, tp=tp, pp=pp, zero_stage=stage,
-                                       master_bytes=master_bytes, activation_bytes=activation_bytes)
-            for stage in ZERO_STAGES]  # fmt: skip
+    rows = [
+        training_memory_per_device(
+            n_params,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            zero_stage=stage,
+            master_bytes=master_bytes,
+            activation_bytes=activation_bytes,
+        )
+        for stage in ZERO_STAGES
+    ]
     if seed_faithful:
         z2 = rows[2]
         rows[2] = TrainingMemory(z2.weights, 0.0, z2.optimizer, z2.master, z2.activations)

@@ -59,8 +59,9 @@ def kl_k3(actor_lp: float, ref_lp: float) -> float:
     return math.expm1(r) - r
 
 
-def kl_per_token(actor_lps: Sequence[float], ref_lps: Sequence[float],
-                 estimator: str = "k1") -> list[float]:  # fmt: skip
+def kl_per_token(
+    actor_lps: Sequence[float], ref_lps: Sequence[float], estimator: str = "k1"
+) -> list[float]:
     if estimator not in ESTIMATORS:
         raise ValueError(f"--estimator {estimator!r}: choose one of {', '.join(ESTIMATORS)}")
     if len(actor_lps) != len(ref_lps):  # the seed's zip() silently drops the tail
@@ -121,9 +122,14 @@ def check_kl_coef(kl_coef: float) -> None:
         )
 
 
-def compute_rewards(actor_lps: Sequence[float], ref_lps: Sequence[float], rm_score: float,
-                    kl_coef: float, reward_at_end_only: bool = True,
-                    estimator: str = "k1") -> Rewards:  # fmt: skip
+def compute_rewards(
+    actor_lps: Sequence[float],
+    ref_lps: Sequence[float],
+    rm_score: float,
+    kl_coef: float,
+    reward_at_end_only: bool = True,
+    estimator: str = "k1",
+) -> Rewards:
     """Per-token rewards -beta·kl_t, plus rm_score at the last token (`reward_at_end_only`, the
     seed's default: the RM scores the whole response and GAE carries it back) or rm_score/N on
     every token. The sum is rm_score - beta·sum kl either way."""
@@ -166,19 +172,26 @@ def effect(rm_score: float, penalty: float, *, seed_faithful: bool = False) -> s
     return _seed_band(abs(rm_score) - penalty, abs(rm_score))
 
 
-def kl_coef_sweep(rm_score: float, estimator: str = "k1", *, seed_faithful: bool = False,
-                  kl_coefs: Sequence[float] = SWEEP_KL_COEFS) -> list[dict]:  # fmt: skip
+def kl_coef_sweep(
+    rm_score: float,
+    estimator: str = "k1",
+    *,
+    seed_faithful: bool = False,
+    kl_coefs: Sequence[float] = SWEEP_KL_COEFS,
+) -> list[dict]:
     """The seed's "KL coefficient effect" table on its 5-token response."""
     rows = []
     for beta in kl_coefs:
         out = compute_rewards(SWEEP_ACTOR_LPS, SWEEP_REF_LPS, rm_score, beta, estimator=estimator)
-        rows.append({
-            "kl_coef": beta,
-            "total_kl": out.total_kl,
-            "penalty": out.penalty,
-            "net_reward": out.net,
-            "effect": effect(rm_score, out.penalty, seed_faithful=seed_faithful),
-        })  # fmt: skip
+        rows.append(
+            {
+                "kl_coef": beta,
+                "total_kl": out.total_kl,
+                "penalty": out.penalty,
+                "net_reward": out.net,
+                "effect": effect(rm_score, out.penalty, seed_faithful=seed_faithful),
+            }
+        )
     return rows
 
 
@@ -187,19 +200,22 @@ def scenarios(rm_score: float, kl_coef: float, estimator: str = "k1") -> list[di
     rows = []
     for name, actor, ref in SCENARIOS:
         out = compute_rewards(actor, ref, rm_score, kl_coef, estimator=estimator)
-        rows.append({
-            "name": name,
-            "actor_logprobs": list(actor),
-            "ref_logprobs": list(ref),
-            "kl": out.kl,
-            "total_kl": out.total_kl,
-            "penalty": out.penalty,
-            "net_reward": out.net,
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": name,
+                "actor_logprobs": list(actor),
+                "ref_logprobs": list(ref),
+                "kl": out.kl,
+                "total_kl": out.total_kl,
+                "penalty": out.penalty,
+                "net_reward": out.net,
+            }
+        )
     return rows
 
 
 def prose_example() -> list[dict]:
     """The page's R = 0.85 - beta·0.45 for beta 0, 0.1, 0.5, 1.0."""
-    return [{"kl_coef": b, "net_reward": PROSE_RM_SCORE - b * PROSE_TOTAL_KL}
-            for b in PROSE_KL_COEFS]  # fmt: skip
+    return [
+        {"kl_coef": b, "net_reward": PROSE_RM_SCORE - b * PROSE_TOTAL_KL} for b in PROSE_KL_COEFS
+    ]

@@ -106,22 +106,37 @@ def analyze(topo: Topology) -> TopologyReport:
     )
     n = topo.gpus
     if n > 1 and len(nv) == n * (n - 1) // 2:
-        return TopologyReport(nv, pcie, "all-nvlink", (
-            "All GPU pairs connected via NVLink",
-            "-> Ideal for all-reduce operations",
-            "-> Can use any GPU grouping (put the tensor-parallel axis anywhere)",
-        ))  # fmt: skip
+        return TopologyReport(
+            nv,
+            pcie,
+            "all-nvlink",
+            (
+                "All GPU pairs connected via NVLink",
+                "-> Ideal for all-reduce operations",
+                "-> Can use any GPU grouping (put the tensor-parallel axis anywhere)",
+            ),
+        )
     if nv:
-        return TopologyReport(nv, pcie, "mixed", (
-            "Mixed NVLink/PCIe topology",
-            "-> Group NVLink-connected GPUs together when possible",
-            "-> Map the fastest-communicating mesh axis (tensor) onto NVLink groups",
-        ))  # fmt: skip
-    return TopologyReport(nv, pcie, "no-nvlink", (
-        "No NVLink detected",
-        "-> Performance will be limited by PCIe bandwidth",
-        "-> Prefer data/pipeline parallelism; overlap or shrink communication",
-    ))  # fmt: skip
+        return TopologyReport(
+            nv,
+            pcie,
+            "mixed",
+            (
+                "Mixed NVLink/PCIe topology",
+                "-> Group NVLink-connected GPUs together when possible",
+                "-> Map the fastest-communicating mesh axis (tensor) onto NVLink groups",
+            ),
+        )
+    return TopologyReport(
+        nv,
+        pcie,
+        "no-nvlink",
+        (
+            "No NVLink detected",
+            "-> Performance will be limited by PCIe bandwidth",
+            "-> Prefer data/pipeline parallelism; overlap or shrink communication",
+        ),
+    )
 
 
 def link_bandwidth_GBps(token: str) -> float | None:

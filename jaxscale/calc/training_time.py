@@ -76,8 +76,12 @@ def throughput_training_hours(
     The batch size cancels (batches * batch_size / throughput). With 300e9 tokens at 1000 tokens/s
     this is 83,333 hours; the seed's comment (L110) says ~20,833, 4x too few (see the seed notes).
     """
-    positive(dataset_size=dataset_size, batch_size=batch_size, epochs=epochs,
-             samples_per_second=samples_per_second)  # fmt: skip
+    positive(
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        samples_per_second=samples_per_second,
+    )
     batches = dataset_size * epochs / batch_size
     seconds = batches * (batch_size / samples_per_second)
     return seconds / SECONDS_PER_HOUR

@@ -153,9 +153,11 @@ def gradient_sync(mesh, size: int = 10, seed: int = 123) -> tuple[np.ndarray, np
     """Demo 3: per-rank fake gradients, before and after all_reduce(SUM) / W ([W, size] each)."""
     w = mesh.shape[AXIS]
     grads = np.stack(
-        [np.asarray(jax.random.normal(jax.random.fold_in(jax.random.key(seed), r), (size,)))
-         for r in range(w)]
-    )  # fmt: skip
+        [
+            np.asarray(jax.random.normal(jax.random.fold_in(jax.random.key(seed), r), (size,)))
+            for r in range(w)
+        ]
+    )
     f = jax.jit(
         jax.shard_map(
             lambda g: jax.lax.psum(g, AXIS) / w, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)

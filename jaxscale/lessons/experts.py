@@ -17,24 +17,33 @@ BAND = 2.0  # max/mean load the balance loss keeps the run under (the last LATE 
 LATE = 50
 
 
-def load_balance(steps: int = 150, weights=(0.01, 0.0), mesh: str = "ep=4,dp=2",
-                 strategy: str = "manual:dp+ep", cfg: ModelConfig = MOE,
-                 progress: bool = False) -> dict[float, dict]:  # fmt: skip
+def load_balance(
+    steps: int = 150,
+    weights=(0.01, 0.0),
+    mesh: str = "ep=4,dp=2",
+    strategy: str = "manual:dp+ep",
+    cfg: ModelConfig = MOE,
+    progress: bool = False,
+) -> dict[float, dict]:
     """{aux weight: {"load" [steps, MoE layers, E], "max_over_mean" [steps], "drop" [steps],
     "ce" [steps]}} from one training run per weight (markov data, seed 0)."""
     from jaxscale.train.loop import RunSetup, train
 
-    tcfg = TrainConfig(steps=steps, global_batch=16, seq_len=64, log_every=1, eval_every=0,
-                       warmup_steps=10)  # fmt: skip
+    tcfg = TrainConfig(
+        steps=steps, global_batch=16, seq_len=64, log_every=1, eval_every=0, warmup_steps=10
+    )
     out = {}
     for w in weights:
-        setup = RunSetup(mesh=mesh, strategy=strategy, dataset="markov", progress=progress,
-                         sample_tokens=0)  # fmt: skip
+        setup = RunSetup(
+            mesh=mesh, strategy=strategy, dataset="markov", progress=progress, sample_tokens=0
+        )
         h = train(cfg.replace(aux_loss_weight=w), tcfg, setup).history
-        out[w] = {"load": np.array([r["expert_load"] for r in h]),
-                  "max_over_mean": np.array([r["load_max_over_mean"] for r in h]),
-                  "drop": np.array([r["drop_fraction"] for r in h]),
-                  "ce": np.array([r["ce"] for r in h])}  # fmt: skip
+        out[w] = {
+            "load": np.array([r["expert_load"] for r in h]),
+            "max_over_mean": np.array([r["load_max_over_mean"] for r in h]),
+            "drop": np.array([r["drop_fraction"] for r in h]),
+            "ce": np.array([r["ce"] for r in h]),
+        }
     return out
 
 
@@ -54,8 +63,11 @@ def plot(runs: dict[float, dict], path) -> None:
             for e in range(load.shape[1]):
                 ax.plot(load[:, e], lw=1, label=f"expert {e}")
             ax.axhline(1 / load.shape[1], color="k", ls="--", lw=1, label="1/E")
-            ax.set(title=f"aux loss weight {w:g}: load per expert (layer 0)", xlabel="step",
-                   ylabel="share of assignments")  # fmt: skip
+            ax.set(
+                title=f"aux loss weight {w:g}: load per expert (layer 0)",
+                xlabel="step",
+                ylabel="share of assignments",
+            )
         axes[0].legend(fontsize=7, ncol=2)
         ax = axes[-1]
         for w in weights:

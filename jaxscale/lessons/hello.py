@@ -29,11 +29,19 @@ def main(args) -> int:
             role = "even" if r % 2 == 0 else "odd"
             print(f"[Rank {r}/{w}] Hello! process {me}, device {d} - I handle {role} data!")
     if lead and args.json:
-        print(json.dumps({
-            "world_size": w, "processes": jax.process_count(), "backend": jax.default_backend(),
-            "gathered": result.gathered.tolist(), "rank_sum": result.rank_sum,
-            "expected_sum": result.expected_sum, "correct": result.correct,
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "world_size": w,
+                    "processes": jax.process_count(),
+                    "backend": jax.default_backend(),
+                    "gathered": result.gathered.tolist(),
+                    "rank_sum": result.rank_sum,
+                    "expected_sum": result.expected_sum,
+                    "correct": result.correct,
+                }
+            )
+        )
     elif lead:
         procs, backend = jax.process_count(), jax.default_backend()
         print(f"\nworld size {w} on {procs} process(es), backend {backend}")
@@ -47,15 +55,20 @@ def main(args) -> int:
 
 
 def add_parser(sub) -> None:
-    h = sub.add_parser("hello", help="seed ch1: all_gather of [10r, 10r+1] and psum of ranks",
-                       description="The seed's first distributed program: every rank "
-                       "all-gathers [10r, 10r+1] and sums its rank over all ranks.",
-                       epilog="examples: jaxscale hello -w 4; jaxscale launch -n 2 -- jaxscale "
-                       "hello")  # fmt: skip
+    h = sub.add_parser(
+        "hello",
+        help="seed ch1: all_gather of [10r, 10r+1] and psum of ranks",
+        description="The seed's first distributed program: every rank "
+        "all-gathers [10r, 10r+1] and sums its rank over all ranks.",
+        epilog="examples: jaxscale hello -w 4; jaxscale launch -n 2 -- jaxscale hello",
+    )
     h.add_argument("-w", "--world-size", type=int, default=None, help="ranks (default: all)")
     h.add_argument(
-        "-b", "--backend", default="gloo", choices=["gloo", "nccl"],
+        "-b",
+        "--backend",
+        default="gloo",
+        choices=["gloo", "nccl"],
         help="the seed's torch backend, accepted for parity: under JAX the platform decides",
-    )  # fmt: skip
+    )
     h.add_argument("--json", action="store_true", help="print one JSON object (process 0)")
     h.set_defaults(func=main, parser=h)

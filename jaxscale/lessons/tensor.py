@@ -69,9 +69,11 @@ def column_parallel(mesh, batch=4, d_in=8, d_out=8, seed=42, input_seed=123) -> 
     _split_check("out_features", d_out, tp)
     w_IO, x_BI = _normal(seed, (d_in, d_out), d_in), _normal(input_seed, (batch, d_in))
     f = jax.shard_map(
-        lambda x, w: x @ w, mesh=mesh, in_specs=(jax.P(), jax.P(None, AXIS)),
+        lambda x, w: x @ w,
+        mesh=mesh,
+        in_specs=(jax.P(), jax.P(None, AXIS)),
         out_specs=jax.P(None, AXIS),
-    )  # fmt: skip
+    )
     y_BO = jax.jit(f)(x_BI, w_IO)
     diff = float(jnp.max(jnp.abs(y_BO - x_BI @ w_IO)))
     return LinearCheck("column", (d_in, d_out // tp), (d_in, d_out), tuple(y_BO.shape), diff)
@@ -85,8 +87,10 @@ def row_parallel(mesh, batch=4, d_in=8, d_out=8, seed=42, input_seed=123) -> Lin
     w_IO, x_BI = _normal(seed, (d_in, d_out), d_in), _normal(input_seed, (batch, d_in))
     f = jax.shard_map(
         lambda x, w: jax.lax.psum(x @ w, AXIS),  # one all-reduce over 'tensor'
-        mesh=mesh, in_specs=(jax.P(None, AXIS), jax.P(AXIS, None)), out_specs=jax.P(),
-    )  # fmt: skip
+        mesh=mesh,
+        in_specs=(jax.P(None, AXIS), jax.P(AXIS, None)),
+        out_specs=jax.P(),
+    )
     y_BO = jax.jit(f)(x_BI, w_IO)
     diff = float(jnp.max(jnp.abs(y_BO - x_BI @ w_IO)))
     return LinearCheck("row", (d_in // tp, d_out), (d_in, d_out), tuple(y_BO.shape), diff)
@@ -119,9 +123,11 @@ def row_parallel_bias(mesh, rank0_only=False, batch=4, d_in=8, d_out=8, seed=42)
         return (y + b)[None]  # stacked per device
 
     f = jax.shard_map(
-        local, mesh=mesh, in_specs=(jax.P(None, AXIS), jax.P(AXIS, None), jax.P()),
+        local,
+        mesh=mesh,
+        in_specs=(jax.P(None, AXIS), jax.P(AXIS, None), jax.P()),
         out_specs=jax.P(AXIS),
-    )  # fmt: skip
+    )
     y_tBO = jax.jit(f)(x_BI, w_IO, b_O)
     want_BO = x_BI @ w_IO + b_O
     diffs = tuple(float(jnp.max(jnp.abs(y_BO - want_BO))) for y_BO in y_tBO)
@@ -145,8 +151,9 @@ class MLPCheck:
         return self.max_abs_diff < SEED_TOLERANCE
 
 
-def tp_mlp(mesh, hidden=64, x_shape=(4, 8, 64), seed=100, input_seed=42, warmup=0,
-           iterations=0) -> MLPCheck:  # fmt: skip
+def tp_mlp(
+    mesh, hidden=64, x_shape=(4, 8, 64), seed=100, input_seed=42, warmup=0, iterations=0
+) -> MLPCheck:
     """Megatron MLP: column-parallel W1 [H, 4H/t], GeLU, row-parallel W2 [4H/t, H], one psum."""
     tp = mesh.shape[AXIS]
     inter = 4 * hidden
@@ -160,9 +167,11 @@ def tp_mlp(mesh, hidden=64, x_shape=(4, 8, 64), seed=100, input_seed=42, warmup=
         return y[None]  # stacked per device, to check that every rank holds the same output
 
     f = jax.shard_map(
-        local, mesh=mesh, in_specs=(jax.P(), jax.P(None, AXIS), jax.P(AXIS, None)),
+        local,
+        mesh=mesh,
+        in_specs=(jax.P(), jax.P(None, AXIS), jax.P(AXIS, None)),
         out_specs=jax.P(AXIS),
-    )  # fmt: skip
+    )
     compiled = jax.jit(f).lower(x, w1_HF, w2_FH).compile()
     y_tHB = compiled(x, w1_HF, w2_FH)
     dense = jax.nn.gelu(x @ w1_HF) @ w2_FH

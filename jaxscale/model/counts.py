@@ -46,13 +46,20 @@ def moe_split(cfg: ModelConfig) -> tuple[int, int]:
     return param_count(cfg, experts_per_token=0), cfg.n_moe_layers * mlp
 
 
-def forward_flops(cfg: ModelConfig, batch: int, seq: int, causal: bool = False,
-                  executed: bool = True) -> float:  # fmt: skip
+def forward_flops(
+    cfg: ModelConfig, batch: int, seq: int, causal: bool = False, executed: bool = True
+) -> float:
     """Matmul FLOPs of one forward pass over [batch, seq] tokens. An MoE layer adds the router
     and runs the experts on E * C slots per sequence (`executed`: what the compiled program
     does, empty slots included) or on the k slots a token uses (not `executed`: model FLOPs)."""
-    D, H, G, K, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab,
-                        cfg.n_layers)  # fmt: skip
+    D, H, G, K, V, L = (
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.vocab,
+        cfg.n_layers,
+    )
     _, mlp_params, router = _layer_sizes(cfg)
     proj = 2 * D * H * K + 2 * 2 * D * G * K + 2 * H * K * D  # q, k and v, o
     attn = 2 * 2 * seq * H * K * (0.5 if causal else 1.0)  # QK^T and PV, per query token
@@ -63,7 +70,8 @@ def forward_flops(cfg: ModelConfig, batch: int, seq: int, causal: bool = False,
     return float(batch * seq * (per_token + 2 * D * V))
 
 
-def train_step_flops(cfg: ModelConfig, batch: int, seq: int, causal: bool = False,
-                     executed: bool = True) -> float:  # fmt: skip
+def train_step_flops(
+    cfg: ModelConfig, batch: int, seq: int, causal: bool = False, executed: bool = True
+) -> float:
     """Forward + backward (2x forward); remat would add one more forward per block."""
     return 3.0 * forward_flops(cfg, batch, seq, causal, executed)

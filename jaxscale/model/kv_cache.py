@@ -26,8 +26,9 @@ from jaxscale.model.pieces import DENSE
 CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int | None = None, dtype=None,
-               sharder=None) -> dict:  # fmt: skip
+def init_cache(
+    cfg: ModelConfig, batch: int, max_len: int | None = None, dtype=None, sharder=None
+) -> dict:
     """Zeroed keys and values {"k", "v"}: [L, B, S, G, K] in the compute dtype (laid out by
     `sharder`'s rules when given: kv heads over the tensor axis)."""
     S = cfg.max_seq if max_len is None else max_len
@@ -43,8 +44,10 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int | None = None, dtype=N
 
 def _check(cfg: ModelConfig) -> None:
     if cfg.n_experts:
-        raise ValueError("the KV-cache forward covers dense models; an MoE model's cached "
-                         "decode is not implemented yet")  # fmt: skip
+        raise ValueError(
+            "the KV-cache forward covers dense models; an MoE model's cached "
+            "decode is not implemented yet"
+        )
 
 
 def init_paged(cfg: ModelConfig, n_pages: int, page_size: int, dtype=None) -> dict:
@@ -72,8 +75,10 @@ def _write_read(cache: dict):
 
         def write(k_BSGK, v_BSGK, kn_BTGK, vn_BTGK, positions_BT):
             rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
-            return (k_BSGK.at[rows_B1, positions_BT].set(kn_BTGK.astype(k_BSGK.dtype)),
-                    v_BSGK.at[rows_B1, positions_BT].set(vn_BTGK.astype(v_BSGK.dtype)))  # fmt: skip
+            return (
+                k_BSGK.at[rows_B1, positions_BT].set(kn_BTGK.astype(k_BSGK.dtype)),
+                v_BSGK.at[rows_B1, positions_BT].set(vn_BTGK.astype(v_BSGK.dtype)),
+            )
 
         return write, lambda k, v: (k, v)
 
@@ -85,14 +90,18 @@ def _write_read(cache: dict):
         # a position beyond the row's table (a padding token's) writes to page 0, never read
         page_BT = jnp.where(positions_BT < N * ps, page_BT, 0)
         slot_BT = positions_BT % ps
-        return (k_PsGK.at[page_BT, slot_BT].set(kn_BTGK.astype(k_PsGK.dtype)),
-                v_PsGK.at[page_BT, slot_BT].set(vn_BTGK.astype(v_PsGK.dtype)))  # fmt: skip
+        return (
+            k_PsGK.at[page_BT, slot_BT].set(kn_BTGK.astype(k_PsGK.dtype)),
+            v_PsGK.at[page_BT, slot_BT].set(vn_BTGK.astype(v_PsGK.dtype)),
+        )
 
     def read_paged(k_PsGK, v_PsGK):
         B, N = table_BN.shape
         ps, G, K = k_PsGK.shape[1:]
-        return (k_PsGK[table_BN].reshape(B, N * ps, G, K),
-                v_PsGK[table_BN].reshape(B, N * ps, G, K))  # fmt: skip
+        return (
+            k_PsGK[table_BN].reshape(B, N * ps, G, K),
+            v_PsGK[table_BN].reshape(B, N * ps, G, K),
+        )
 
     return write_paged, read_paged
 
@@ -104,8 +113,13 @@ def _layer(x_BTD, p, k, v, positions_BT, cfg: ModelConfig, write, read):
     q_BTHK, kn_BTGK, vn_BTGK = pieces.qkv(h_BTD, p, positions_BT, cfg, DENSE)
     k, v = write(k, v, kn_BTGK, vn_BTGK, positions_BT)
     k_BSGK, v_BSGK = read(k, v)
-    out_BTHK = pieces.attend(q_BTHK, k_BSGK.astype(q_BTHK.dtype), v_BSGK.astype(q_BTHK.dtype),
-                             positions_BT, jnp.arange(k_BSGK.shape[1]))  # fmt: skip
+    out_BTHK = pieces.attend(
+        q_BTHK,
+        k_BSGK.astype(q_BTHK.dtype),
+        v_BSGK.astype(q_BTHK.dtype),
+        positions_BT,
+        jnp.arange(k_BSGK.shape[1]),
+    )
     x_BTD = x_BTD + pieces.out_proj(out_BTHK, p)
     h_BTD = pieces.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps)
     return x_BTD + pieces.mlp(h_BTD, p, cfg, DENSE), k, v

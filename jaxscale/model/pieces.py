@@ -277,8 +277,13 @@ def loss_terms(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
     ce = pc.loss(pc.head(top, x_BTD, cfg, pc), batch_BT1[:, 1:])
     if not stats:
         return ce, {"ce": ce}
-    terms = {"ce": ce, "aux_loss": jnp.mean(stats["aux"]), "z_loss": jnp.mean(stats["z"]),
-             "drop_fraction": jnp.mean(stats["drop"]), "expert_load": stats["load"]}  # fmt: skip
+    terms = {
+        "ce": ce,
+        "aux_loss": jnp.mean(stats["aux"]),
+        "z_loss": jnp.mean(stats["z"]),
+        "drop_fraction": jnp.mean(stats["drop"]),
+        "expert_load": stats["load"],
+    }
     return ce + router_loss(stats, cfg), terms
 
 

@@ -64,16 +64,27 @@ def stacked_param_layout(cfg: ModelConfig) -> dict[str, tuple[int, tuple[int, ..
         if count:
             out[name] = (count, shape, logical)
     if L_moe:
-        out.update({k: (L_moe, shape, logical)
-                    for k, (shape, logical) in moe_param_layout(cfg).items()})  # fmt: skip
+        out.update(
+            {k: (L_moe, shape, logical) for k, (shape, logical) in moe_param_layout(cfg).items()}
+        )
     return out
 
 
 # Fan-in for initialisation (std = 1/sqrt(fan_in)); residual outputs are further scaled by
 # 1/sqrt(2L) so the residual stream's variance does not grow with depth.
-_FAN_IN = {"wq_DHK": "D", "wk_DGK": "D", "wv_DGK": "D", "wo_HKD": "HK", "w_up_DF": "D",
-           "w_gate_DF": "D", "w_down_FD": "F", "w_router_DE": "D", "we_up_EDF": "D",
-           "we_gate_EDF": "D", "we_down_EFD": "F"}  # fmt: skip
+_FAN_IN = {
+    "wq_DHK": "D",
+    "wk_DGK": "D",
+    "wv_DGK": "D",
+    "wo_HKD": "HK",
+    "w_up_DF": "D",
+    "w_gate_DF": "D",
+    "w_down_FD": "F",
+    "w_router_DE": "D",
+    "we_up_EDF": "D",
+    "we_gate_EDF": "D",
+    "we_down_EFD": "F",
+}
 _RESIDUAL_OUT = ("wo_HKD", "w_down_FD", "we_down_EFD")
 
 
@@ -115,6 +126,7 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BT, pc: Pieces = DENSE):
         """logits [B, T, V] float32: `pieces.logits` on this module's arrays."""
         params = {name: v[...] for name, v in vars(self).items() if isinstance(v, nnx.Param)}
-        params["blocks"] = {name: getattr(self.blocks, name)[...]
-                            for name in stacked_param_layout(self.cfg)}  # fmt: skip
+        params["blocks"] = {
+            name: getattr(self.blocks, name)[...] for name in stacked_param_layout(self.cfg)
+        }
         return logits(params, tokens_BT, self.cfg, pc)

@@ -117,8 +117,9 @@ def global_sq_norm(grads, specs):
     """Sum of squares of the whole (unsharded) gradient: local sums, then one psum per leaf over
     the axes that leaf is split over (replicated leaves are counted once)."""
     total = jnp.zeros((), jnp.float32)
-    for g, spec in zip(jax.tree.leaves(grads), jax.tree.leaves(specs, is_leaf=_is_spec),
-                       strict=True):  # fmt: skip
+    for g, spec in zip(
+        jax.tree.leaves(grads), jax.tree.leaves(specs, is_leaf=_is_spec), strict=True
+    ):
         sq = jnp.sum(jnp.square(g.astype(jnp.float32)))
         axes = spec_axes(spec)
         total = total + (jax.lax.psum(sq, axes) if axes else sq)

@@ -56,8 +56,9 @@ class Strategy:
     virtual_stages: int = 1  # v, model chunks per pipe device (interleaved)
 
     @classmethod
-    def parse(cls, text: str, mesh: str, microbatches: int = 1,
-              virtual_stages: int = 1) -> Strategy:  # fmt: skip
+    def parse(
+        cls, text: str, mesh: str, microbatches: int = 1, virtual_stages: int = 1
+    ) -> Strategy:
         """'auto', or 'manual:' + data part (dp, zero1..3), tensor part (tp, tp_sp, tp_gather)
         and pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) joined by '+':
         'manual:zero3+tp', 'manual:tp_sp', 'manual:dp+1f1b'."""
@@ -80,11 +81,20 @@ class Strategy:
             elif part == _EXPERT:
                 pass
             else:
-                raise ValueError(f"--strategy: unknown part {part!r} in {text!r}; data: "
-                                 f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}; "
-                                 f"pipeline: {', '.join(_SCHEDULES)}; experts: ep")  # fmt: skip
-        return cls(mesh, "manual", zero, tensor, schedule=schedule, microbatches=microbatches,
-                   virtual_stages=virtual_stages)  # fmt: skip
+                raise ValueError(
+                    f"--strategy: unknown part {part!r} in {text!r}; data: "
+                    f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}; "
+                    f"pipeline: {', '.join(_SCHEDULES)}; experts: ep"
+                )
+        return cls(
+            mesh,
+            "manual",
+            zero,
+            tensor,
+            schedule=schedule,
+            microbatches=microbatches,
+            virtual_stages=virtual_stages,
+        )
 
     def name(self, spec: MeshSpec) -> str:
         """'dp_fsdp_tp' (auto: the mesh's axes), 'zero3+tp_sp' (manual: the choices)."""
@@ -111,8 +121,10 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
     """Refuse a mesh axis nothing uses, and a choice whose axis the mesh lacks."""
     pipe = spec.size("pipe")
     if pipe > 1 and not strategy.schedule:
-        raise ValueError(f"pp={pipe} needs a pipeline schedule: --strategy manual:dp+1f1b "
-                         f"(or {', '.join(_SCHEDULES)}, with --microbatches)")  # fmt: skip
+        raise ValueError(
+            f"pp={pipe} needs a pipeline schedule: --strategy manual:dp+1f1b "
+            f"(or {', '.join(_SCHEDULES)}, with --microbatches)"
+        )
     if strategy.path == "auto":
         if strategy.zero or strategy.tensor or strategy.dp_form != "explicit" or strategy.schedule:
             raise ValueError(
@@ -125,13 +137,17 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
     label = f"manual:{strategy.name(spec)}"
     t = spec.size("tensor")
     if t > 1 and strategy.tensor is None:
-        raise ValueError(f"tp={t} is unused by {label}: name a tensor mode, e.g. {label}+tp "
-                         "(or +tp_sp, +tp_gather)")  # fmt: skip
+        raise ValueError(
+            f"tp={t} is unused by {label}: name a tensor mode, e.g. {label}+tp "
+            "(or +tp_sp, +tp_gather)"
+        )
     if t == 1 and strategy.tensor is not None:
         raise ValueError(f"{label} needs a tensor axis: add tp=N to the mesh")
     if strategy.zero and spec.size("data") * spec.size("fsdp") == 1:
-        raise ValueError(f"zero{strategy.zero} shards over the data axes, but mesh {spec} has "
-                         "none (add dp=N or fsdp=N)")  # fmt: skip
+        raise ValueError(
+            f"zero{strategy.zero} shards over the data axes, but mesh {spec} has "
+            "none (add dp=N or fsdp=N)"
+        )
     if strategy.zero not in zero.STAGES:
         raise ValueError(f"unknown ZeRO stage {strategy.zero}; choose from {sorted(zero.STAGES)}")
     if strategy.dp_form != "explicit" and (
@@ -142,17 +158,21 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
         if pipe == 1:
             raise ValueError(f"{label} needs a pipe axis: add pp=N to the mesh")
         if strategy.schedule not in _SCHEDULES:
-            raise ValueError(f"unknown pipeline schedule {strategy.schedule!r}; choose from "
-                             f"{', '.join(_SCHEDULES)}")  # fmt: skip
+            raise ValueError(
+                f"unknown pipeline schedule {strategy.schedule!r}; choose from "
+                f"{', '.join(_SCHEDULES)}"
+            )
         interleaved = strategy.schedule == "interleaved"
         if strategy.microbatches < 1 or strategy.virtual_stages < 1:
             raise ValueError("--microbatches and --virtual-stages must be >= 1")
         if interleaved != (strategy.virtual_stages > 1):
-            raise ValueError("--virtual-stages > 1 is the interleaved schedule's (and it needs "
-                             "at least 2)")  # fmt: skip
+            raise ValueError(
+                "--virtual-stages > 1 is the interleaved schedule's (and it needs at least 2)"
+            )
         if interleaved and strategy.microbatches % pipe:
-            raise ValueError(f"the interleaved schedule needs --microbatches divisible by "
-                             f"pp={pipe}")  # fmt: skip
+            raise ValueError(
+                f"the interleaved schedule needs --microbatches divisible by pp={pipe}"
+            )
 
 
 @dataclass(frozen=True)
@@ -179,8 +199,11 @@ class Built:
     plan: pp.Plan | None = None  # the pipeline schedule's static program (manual, pipe axis)
 
     def abstract_args(self, batch: int, seq_len: int):
-        state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                             self.abstract_state, self.state_shardings)  # fmt: skip
+        state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            self.abstract_state,
+            self.state_shardings,
+        )
         tokens = jax.ShapeDtypeStruct((batch, seq_len + 1), np.int32, sharding=self.batch_sharding)
         return state, tokens
 
@@ -199,24 +222,36 @@ def check(strategy: Strategy, tcfg: TrainConfig, n_devices: int) -> MeshSpec:
     data_ways = spec.size("data") * spec.size("fsdp") * spec.size("expert")
     if strategy.schedule:
         if tcfg.grad_accum != 1:
-            raise ValueError(f"--grad-accum {tcfg.grad_accum}: under a pipeline the microbatches "
-                             "are the gradient accumulation; use --microbatches")  # fmt: skip
+            raise ValueError(
+                f"--grad-accum {tcfg.grad_accum}: under a pipeline the microbatches "
+                "are the gradient accumulation; use --microbatches"
+            )
         rows = tcfg.global_batch // data_ways
         if tcfg.global_batch % data_ways or rows % strategy.microbatches:
-            raise ValueError(f"--global-batch {tcfg.global_batch} does not divide over the "
-                             f"{data_ways} data-parallel shards of {spec} in --microbatches "
-                             f"{strategy.microbatches}")  # fmt: skip
+            raise ValueError(
+                f"--global-batch {tcfg.global_batch} does not divide over the "
+                f"{data_ways} data-parallel shards of {spec} in --microbatches "
+                f"{strategy.microbatches}"
+            )
         return spec
     micro = tcfg.global_batch // tcfg.grad_accum
     if tcfg.global_batch % tcfg.grad_accum or micro % data_ways:
-        raise ValueError(f"--global-batch {tcfg.global_batch} does not divide over the "
-                         f"{data_ways} data-parallel shards of {spec} in --grad-accum "
-                         f"{tcfg.grad_accum} microbatch(es) (of {micro} sequences)")  # fmt: skip
+        raise ValueError(
+            f"--global-batch {tcfg.global_batch} does not divide over the "
+            f"{data_ways} data-parallel shards of {spec} in --grad-accum "
+            f"{tcfg.grad_accum} microbatch(es) (of {micro} sequences)"
+        )
     return spec
 
 
-def build(strategy: Strategy, cfg: ModelConfig, tcfg: TrainConfig, *, with_grads: bool = False,
-          devices=None) -> Built:  # fmt: skip
+def build(
+    strategy: Strategy,
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    *,
+    with_grads: bool = False,
+    devices=None,
+) -> Built:
     """`devices` (default: all) may be abstract TPU devices for AOT compilation."""
     devices = list(jax.devices() if devices is None else devices)
     spec = check(strategy, tcfg, len(devices))
@@ -237,8 +272,10 @@ def check_model(strategy: Strategy, cfg: ModelConfig, ways: dict) -> None:
         ep.check(cfg, ways["expert"])
 
     if cfg.n_experts and strategy.tensor == "gather_output":
-        raise ValueError("tp_gather is seed 004's dense-MLP composition; an MoE model's experts "
-                         "split F as megatron does: use manual:tp")  # fmt: skip
+        raise ValueError(
+            "tp_gather is seed 004's dense-MLP composition; an MoE model's experts "
+            "split F as megatron does: use manual:tp"
+        )
 
 
 def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
@@ -258,21 +295,30 @@ def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         return pieces.loss_terms(params, batch_BT1, cfg, train_step.auto_pieces(sharder))[1]
 
     return Built(
-        strategy, label, mesh, data_ways=ways["data"] * ways["fsdp"] * ways["expert"],
+        strategy,
+        label,
+        mesh,
+        data_ways=ways["data"] * ways["fsdp"] * ways["expert"],
         zero_ways=ways["fsdp"],
-        tensor_ways=ways["tensor"], zero_stage=3 if ways["fsdp"] > 1 else 0,
+        tensor_ways=ways["tensor"],
+        zero_stage=3 if ways["fsdp"] > 1 else 0,
         init=lambda: train_step.init_state(cfg, tcfg, sharder),
         step=train_step.jit_train_step(cfg, tcfg, sharder, with_grads=with_grads),
-        loss_and_grads=jax.jit(lambda p, b: train_step.loss_and_grads(p, b, cfg, sharder,
-                                                                      tcfg.grad_accum),
-                               in_shardings=(state_sh["params"], batch_sh)),
-        loss=jax.jit(lambda p, b: train_step.loss_fn(p, b, cfg, sharder),
-                     in_shardings=(state_sh["params"], batch_sh)),
+        loss_and_grads=jax.jit(
+            lambda p, b: train_step.loss_and_grads(p, b, cfg, sharder, tcfg.grad_accum),
+            in_shardings=(state_sh["params"], batch_sh),
+        ),
+        loss=jax.jit(
+            lambda p, b: train_step.loss_fn(p, b, cfg, sharder),
+            in_shardings=(state_sh["params"], batch_sh),
+        ),
         terms=jax.jit(terms, in_shardings=(state_sh["params"], batch_sh)),
-        state_shardings=state_sh, grad_shardings=state_sh["params"], batch_sharding=batch_sh,
+        state_shardings=state_sh,
+        grad_shardings=state_sh["params"],
+        batch_sharding=batch_sh,
         abstract_state=jax.eval_shape(lambda: train_step.init_state(cfg, tcfg)),
         predict_comm=predict,
-    )  # fmt: skip
+    )
 
 
 def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
@@ -313,21 +359,39 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
 
     plan = None
     if strategy.schedule:  # the pipe axis: a schedule replaces the microbatch loop
-        plan = pp.make_plan(ways["pipe"], strategy.microbatches, strategy.schedule,
-                            strategy.virtual_stages)  # fmt: skip
+        plan = pp.make_plan(
+            ways["pipe"], strategy.microbatches, strategy.schedule, strategy.virtual_stages
+        )
 
     def local_grads(params, batch_BT1, unreduced):  # this shard's mean loss and gradient
         if plan is None:
-            return common.accumulate(local_loss, params, batch_BT1, tcfg.grad_accum, axes,
-                                     unreduced)  # fmt: skip
-        return pp.accumulate(params, batch_BT1, plan=plan, cfg=cfg, pc=pc, data_axes=axes,
-                             unreduced=unreduced, zero_specs=z_specs,
-                             expert_ways=n_ep)  # fmt: skip
+            return common.accumulate(
+                local_loss, params, batch_BT1, tcfg.grad_accum, axes, unreduced
+            )
+        return pp.accumulate(
+            params,
+            batch_BT1,
+            plan=plan,
+            cfg=cfg,
+            pc=pc,
+            data_axes=axes,
+            unreduced=unreduced,
+            zero_specs=z_specs,
+            expert_ways=n_ep,
+        )
 
     def loss_and_grads(params, batch_BT1):  # the data axes' reduction around the local loss
-        return zero.loss_and_grads(local_loss, params, batch_BT1, stage=stage, zero_specs=z_specs,
-                                   axes=axes, n=n, dp_form=strategy.dp_form,
-                                   local=local_grads)  # fmt: skip
+        return zero.loss_and_grads(
+            local_loss,
+            params,
+            batch_BT1,
+            stage=stage,
+            zero_specs=z_specs,
+            axes=axes,
+            n=n,
+            dp_form=strategy.dp_form,
+            local=local_grads,
+        )
 
     schedule = train_step.lr_schedule(tcfg)
     metric_specs = {"loss": P(), "grad_norm": P(), "lr": P()}
@@ -339,8 +403,9 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         loss, grads = loss_and_grads(params, batch_BT1)
         g_norm = jnp.sqrt(common.global_sq_norm(grads, grad_specs))  # psums of per-leaf sums
         clipped = train_step.clip_by_global_norm(grads, g_norm, tcfg.grad_clip)
-        new_params, opt_state = zero.update(stage, tx, clipped, state["opt_state"], params,
-                                            z_specs, axes)  # fmt: skip
+        new_params, opt_state = zero.update(
+            stage, tx, clipped, state["opt_state"], params, z_specs, axes
+        )
         metrics = {"loss": loss, "grad_norm": g_norm, "lr": schedule(state["step"])}
         if with_grads:
             metrics["grads"] = grads
@@ -362,15 +427,25 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
     def mean_loss(params, batch_BT1):  # the forward only; one all-reduce of the scalar
         if plan is None:
             return jax.lax.pmean(local_loss(params, batch_BT1), axes)
-        loss, _ = pp.accumulate(params, batch_BT1, plan=forward_plan, cfg=cfg, pc=pc,
-                                data_axes=axes, unreduced=True, expert_ways=n_ep)  # fmt: skip
+        loss, _ = pp.accumulate(
+            params,
+            batch_BT1,
+            plan=forward_plan,
+            cfg=cfg,
+            pc=pc,
+            data_axes=axes,
+            unreduced=True,
+            expert_ways=n_ep,
+        )
         return jax.lax.pmean(loss, axes) if axes else loss
 
     def predict(cfg_, batch, seq_len):
         if plan is not None:
-            return None, ("a pipeline's other collectives sit in the schedule's conditionals, "
-                          "where the census counts each branch once; its transfers are "
-                          "compared with their formula instead")  # fmt: skip
+            return None, (
+                "a pipeline's other collectives sit in the schedule's conditionals, "
+                "where the census counts each branch once; its transfers are "
+                "compared with their formula instead"
+            )
         rows = batch // (n * n_ep)
         shape = step_shape(cfg_, rows * seq_len, t=t, ep=n_ep)
         any_split = (stage in (2, 3) and n > 1) or t > 1 or n_ep > 1
@@ -379,22 +454,30 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
             tp.predict_comm(shape, t=t, mode=mode, norm_grads_elsewhere=stage == 3 and n > 1),
             ep.predict_comm(shape, cfg_, ep=n_ep, rows_local=rows, seq_len=seq_len, t=t),
             common.norm_comm(shape, any_split),
-        ), None  # fmt: skip
+        ), None
 
     return Built(
-        strategy, label, mesh, data_ways=n * n_ep, zero_ways=n if stage else 1, tensor_ways=t,
-        zero_stage=stage, plan=plan,
+        strategy,
+        label,
+        mesh,
+        data_ways=n * n_ep,
+        zero_ways=n if stage else 1,
+        tensor_ways=t,
+        zero_stage=stage,
+        plan=plan,
         init=jax.jit(init, out_shardings=common.named_shardings(mesh, state_specs)),
-        step=jax.jit(shard(body, (state_specs, batch_spec), (state_specs, metric_specs)),
-                     donate_argnums=0),
+        step=jax.jit(
+            shard(body, (state_specs, batch_spec), (state_specs, metric_specs)), donate_argnums=0
+        ),
         loss_and_grads=jax.jit(shard(loss_and_grads, (pspecs, batch_spec), (P(), grad_specs))),
         loss=jax.jit(shard(mean_loss, (pspecs, batch_spec), P())),
         terms=None if plan else jax.jit(shard(local_terms, (pspecs, batch_spec), P())),
         state_shardings=common.named_shardings(mesh, state_specs),
         grad_shardings=common.named_shardings(mesh, grad_specs),
         batch_sharding=NamedSharding(mesh, batch_spec),
-        abstract_state=jax.eval_shape(init), predict_comm=predict,
-    )  # fmt: skip
+        abstract_state=jax.eval_shape(init),
+        predict_comm=predict,
+    )
 
 
 def step_shape(cfg: ModelConfig, tokens_local: int, t: int = 1, ep: int = 1) -> common.StepShape:
@@ -408,11 +491,19 @@ def step_shape(cfg: ModelConfig, tokens_local: int, t: int = 1, ep: int = 1) -> 
     def local(size, nm):
         return size / (t if tensor_split & set(nm) else 1) / (ep if "expert" in nm else 1)
 
-    matrix = [(local(s.size, nm), "expert" in nm)
-              for s, nm in zip(shapes, names, strict=True) if "norm" not in nm]  # fmt: skip
+    matrix = [
+        (local(s.size, nm), "expert" in nm)
+        for s, nm in zip(shapes, names, strict=True)
+        if "norm" not in nm
+    ]
     return common.StepShape(
-        matrix_params=sum(m for m, _ in matrix), norm_params=sum(norm), matrix_leaves=len(matrix),
-        n_layers=cfg.n_layers, tokens_local=tokens_local, d_model=cfg.d_model,
-        qkv_width=(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, d_ff=cfg.d_ff,
+        matrix_params=sum(m for m, _ in matrix),
+        norm_params=sum(norm),
+        matrix_leaves=len(matrix),
+        n_layers=cfg.n_layers,
+        tokens_local=tokens_local,
+        d_model=cfg.d_model,
+        qkv_width=(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim,
+        d_ff=cfg.d_ff,
         shared_matrix_params=sum(m for m, e in matrix if not e),
-    )  # fmt: skip
+    )

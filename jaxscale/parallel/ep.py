@@ -40,8 +40,9 @@ def check(cfg: ModelConfig, ep: int) -> None:
     if not cfg.n_experts:
         raise ValueError(f"ep={ep} needs a mixture-of-experts model (--experts E)")
     if cfg.n_experts % ep:
-        raise ValueError(f"n_experts={cfg.n_experts} is not divisible by the expert-parallel "
-                         f"size ep={ep}")  # fmt: skip
+        raise ValueError(
+            f"n_experts={cfg.n_experts} is not divisible by the expert-parallel size ep={ep}"
+        )
 
 
 def dispatch_experts(buf_EBCD, p, cfg: ModelConfig, *, axis: str = AXIS):
@@ -71,8 +72,9 @@ def a2a_bytes(cfg: ModelConfig, rows_local: int, seq_len: int, dtype_bytes: int 
     return float(cfg.n_experts * rows_local * cfg.capacity(seq_len) * cfg.d_model * dtype_bytes)
 
 
-def predict_comm(shape: StepShape, cfg: ModelConfig, *, ep: int, rows_local: int,
-                 seq_len: int, t: int) -> dict:  # fmt: skip
+def predict_comm(
+    shape: StepShape, cfg: ModelConfig, *, ep: int, rows_local: int, seq_len: int, t: int
+) -> dict:
     """{op: bytes per device} over the expert axis for one step: 4 all-to-alls per MoE layer
     (6 with remat), the non-expert gradients' all-reduce (M_shared / t + norms) and the loss."""
     if ep == 1:

@@ -104,13 +104,20 @@ def tick_data(tick: Tick, kinds: tuple) -> np.ndarray:
     gradient sent this tick land (valid, chunk, slot) on the receiving device."""
     index = {k: i for i, k in enumerate(kinds)}
     ops = tick.ops
-    rows = [[index["idle" if op is None else op.kind] for op in ops],
-            [0 if op is None else ROLES.index(op.role) for op in ops]]  # fmt: skip
-    rows += [[0 if op is None else getattr(op, f) for op in ops]
-             for f in ("microbatch", "chunk", "stash_slot", "grad_slot")]  # fmt: skip
+    rows = [
+        [index["idle" if op is None else op.kind] for op in ops],
+        [0 if op is None else ROLES.index(op.role) for op in ops],
+    ]
+    rows += [
+        [0 if op is None else getattr(op, f) for op in ops]
+        for f in ("microbatch", "chunk", "stash_slot", "grad_slot")
+    ]
     for recv in (tick.fwd_recv, tick.bwd_recv):
-        rows += [[r is not None for r in recv], [0 if r is None else r[0] for r in recv],
-                 [0 if r is None else r[1] for r in recv]]  # fmt: skip
+        rows += [
+            [r is not None for r in recv],
+            [0 if r is None else r[0] for r in recv],
+            [0 if r is None else r[1] for r in recv],
+        ]
     return np.asarray(rows, np.int32)
 
 
@@ -132,8 +139,12 @@ class Plan:
         """Per device: busy and idle ticks of the executed grid, and the bubble (idle / total)."""
         rows = [sum(cell is not None for cell in row) for row in self.grid]
         total = len(self.grid[0])
-        return {"ticks": total, "busy": rows, "idle": [total - b for b in rows],
-                "bubble": (total * len(rows) - sum(rows)) / (total * len(rows))}  # fmt: skip
+        return {
+            "ticks": total,
+            "busy": rows,
+            "idle": [total - b for b in rows],
+            "bubble": (total * len(rows) - sum(rows)) / (total * len(rows)),
+        }
 
     def segments(self) -> tuple[Segment, ...]:
         """The ticks as runs: a tick on its own (unrolled), or a unit of `period` ticks repeated
@@ -165,8 +176,9 @@ class Plan:
         return sum(len(t.fwd) for t in self.ticks), sum(len(t.bwd) for t in self.ticks)
 
 
-def make_plan(stages: int, microbatches: int, schedule: str, virtual_stages: int = 1,
-              grid=None) -> Plan:  # fmt: skip
+def make_plan(
+    stages: int, microbatches: int, schedule: str, virtual_stages: int = 1, grid=None
+) -> Plan:
     """The executor's program for `schedule`, from the simulator's grid (or a given `grid`, e.g.
     a deliberately broken one)."""
     cfg = sim.PipelineConfig(stages, microbatches, schedule, 1.0, 2.0, virtual_stages)
@@ -208,8 +220,16 @@ def make_plan(stages: int, microbatches: int, schedule: str, virtual_stages: int
             if s is None:
                 ops.append(None)
                 continue
-            ops.append(Op(s.kind, role(s.stage), s.microbatch, s.stage // stages,
-                          s.microbatch % n_stash, s.microbatch % n_grad))  # fmt: skip
+            ops.append(
+                Op(
+                    s.kind,
+                    role(s.stage),
+                    s.microbatch,
+                    s.stage // stages,
+                    s.microbatch % n_stash,
+                    s.microbatch % n_grad,
+                )
+            )
             if s.kind == "F" and s.stage < n_virtual - 1:
                 fwd.append((d, (d + 1) % stages))
                 fwd_recv[(d + 1) % stages] = ((s.stage + 1) // stages, s.microbatch % n_stash)
@@ -217,8 +237,9 @@ def make_plan(stages: int, microbatches: int, schedule: str, virtual_stages: int
                 bwd.append((d, (d - 1) % stages))
                 bwd_recv[(d - 1) % stages] = ((s.stage - 1) // stages, s.microbatch % n_grad)
         if any(op is not None for op in ops):
-            ticks.append(Tick(t, tuple(ops), tuple(fwd), tuple(bwd), tuple(fwd_recv),
-                              tuple(bwd_recv)))  # fmt: skip
+            ticks.append(
+                Tick(t, tuple(ops), tuple(fwd), tuple(bwd), tuple(fwd_recv), tuple(bwd_recv))
+            )
     return Plan(cfg, grid, tuple(ticks), n_stash, n_grad)
 
 
@@ -228,8 +249,10 @@ def forward_plan(plan: Plan) -> Plan:
     cfg = plan.config
     if cfg.virtual_stages == 1:
         cfg = sim.PipelineConfig(cfg.stages, cfg.microbatches, "gpipe", 1.0, 2.0)
-    grid = [[c if c is not None and c.kind == "F" else None for c in row]
-            for row in sim.schedule_grid(sim.simulate(cfg))]  # fmt: skip
+    grid = [
+        [c if c is not None and c.kind == "F" else None for c in row]
+        for row in sim.schedule_grid(sim.simulate(cfg))
+    ]
     c = plan.config
     return make_plan(c.stages, c.microbatches, c.schedule, c.virtual_stages, grid)
 
@@ -259,13 +282,25 @@ def check_layers(cfg: ModelConfig, stages: int, virtual_stages: int) -> None:
         )
     per_chunk = cfg.n_layers // (stages * virtual_stages)
     if cfg.n_experts and per_chunk % cfg.moe_every:
-        raise ValueError(f"a pipeline chunk of {per_chunk} layers does not hold whole groups "
-                         f"of moe_every={cfg.moe_every} (dense layers, then one MoE "
-                         "layer)")  # fmt: skip
+        raise ValueError(
+            f"a pipeline chunk of {per_chunk} layers does not hold whole groups "
+            f"of moe_every={cfg.moe_every} (dense layers, then one MoE "
+            "layer)"
+        )
 
 
-def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, data_axes,
-               unreduced: bool, zero_specs=None, expert_ways: int = 1):  # fmt: skip
+def accumulate(
+    params,
+    batch_BT1,
+    *,
+    plan: Plan,
+    cfg: ModelConfig,
+    pc: Pieces,
+    data_axes,
+    unreduced: bool,
+    zero_specs=None,
+    expert_ways: int = 1,
+):
     """Mean loss and gradient of this data shard's rows [B_data, T+1] over the plan's M
     microbatches, in `common.accumulate`'s contract: unreduced over the data axes (stages 0-2),
     or reduced as ZeRO-3's autodiff would (sharded leaves reduce-scattered by the transpose of
@@ -298,15 +333,15 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
         return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, c, keepdims=False), blocks_v)
 
     # the buffers' types: what the first stage's forward makes, varying over pipe
-    act = jax.eval_shape(lambda c, t, x: layers(c, embed(t, x))[0], chunk_at(0), top,
-                         micro_MBT1[0])  # fmt: skip
+    act = jax.eval_shape(lambda c, t, x: layers(c, embed(t, x))[0], chunk_at(0), top, micro_MBT1[0])
     act_axes = compat.varying_axes(act) | {AXIS}
     zero_act = _vary(jnp.zeros(act.shape, act.dtype), act_axes)
     loss_t = jax.eval_shape(lambda t, x, tok: head_loss(t, x, tok), top, zero_act, micro_MBT1[0])
     aux_t = jax.eval_shape(lambda c, x: layers(c, x)[1], chunk_at(0), zero_act)
     # the loss accumulator takes every stage's router losses too: one type for all of them
-    loss_axes = (compat.varying_axes(loss_t) | {AXIS}
-                 | (compat.varying_axes(aux_t) if moe else set()))  # fmt: skip
+    loss_axes = (
+        compat.varying_axes(loss_t) | {AXIS} | (compat.varying_axes(aux_t) if moe else set())
+    )
     zero_loss = _vary(jnp.zeros((), jnp.float32), loss_axes)
     zero_top = jax.tree.map(jnp.zeros_like, top)
     carry = {
@@ -352,8 +387,10 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
         if kind == "F":
             y, aux = core(chunk, stage_input(first, top, x_in, tokens))
             loss, send = jax.lax.cond(
-                last, lambda: (_vary(head_loss(top, y, tokens), loss_axes), zero_act),
-                lambda: (zero_loss, y))  # fmt: skip
+                last,
+                lambda: (_vary(head_loss(top, y, tokens), loss_axes), zero_act),
+                lambda: (zero_loss, y),
+            )
             loss = loss + aux if moe else loss
             return {**small, "loss": small["loss"] + loss / M}, send, zero_act
         if kind == "W" or not plan.split:  # weight gradients (and, for B, the input gradient)
@@ -363,10 +400,12 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
             g_chunk, dx = vjp_core(core_cot(dy))
             g_embed, dx_in = vjp_embed(dx)
             small = dict(small)
-            small["g_blocks"] = jax.tree.map(lambda acc, g: acc.at[c].add(g), small["g_blocks"],
-                                             g_chunk)  # fmt: skip
-            small["g_top"] = jax.tree.map(lambda acc, a, b: acc + a + b, small["g_top"], g_head,
-                                          g_embed)  # fmt: skip
+            small["g_blocks"] = jax.tree.map(
+                lambda acc, g: acc.at[c].add(g), small["g_blocks"], g_chunk
+            )
+            small["g_top"] = jax.tree.map(
+                lambda acc, a, b: acc + a + b, small["g_top"], g_head, g_embed
+            )
             return small, zero_act, zero_act if kind == "W" else _vary(dx_in, act_axes)
 
         def input_grad():  # ZB-H1's B: the input gradient only (the first stage has none)
@@ -412,11 +451,19 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
         carry, fwd, bwd = jax.lax.switch(row[0], fns, carry, got, where)
         sent = {"fwd": None, "bwd": None}
         if fwd_pairs:  # collective-permute: stage outputs to the next stage
-            sent["fwd"] = (jax.lax.ppermute(fwd, AXIS, fwd_pairs), row[6].astype(bool),
-                           row[7], row[8])  # fmt: skip
+            sent["fwd"] = (
+                jax.lax.ppermute(fwd, AXIS, fwd_pairs),
+                row[6].astype(bool),
+                row[7],
+                row[8],
+            )
         if bwd_pairs:  # collective-permute: input gradients to the previous stage
-            sent["bwd"] = (jax.lax.ppermute(bwd, AXIS, bwd_pairs), row[9].astype(bool),
-                           row[10], row[11])  # fmt: skip
+            sent["bwd"] = (
+                jax.lax.ppermute(bwd, AXIS, bwd_pairs),
+                row[9].astype(bool),
+                row[10],
+                row[11],
+            )
         return carry, sent
 
     def nothing():  # an empty receive, typed as a real one (for a scan's carry)
@@ -458,8 +505,12 @@ def accumulate(params, batch_BT1, *, plan: Plan, cfg: ModelConfig, pc: Pieces, d
     grads = {**g_top, "blocks": g_blocks}
     if not unreduced and data_axes:  # ZeRO-3: replicated leaves' gradients summed here
         grads = jax.tree.map(
-            lambda g, s: g if common.sharded_dim(s, data_axes) is not None
-            else jax.lax.psum(g, data_axes), grads, zero_specs)  # fmt: skip
+            lambda g, s: (
+                g if common.sharded_dim(s, data_axes) is not None else jax.lax.psum(g, data_axes)
+            ),
+            grads,
+            zero_specs,
+        )
     return loss, grads
 
 
@@ -480,29 +531,42 @@ def circular_shard_map(fn, mesh, in_specs, out_specs, virtual_stages: int):
         return P(None, AXIS, None, *spec[1:]) if layered(spec) else spec
 
     def over(fn_leaf, specs, tree):
-        return jax.tree.map(lambda s, x: fn_leaf(x) if layered(s) else x, specs, tree,
-                            is_leaf=lambda s: isinstance(s, P))  # fmt: skip
+        return jax.tree.map(
+            lambda s, x: fn_leaf(x) if layered(s) else x,
+            specs,
+            tree,
+            is_leaf=lambda s: isinstance(s, P),
+        )
 
     def inner(*args):
         args = over(lambda x: x.reshape(-1, *x.shape[3:]), in_specs, args)
         out = fn(*args)
         return over(lambda x: x.reshape(v, 1, x.shape[0] // v, *x.shape[1:]), out_specs, out)
 
-    mapped = jax.shard_map(inner, mesh=mesh, in_specs=jax.tree.map(outer_spec, in_specs,
-                           is_leaf=lambda s: isinstance(s, P)),
-                           out_specs=jax.tree.map(outer_spec, out_specs,
-                                                  is_leaf=lambda s: isinstance(s, P)))  # fmt: skip
+    mapped = jax.shard_map(
+        inner,
+        mesh=mesh,
+        in_specs=jax.tree.map(outer_spec, in_specs, is_leaf=lambda s: isinstance(s, P)),
+        out_specs=jax.tree.map(outer_spec, out_specs, is_leaf=lambda s: isinstance(s, P)),
+    )
 
     def outer(*args):
-        args = over(lambda x: x.reshape(v, p, x.shape[0] // (v * p), *x.shape[1:]), in_specs,
-                    args)  # fmt: skip
+        args = over(lambda x: x.reshape(v, p, x.shape[0] // (v * p), *x.shape[1:]), in_specs, args)
         out = mapped(*args)
         # back to the stored layout (contiguous [L/P] per device), pinned: left free, GSPMD may
         # return the state replicated
         return jax.tree.map(
-            lambda s, x: jax.lax.with_sharding_constraint(
-                x.reshape(-1, *x.shape[3:]), NamedSharding(mesh, s)) if layered(s) else x,
-            out_specs, out, is_leaf=lambda s: isinstance(s, P))  # fmt: skip
+            lambda s, x: (
+                jax.lax.with_sharding_constraint(
+                    x.reshape(-1, *x.shape[3:]), NamedSharding(mesh, s)
+                )
+                if layered(s)
+                else x
+            ),
+            out_specs,
+            out,
+            is_leaf=lambda s: isinstance(s, P),
+        )
 
     return outer
 

@@ -46,8 +46,12 @@ def check_tp_layout(cfg: ModelConfig, tp: int, *, mode: str = "megatron", seq_le
         raise ValueError(f"unknown tensor-parallel mode {mode!r}; choose one of {MODES}")
     if tp < 1:
         raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
-    sizes = (("heads (n_heads)", cfg.n_heads), ("kv_heads (n_kv_heads)", cfg.n_kv_heads),
-             ("mlp (d_ff)", cfg.d_ff), ("vocab", cfg.vocab))  # fmt: skip
+    sizes = (
+        ("heads (n_heads)", cfg.n_heads),
+        ("kv_heads (n_kv_heads)", cfg.n_kv_heads),
+        ("mlp (d_ff)", cfg.d_ff),
+        ("vocab", cfg.vocab),
+    )
     for name, size in sizes:
         if size % tp:
             raise ValueError(f"{name}={size} is not divisible by the tensor-parallel size {tp}")
@@ -104,18 +108,24 @@ def pieces(pc: Pieces, cfg: ModelConfig, mode: str = "megatron", axis: str = "te
     cdt = jnp.dtype(cfg.compute_dtype)
 
     def embed(top, tokens_BT, cfg, pc):
-        return vocab_parallel_embed(top["embed_VD"], tokens_BT, axis, dtype=cdt,
-                                    scatter_seq=sequence)  # fmt: skip
+        return vocab_parallel_embed(
+            top["embed_VD"], tokens_BT, axis, dtype=cdt, scatter_seq=sequence
+        )
 
     # an MoE layer's routing statistics are computed alike on every device of the group (from
     # the entered activation, typed varying): one all-reduce makes them one value; F of every
     # expert is split like the dense MLP's, its partial output summed by `leave`
-    pc = pc.replace(enter=enter, leave=leave, embed=embed,
-                    loss=partial(vocab_parallel_cross_entropy, axis=axis),
-                    stat=partial(jax.lax.pmean, axis_name=axis))  # fmt: skip
+    pc = pc.replace(
+        enter=enter,
+        leave=leave,
+        embed=embed,
+        loss=partial(vocab_parallel_cross_entropy, axis=axis),
+        stat=partial(jax.lax.pmean, axis_name=axis),
+    )
     if mode == "gather_output":
-        pc = pc.replace(attend=partial(_gathered_attend, axis=axis),
-                        mlp_act=partial(_gathered_act, axis=axis))  # fmt: skip
+        pc = pc.replace(
+            attend=partial(_gathered_attend, axis=axis), mlp_act=partial(_gathered_act, axis=axis)
+        )
     return pc
 
 

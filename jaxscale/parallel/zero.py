@@ -46,12 +46,15 @@ def pieces(pc: Pieces, stage: int, zero_specs, axes) -> Pieces:
     def gather(tree, specs):
         return {k: common.gather_leaf(v, specs[k], axes) for k, v in tree.items()}
 
-    return pc.replace(layer_hook=lambda layer: gather(layer, layer_specs),
-                      top_hook=lambda top: gather(top, top_specs))  # fmt: skip
+    return pc.replace(
+        layer_hook=lambda layer: gather(layer, layer_specs),
+        top_hook=lambda top: gather(top, top_specs),
+    )
 
 
-def loss_and_grads(loss_fn, params, batch_BT1, *, stage, zero_specs, axes, n, local,
-                   dp_form="explicit"):  # fmt: skip
+def loss_and_grads(
+    loss_fn, params, batch_BT1, *, stage, zero_specs, axes, n, local, dp_form="explicit"
+):
     """Mean loss and mean gradient over the global batch, in the layout the stage updates in.
     `local(params, rows, unreduced)` is this shard's mean loss and gradient (the microbatch loop
     of `common.accumulate`, or a pipeline schedule), unreduced over the data axes or, for
@@ -65,8 +68,9 @@ def loss_and_grads(loss_fn, params, batch_BT1, *, stage, zero_specs, axes, n, lo
         return loss, jax.tree.map(lambda g: jax.lax.psum(g, axes) / n, grads)
     if stage == 2:
         # reduce-scatter: each device receives only the summed slice it owns
-        return loss, jax.tree.map(lambda g, s: common.scatter_leaf(g, s, axes) / n, grads,
-                                  zero_specs)  # fmt: skip
+        return loss, jax.tree.map(
+            lambda g, s: common.scatter_leaf(g, s, axes) / n, grads, zero_specs
+        )
     # stage 3: params are shards, so autodiff of the per-layer all-gathers already
     # reduce-scattered the gradients (a sum over the data axes): only the 1/N remains
     return loss, jax.tree.map(lambda g: g / n, grads)

@@ -45,12 +45,17 @@ class Shapes:
 def rollout(params, prompts_BP, seeds_B, cfg: ModelConfig, sh: Shapes, sharder=None):
     """(tokens [B, N], valid [B, N], log-probs [B, N]) sampled at temperature 1."""
     B = prompts_BP.shape[0]
-    settings = {"temperature": jnp.ones((B,), jnp.float32), "top_k": jnp.zeros((B,), jnp.int32),
-                "top_p": jnp.ones((B,), jnp.float32), "seed": seeds_B}  # fmt: skip
+    settings = {
+        "temperature": jnp.ones((B,), jnp.float32),
+        "top_k": jnp.zeros((B,), jnp.int32),
+        "top_p": jnp.ones((B,), jnp.float32),
+        "seed": seeds_B,
+    }
     lengths_B = jnp.full((B,), sh.P, jnp.int32)
     budget_B = jnp.full((B,), sh.N, jnp.int32)
-    return gen.generate_batch(params, prompts_BP, lengths_B, settings, budget_B, cfg, sh.N, sh.eos,
-                              sharder)  # fmt: skip
+    return gen.generate_batch(
+        params, prompts_BP, lengths_B, settings, budget_B, cfg, sh.N, sh.eos, sharder
+    )
 
 
 def values(tree, seq_BS, P, cfg, pc):
@@ -67,13 +72,15 @@ def advantages(rc: RLHFConfig, rew_BN, v_BN, mask_BN):
     next_m_BN = jnp.pad(m_BN[:, 1:], ((0, 0), (0, 1)))
     next_v_BN = jnp.pad(v_BN[:, 1:], ((0, 0), (0, 1))) * next_m_BN
     end_BN = 1.0 - next_m_BN
-    adv_NB, ret_NB = gae_lib.gae(rew_BN.T, (v_BN * m_BN).T, next_v_BN.T, end_BN.T, end_BN.T,
-                                 rc.gamma, rc.lam, m_BN.T)  # fmt: skip
+    adv_NB, ret_NB = gae_lib.gae(
+        rew_BN.T, (v_BN * m_BN).T, next_v_BN.T, end_BN.T, end_BN.T, rc.gamma, rc.lam, m_BN.T
+    )
     return adv_NB.T, ret_NB.T
 
 
-def score(tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc: RLHFConfig, cfg, sh: Shapes,
-          sharder=None):  # fmt: skip
+def score(
+    tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc: RLHFConfig, cfg, sh: Shapes, sharder=None
+):
     """-> (the training batch, metrics). The reward model reads the last valid token P + n - 1."""
     pc = auto_pieces(sharder)
     m_BN = valid_BN.astype(jnp.float32)
@@ -108,9 +115,12 @@ def loss(tree, mb, beta, rc: RLHFConfig, cfg, sh: Shapes, pc):
     clipped_BN = jnp.clip(ratio_BN, 1.0 - rc.clip_eps, 1.0 + rc.clip_eps)
     pg = rw.masked_mean(-jnp.minimum(ratio_BN * mb["adv"], clipped_BN * mb["adv"]), m_BN)
     ent = rw.masked_mean(ent_BN, m_BN)
-    out = {"policy_loss": pg, "entropy": ent,
-           "clip_frac": rw.masked_mean((jnp.abs(ratio_BN - 1.0) > rc.clip_eps), m_BN),
-           "approx_kl": rw.masked_mean(jnp.expm1(-log_ratio_BN) + log_ratio_BN, m_BN)}  # fmt: skip
+    out = {
+        "policy_loss": pg,
+        "entropy": ent,
+        "clip_frac": rw.masked_mean((jnp.abs(ratio_BN - 1.0) > rc.clip_eps), m_BN),
+        "approx_kl": rw.masked_mean(jnp.expm1(-log_ratio_BN) + log_ratio_BN, m_BN),
+    }
     total = pg - rc.ent_coef * ent
     if rc.algo == "ppo":
         if "critic" in tree:
@@ -161,13 +171,23 @@ class Train:
         return tree, opt_state, jax.tree.map(lambda *x: jnp.mean(jnp.stack(x)), *auxs)
 
 
-def jitted(cfg: ModelConfig, rc: RLHFConfig, sh: Shapes, train_sharder: Sharder | None,
-           gen_sharder: Sharder | None, tree_shardings=None, opt_shardings=None):  # fmt: skip
+def jitted(
+    cfg: ModelConfig,
+    rc: RLHFConfig,
+    sh: Shapes,
+    train_sharder: Sharder | None,
+    gen_sharder: Sharder | None,
+    tree_shardings=None,
+    opt_shardings=None,
+):
     """The three phases, compiled for these meshes (the state keeps its sharding through
     `train`: out_shardings, and its buffers are donated)."""
     g = jax.jit(partial(rollout, cfg=cfg, sh=sh, sharder=gen_sharder))
     s = jax.jit(partial(score, rc=rc, cfg=cfg, sh=sh, sharder=train_sharder))
     out = None if tree_shardings is None else (tree_shardings, opt_shardings, None)
-    u = jax.jit(partial(update, rc=rc, cfg=cfg, sh=sh, sharder=train_sharder),
-                out_shardings=out, donate_argnums=(0, 1))  # fmt: skip
+    u = jax.jit(
+        partial(update, rc=rc, cfg=cfg, sh=sh, sharder=train_sharder),
+        out_shardings=out,
+        donate_argnums=(0, 1),
+    )
     return g, s, Train(u, rc)

@@ -36,17 +36,26 @@ def add_parser(sub) -> None:
         example="jaxscale rlhf --algo ppo --mesh fsdp=8 --out runs/rlhf/ppo",
     )
     add_dataclass_args(p, RLHFConfig)
-    p.add_argument("--mesh", default="fsdp=-1",
-                   help="training mesh (disaggregated: over the training devices), e.g. fsdp=8, "
-                   "dp=2,tp=4 (default fsdp=-1)")  # fmt: skip
+    p.add_argument(
+        "--mesh",
+        default="fsdp=-1",
+        help="training mesh (disaggregated: over the training devices), e.g. fsdp=8, "
+        "dp=2,tp=4 (default fsdp=-1)",
+    )
     add_stage_flags(p)
     p.add_argument("--out", default=None, help="directory for metrics.jsonl and rlhf.png")
-    p.add_argument("--memory", action="store_true",
-                   help="print each phase's compiled memory beside the calculator's")  # fmt: skip
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="print each phase's compiled memory beside the calculator's",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.add_argument("--dry-run", action="store_true",
-                   help="check the flags and meshes, print the plan, train nothing")  # fmt: skip
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the flags and meshes, print the plan, train nothing",
+    )
     p.set_defaults(func=guarded(_main))
 
 
@@ -59,8 +68,9 @@ def add_stage_flags(p) -> None:
 
 
 def _fmt(r: dict) -> str:
-    return (f"true {r['true_score']:.3f} rm {r['rm_score']:+.2f} kl {r['kl']:.2f} "
-            f"beta {r['beta']:.3f}")  # fmt: skip
+    return (
+        f"true {r['true_score']:.3f} rm {r['rm_score']:+.2f} kl {r['kl']:.2f} beta {r['beta']:.3f}"
+    )
 
 
 def _main(args) -> int:
@@ -79,17 +89,22 @@ def _main(args) -> int:
     task = TaskConfig()
     if args.dry_run:
         m = rlhf_run.placement(rc, args.mesh)
-        print(f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses "
-              f"({rc.prompts} prompts), {rc.placement}: train {dict(m.train.shape)}, generate "
-              f"{dict(m.gen.shape)}; SFT {args.sft_steps} steps and reward model "
-              f"{args.rm_steps} steps cached in {args.runs}")  # fmt: skip
+        print(
+            f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses "
+            f"({rc.prompts} prompts), {rc.placement}: train {dict(m.train.shape)}, generate "
+            f"{dict(m.gen.shape)}; SFT {args.sft_steps} steps and reward model "
+            f"{args.rm_steps} steps cached in {args.runs}"
+        )
         return 0
     say = (lambda line: print(line, file=sys.stderr)) if not args.json else (lambda line: None)
-    cfg, sft, rm, acc, train_p, held_p = rlhf_setup.prepare(args.runs, task, args.sft_steps,
-                                                            args.rm_steps, say=say)  # fmt: skip
+    cfg, sft, rm, acc, train_p, held_p = rlhf_setup.prepare(
+        args.runs, task, args.sft_steps, args.rm_steps, say=say
+    )
     lab = rlhf_run.build(rc, cfg, sft, rm, args.mesh, task)
-    where = (f"{rc.placement}: train {dict(lab.meshes.train.shape)}, generate "
-             f"{dict(lab.meshes.gen.shape)}")  # fmt: skip
+    where = (
+        f"{rc.placement}: train {dict(lab.meshes.train.shape)}, generate "
+        f"{dict(lab.meshes.gen.shape)}"
+    )
     say(f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses, {where}")
     out = Path(args.out) if args.out else None
     log = None
@@ -99,8 +114,9 @@ def _main(args) -> int:
         log = lambda r: metrics.write(json.dumps(r) + "\n")  # noqa: E731
     bar = Progress(rc.iterations, desc=f"rlhf {rc.algo}", enabled=args.progress and not args.json)
     try:
-        res = rlhf_run.iterate(lab, train_p, held_p, task, log=log,
-                               progress=lambda r: bar.update(1, _fmt(r)))  # fmt: skip
+        res = rlhf_run.iterate(
+            lab, train_p, held_p, task, log=log, progress=lambda r: bar.update(1, _fmt(r))
+        )
     finally:
         bar.close()
         if out:
@@ -108,16 +124,24 @@ def _main(args) -> int:
     h = res.history
     k = min(5, len(h))
     summary = {
-        "algo": rc.algo, "placement": rc.placement, "mesh": args.mesh,
+        "algo": rc.algo,
+        "placement": rc.placement,
+        "mesh": args.mesh,
         "reward_model": acc,
         "held_out_true_score": {"initial": res.initial_true, "final": res.final_true},
-        "first_iterations": {key: float(np.mean([r[key] for r in h[:k] if key in r]))
-                             for key in SUMMARY_KEYS if key in h[0]},
-        "last_iterations": {key: float(np.mean([r[key] for r in h[-k:] if key in r]))
-                            for key in SUMMARY_KEYS if key in h[0]},
+        "first_iterations": {
+            key: float(np.mean([r[key] for r in h[:k] if key in r]))
+            for key in SUMMARY_KEYS
+            if key in h[0]
+        },
+        "last_iterations": {
+            key: float(np.mean([r[key] for r in h[-k:] if key in r]))
+            for key in SUMMARY_KEYS
+            if key in h[0]
+        },
         "time_per_iteration_s": report.time_breakdown(h),
         "transfers": report.transfer_rows(res.transfers),
-    }  # fmt: skip
+    }
     if args.memory:
         summary["memory"] = report.phase_memory(lab, train_p)
     if out:
@@ -127,25 +151,61 @@ def _main(args) -> int:
         print(json.dumps(summary))
         return 0
     f, last = summary["first_iterations"], summary["last_iterations"]
-    print(grid(["", f"first {k} iterations", f"last {k} iterations"],
-               [[key, f"{f[key]:.4f}", f"{last[key]:.4f}"] for key in f]))  # fmt: skip
+    print(
+        grid(
+            ["", f"first {k} iterations", f"last {k} iterations"],
+            [[key, f"{f[key]:.4f}", f"{last[key]:.4f}"] for key in f],
+        )
+    )
     ho = summary["held_out_true_score"]
     print(f"held-out true score (fixed seeds): {ho['initial']:.4f} -> {ho['final']:.4f}")
     t = summary["time_per_iteration_s"]
-    print("time per iteration: " + ", ".join(f"{key[2:-2]} {v * 1e3:.1f} ms"
-                                             for key, v in t.items()))  # fmt: skip
-    print(grid(["transfer", "bytes moved", "predicted", "ms (here)", "zero copy",
-                "calc NVLink ms", "calc IB ms"],
-               [[r["transfer"], f"{r['bytes_moved']:,}", f"{r['bytes_predicted']:,}",
-                 f"{r['seconds'] * 1e3:.2f}", r["zero_copy"],
-                 f"{r['calc_nccl_nvlink_s'] * 1e3:.2f}", f"{r['calc_nccl_ib_s'] * 1e3:.2f}"]
-                for r in summary["transfers"]]))  # fmt: skip
+    print(
+        "time per iteration: " + ", ".join(f"{key[2:-2]} {v * 1e3:.1f} ms" for key, v in t.items())
+    )
+    print(
+        grid(
+            [
+                "transfer",
+                "bytes moved",
+                "predicted",
+                "ms (here)",
+                "zero copy",
+                "calc NVLink ms",
+                "calc IB ms",
+            ],
+            [
+                [
+                    r["transfer"],
+                    f"{r['bytes_moved']:,}",
+                    f"{r['bytes_predicted']:,}",
+                    f"{r['seconds'] * 1e3:.2f}",
+                    r["zero_copy"],
+                    f"{r['calc_nccl_nvlink_s'] * 1e3:.2f}",
+                    f"{r['calc_nccl_ib_s'] * 1e3:.2f}",
+                ]
+                for r in summary["transfers"]
+            ],
+        )
+    )
     if args.memory:
         print("memory per device (MB): compiled (memory_analysis) vs calc rl memory's rows")
-        print(grid(["phase", "holds", "arguments", "calc fixed", "temp", "calc scaling"],
-                   [[r["phase"], r["holds"], f"{r['arguments'] / 1e6:.3f}",
-                     f"{r['calc_fixed'] / 1e6:.3f}", f"{r['temp'] / 1e6:.3f}",
-                     f"{r['calc_scaling'] / 1e6:.3f}"] for r in summary["memory"]]))  # fmt: skip
+        print(
+            grid(
+                ["phase", "holds", "arguments", "calc fixed", "temp", "calc scaling"],
+                [
+                    [
+                        r["phase"],
+                        r["holds"],
+                        f"{r['arguments'] / 1e6:.3f}",
+                        f"{r['calc_fixed'] / 1e6:.3f}",
+                        f"{r['temp'] / 1e6:.3f}",
+                        f"{r['calc_scaling'] / 1e6:.3f}",
+                    ]
+                    for r in summary["memory"]
+                ],
+            )
+        )
     for key in ("metrics", "plot"):
         if key in summary:
             print(f"wrote {summary[key]}")

@@ -29,27 +29,44 @@ class RLHFConfig:
     beta: float = _f(0.5, "initial KL coefficient")
     kl_target: float = _f(3.0, "adaptive-KL target in nats per response; 0: beta stays fixed")
     kl_horizon: int = _f(64, "adaptive-KL horizon in responses (Ziegler et al.)")
-    kl_estimator: str = _f("k1", "per-token KL: k1 (log-ratio, the seed's) or k3 (>= 0)",
-                           ("k1", "k3"))  # fmt: skip
-    reward_mode: str = _f("response", "the RM score at the last token, or spread over tokens",
-                          ("response", "token"))  # fmt: skip
-    whiten: str = _f("batch", "advantage whitening: batch, response (the seed's) or none",
-                     ("batch", "response", "none"))  # fmt: skip
+    kl_estimator: str = _f(
+        "k1", "per-token KL: k1 (log-ratio, the seed's) or k3 (>= 0)", ("k1", "k3")
+    )
+    reward_mode: str = _f(
+        "response", "the RM score at the last token, or spread over tokens", ("response", "token")
+    )
+    whiten: str = _f(
+        "batch",
+        "advantage whitening: batch, response (the seed's) or none",
+        ("batch", "response", "none"),
+    )
     gamma: float = _f(1.0, "discount over response tokens")
     lam: float = _f(0.95, "GAE lambda")
     clip_eps: float = _f(0.2, "PPO clip epsilon (ratio clamped to [1-eps, 1+eps])")
     vf_coef: float = _f(0.5, "c1, the value-loss weight")
     ent_coef: float = _f(0.0, "c2, the entropy-bonus weight")
-    critic: str = _f("separate", "critic: a separate transformer, or a value head on the "
-                     "actor's backbone", ("separate", "shared"))  # fmt: skip
-    placement: str = _f("colocated", "one mesh for everything, or training and generation on "
-                        "separate devices", PLACEMENTS)  # fmt: skip
-    gen_layout: str = _f("replicated", "co-located generation layout: replicated (data-parallel "
-                         "decode, one reshard per iteration) or train (the training layout: "
-                         "zero-copy)", GEN_LAYOUTS)  # fmt: skip
+    critic: str = _f(
+        "separate",
+        "critic: a separate transformer, or a value head on the actor's backbone",
+        ("separate", "shared"),
+    )
+    placement: str = _f(
+        "colocated",
+        "one mesh for everything, or training and generation on separate devices",
+        PLACEMENTS,
+    )
+    gen_layout: str = _f(
+        "replicated",
+        "co-located generation layout: replicated (data-parallel "
+        "decode, one reshard per iteration) or train (the training layout: "
+        "zero-copy)",
+        GEN_LAYOUTS,
+    )
     gen_devices: int = _f(0, "disaggregated: devices for generation (0: half)")
-    stale: bool = _f(False, "disaggregated: generate batch k+1 while training on batch k "
-                     "(one-step-stale rollouts)")  # fmt: skip
+    stale: bool = _f(
+        False,
+        "disaggregated: generate batch k+1 while training on batch k (one-step-stale rollouts)",
+    )
     seed: int = _f(0, "seed of rollouts, minibatches and prompts")
 
     def replace(self, **kw) -> RLHFConfig:
@@ -67,13 +84,17 @@ class RLHFConfig:
 
     def check(self) -> RLHFConfig:
         """Every impossible setting, as one error naming its flag."""
-        for name, allowed in (("algo", ALGOS), ("placement", PLACEMENTS),
-                              ("gen_layout", GEN_LAYOUTS)):  # fmt: skip
+        for name, allowed in (
+            ("algo", ALGOS),
+            ("placement", PLACEMENTS),
+            ("gen_layout", GEN_LAYOUTS),
+        ):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose "
-                                 f"from {', '.join(allowed)}")  # fmt: skip
-        for name in ("iterations", "responses", "group", "epochs", "minibatches",
-                     "kl_horizon"):  # fmt: skip
+                raise ValueError(
+                    f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose "
+                    f"from {', '.join(allowed)}"
+                )
+        for name in ("iterations", "responses", "group", "epochs", "minibatches", "kl_horizon"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.algo == "grpo" and (self.group < 2 or self.responses % self.group):
@@ -91,9 +112,13 @@ class RLHFConfig:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name} must be in [0, 1]")
         if self.rows % self.minibatches:
-            raise ValueError(f"--minibatches {self.minibatches} must divide the responses per "
-                             f"iteration ({self.rows})")  # fmt: skip
+            raise ValueError(
+                f"--minibatches {self.minibatches} must divide the responses per "
+                f"iteration ({self.rows})"
+            )
         if self.stale and self.placement != "disaggregated":
-            raise ValueError("--stale needs --placement disaggregated (generation on its own "
-                             "devices is what overlaps with training)")  # fmt: skip
+            raise ValueError(
+                "--stale needs --placement disaggregated (generation on its own "
+                "devices is what overlaps with training)"
+            )
         return self

@@ -84,8 +84,10 @@ def reward_forward(rm, seq_BS, last_B, cfg, pc=pieces.DENSE):
 
 def reward_model_init(params, cfg: ModelConfig):
     """The reward model: the transformer without its LM head (unused), and a scalar head."""
-    return {"backbone": {k: v for k, v in params.items() if k != "unembed_DV"},
-            "head": init_head(cfg)}  # fmt: skip
+    return {
+        "backbone": {k: v for k, v in params.items() if k != "unembed_DV"},
+        "head": init_head(cfg),
+    }
 
 
 def logical_axes(tree, cfg: ModelConfig):

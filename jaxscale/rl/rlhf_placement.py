@@ -47,8 +47,10 @@ def meshes(spec: str, placement: str, gen_devices: int = 0, devices=None) -> Mes
         return Meshes(m, m, placement)
     g = gen_devices or len(devices) // 2
     if not 0 < g < len(devices):
-        raise ValueError(f"--gen-devices {g}: disaggregated placement needs 1 to "
-                         f"{len(devices) - 1} of the {len(devices)} devices")  # fmt: skip
+        raise ValueError(
+            f"--gen-devices {g}: disaggregated placement needs 1 to "
+            f"{len(devices) - 1} of the {len(devices)} devices"
+        )
     parse_mesh(spec).resolve(len(devices) - g)  # a clear error if the spec does not fit
     return Meshes(build_mesh(spec, devices[:-g]), build_mesh("dp=-1", devices[-g:]), placement)
 
@@ -103,8 +105,12 @@ def transfer(params, shardings, meshes: Meshes) -> tuple[object, Transfer]:
 
 def _ways(x: jax.Array) -> int:
     """How many ways a leaf is split (its distinct shards)."""
-    return len({tuple((s.start, s.stop) for s in idx)
-                for idx in x.sharding.devices_indices_map(x.shape).values()})  # fmt: skip
+    return len(
+        {
+            tuple((s.start, s.stop) for s in idx)
+            for idx in x.sharding.devices_indices_map(x.shape).values()
+        }
+    )
 
 
 def predict(src: list[jax.Array], dst: list[jax.Array], meshes: Meshes) -> int:

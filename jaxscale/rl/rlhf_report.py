@@ -17,8 +17,11 @@ GB = 1e9
 
 def _per_device(compiled) -> dict:
     m = compiled.memory_analysis()
-    return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-            "temp": m.temp_size_in_bytes}  # fmt: skip
+    return {
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "temp": m.temp_size_in_bytes,
+    }
 
 
 def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
@@ -32,15 +35,31 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
     model = rm_calc.TimelineModel("lab", n_params / 1e9, cfg.d_model, cfg.n_layers)
     value_bytes = np.dtype(cfg.param_dtype).itemsize
     adam_for = "actor+critic" if "critic" in lab.tree else "actor"
-    calc = {p: {i.name: i.gb * GB for i in rm_calc.phase_memory(
-        model, rc.rows, sh.P + sh.N, p, adam_for=adam_for, kv_dim=cfg.n_kv_heads * cfg.head_dim,
-        value_bytes=value_bytes, misc_gb=0).items} for p in rm_calc.TIMELINE_PHASES}  # fmt: skip
+    calc = {
+        p: {
+            i.name: i.gb * GB
+            for i in rm_calc.phase_memory(
+                model,
+                rc.rows,
+                sh.P + sh.N,
+                p,
+                adam_for=adam_for,
+                kv_dim=cfg.n_kv_heads * cfg.head_dim,
+                value_bytes=value_bytes,
+                misc_gb=0,
+            ).items
+        }
+        for p in rm_calc.TIMELINE_PHASES
+    }
     rows, seeds = rlhf_run.batch_rows(lab, prompts, 0)
     gen_actor = jax.device_put(lab.tree["actor"], lab.gen_shardings)
     with jax.set_mesh(lab.meshes.gen):
         rows_sh = lab.gen_sharder.named(("batch", None))
-        args = (gen_actor, jax.device_put(rows, rows_sh),
-                jax.device_put(seeds, lab.gen_sharder.named(("batch",))))  # fmt: skip
+        args = (
+            gen_actor,
+            jax.device_put(rows, rows_sh),
+            jax.device_put(seeds, lab.gen_sharder.named(("batch",))),
+        )
         toks, valid, logp = lab.phases[0](*args)
         generate = _per_device(lab.phases[0].lower(*args).compile())
     n_gen, n_train = lab.meshes.gen.devices.size, lab.meshes.train.devices.size
@@ -52,8 +71,11 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
         sargs = (lab.tree, lab.ref, lab.rm, seq, v, lp, np.float32(rc.beta))
         score = _per_device(lab.phases[1].lower(*sargs).compile())
         batch, _ = lab.phases[1](*sargs)
-        train = _per_device(lab.phases[2].step.lower(lab.tree, lab.opt_state, batch, np.int32(0),
-                                                     np.float32(rc.beta)).compile())  # fmt: skip
+        train = _per_device(
+            lab.phases[2]
+            .step.lower(lab.tree, lab.opt_state, batch, np.int32(0), np.float32(rc.beta))
+            .compile()
+        )
     g, s, t = calc["generation"], calc["scoring"], calc["training"]
     opt = next(v for k, v in t.items() if k.startswith("Optimizer"))
     critic = t["Critic (weights)"] if "critic" in lab.tree else 0.0
@@ -63,18 +85,33 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
     ppo = rc.algo == "ppo"
     rm_share = sum(x.size for x in jax.tree.leaves(lab.rm)) / n_params
     return [
-        {"phase": "generation", "holds": "actor (generation layout) + KV cache",
-         "calc_fixed": g["Actor (weights)"] / gen_w, "calc_scaling": g["KV Cache"] / n_gen,
-         **generate},
-        {"phase": "scoring", "holds": "reference, reward model" + (", critic" if ppo else ""),
-         "calc_fixed": (s["Reward Model (weights)"] * (1 + ppo + rm_share)) / n_train,
-         "calc_scaling": s["Activations"] / n_train, **score},
-        {"phase": "training", "holds": ("actor + critic" if ppo else "actor")
-         + ", Adam; gradients are temporaries",
-         "calc_fixed": (t["Actor (weights)"] + critic + opt) / n_train,
-         "calc_scaling": (t["Activations"] + t["Actor (gradients)"]
-                          + (t["Critic (gradients)"] if critic else 0)) / n_train, **train},
-    ]  # fmt: skip
+        {
+            "phase": "generation",
+            "holds": "actor (generation layout) + KV cache",
+            "calc_fixed": g["Actor (weights)"] / gen_w,
+            "calc_scaling": g["KV Cache"] / n_gen,
+            **generate,
+        },
+        {
+            "phase": "scoring",
+            "holds": "reference, reward model" + (", critic" if ppo else ""),
+            "calc_fixed": (s["Reward Model (weights)"] * (1 + ppo + rm_share)) / n_train,
+            "calc_scaling": s["Activations"] / n_train,
+            **score,
+        },
+        {
+            "phase": "training",
+            "holds": ("actor + critic" if ppo else "actor") + ", Adam; gradients are temporaries",
+            "calc_fixed": (t["Actor (weights)"] + critic + opt) / n_train,
+            "calc_scaling": (
+                t["Activations"]
+                + t["Actor (gradients)"]
+                + (t["Critic (gradients)"] if critic else 0)
+            )
+            / n_train,
+            **train,
+        },
+    ]
 
 
 def transfer_rows(transfers: list[place.Transfer]) -> list[dict]:
@@ -83,11 +120,19 @@ def transfer_rows(transfers: list[place.Transfer]) -> list[dict]:
     out = []
     for label, tr in (("first", transfers[0]), ("steady", transfers[-1])):
         gb = max(tr.bytes_moved, 1) / GB
-        out.append({"transfer": label, "bytes_moved": tr.bytes_moved,
-                    "bytes_predicted": tr.bytes_predicted, "seconds": tr.seconds,
-                    "zero_copy": tr.zero_copy,
-                    **{f"calc_{k}_s": wt.transfer_time_s(wt.TRANSFER_METHODS[k], gb)
-                       for k in ("nccl_nvlink", "nccl_ib", "cuda_ipc")}})  # fmt: skip
+        out.append(
+            {
+                "transfer": label,
+                "bytes_moved": tr.bytes_moved,
+                "bytes_predicted": tr.bytes_predicted,
+                "seconds": tr.seconds,
+                "zero_copy": tr.zero_copy,
+                **{
+                    f"calc_{k}_s": wt.transfer_time_s(wt.TRANSFER_METHODS[k], gb)
+                    for k in ("nccl_nvlink", "nccl_ib", "cuda_ipc")
+                },
+            }
+        )
     return out
 
 
@@ -104,8 +149,12 @@ def plot(runs: dict[str, list[dict]], path, kl_target: float = 0.0, smooth: int 
     """True score, parse rate, reward-model score and KL over iterations, one colour per run: each
     iteration faint, its `smooth`-iteration running mean solid; the KL target dashed."""
     keys = ("true_score", "parses_rate", "rm_score", "kl")
-    titles = ("true score (programmatic)", "share of lines that parse", "reward-model score",
-              "KL(actor || reference), nats per response")  # fmt: skip
+    titles = (
+        "true score (programmatic)",
+        "share of lines that parse",
+        "reward-model score",
+        "KL(actor || reference), nats per response",
+    )
     with figure(path, 1, 4, figsize=(19, 4.2)) as (fig, axes):
         for i, (label, hist) in enumerate(runs.items()):
             it = np.asarray([r["iteration"] for r in hist])

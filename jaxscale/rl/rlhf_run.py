@@ -73,20 +73,26 @@ def placement(rc: RLHFConfig, mesh: str, devices=None) -> place.Meshes:
         raise ValueError(f"--mesh {mesh}: {e}") if "gen-devices" not in str(e) else e from None
     for name, mm in (("training", m.train), ("generation", m.gen)):
         if rc.rows % place.data_ways(mm):
-            raise ValueError(f"--responses {rc.rows} does not split over the {name} mesh's "
-                             f"data axes ({place.data_ways(mm)})")  # fmt: skip
+            raise ValueError(
+                f"--responses {rc.rows} does not split over the {name} mesh's "
+                f"data axes ({place.data_ways(mm)})"
+            )
     return m
 
 
-def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib.TaskConfig,
-          devices=None) -> Lab:  # fmt: skip
+def build(
+    rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib.TaskConfig, devices=None
+) -> Lab:
     m = placement(rc, mesh, devices)
     # every layer written out (2 in the lab's model): no collective inside a loop body (see
     # rlhf.Train); compute only, the parameters are the same
     cfg = dataclasses.replace(cfg, unroll_layers=True)
     train_sharder = Sharder(m.train)
-    gen_sharder = train_sharder if (m.shared and rc.gen_layout == "train") else Sharder(
-        m.gen, REPLICATED_RULES)  # fmt: skip
+    gen_sharder = (
+        train_sharder
+        if (m.shared and rc.gen_layout == "train")
+        else Sharder(m.gen, REPLICATED_RULES)
+    )
     sh = rlhf.Shapes(task.prompt_len, task.max_new, task_lib.EOS)
     if sh.P + sh.N > cfg.max_seq:
         raise ValueError(f"prompt ({sh.P}) + response ({sh.N}) exceeds max_seq={cfg.max_seq}")
@@ -107,14 +113,27 @@ def build(rc: RLHFConfig, cfg: ModelConfig, actor, rm, mesh: str, task: task_lib
         opt_state = jax.jit(rlhf.optimizer(rc).init)(tree)
         # Adam's moments in their parameters' layout (the init's zeros come out replicated):
         # actor and critic leaves of one shape share their logical axes, so shape decides
-        by_shape = {x.shape: s for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(tree_sh),
-                                                strict=True)}  # fmt: skip
+        by_shape = {
+            x.shape: s for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(tree_sh), strict=True)
+        }
         replicated = train_sharder.named(())
         opt_sh = jax.tree.map(lambda x: by_shape.get(x.shape, replicated), opt_state)
         opt_state = jax.device_put(opt_state, opt_sh)
     phases = rlhf.jitted(cfg, rc, sh, train_sharder, gen_sharder, tree_sh, opt_sh)
-    return Lab(rc, cfg, sh, m, train_sharder, gen_sharder, gen_shardings, phases, tree,
-               opt_state, ref["actor"], rm)  # fmt: skip
+    return Lab(
+        rc,
+        cfg,
+        sh,
+        m,
+        train_sharder,
+        gen_sharder,
+        gen_shardings,
+        phases,
+        tree,
+        opt_state,
+        ref["actor"],
+        rm,
+    )
 
 
 def batch_rows(lab: Lab, prompts: np.ndarray, it: int):
@@ -124,8 +143,11 @@ def batch_rows(lab: Lab, prompts: np.ndarray, it: int):
     rows = prompts[rng.choice(len(prompts), rc.prompts, replace=len(prompts) < rc.prompts)]
     if rc.algo == "grpo":
         rows = np.repeat(rows, rc.group, axis=0)
-    seeds = (np.uint32(rc.seed) * np.uint32(1_000_003) + np.uint32(it * rc.rows)
-             + np.arange(rc.rows, dtype=np.uint32))  # fmt: skip
+    seeds = (
+        np.uint32(rc.seed) * np.uint32(1_000_003)
+        + np.uint32(it * rc.rows)
+        + np.arange(rc.rows, dtype=np.uint32)
+    )
     return rows.astype(np.int32), seeds
 
 
@@ -151,8 +173,9 @@ def evaluate(lab: Lab, prompts: np.ndarray, task, tree=None, batches: int = 4) -
     return float(np.concatenate(out).mean())
 
 
-def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
-            progress=None) -> RunResult:  # fmt: skip
+def iterate(
+    lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None, progress=None
+) -> RunResult:
     """Run rc.iterations iterations; `log(record)` receives each iteration's metrics."""
     rc, res = lab.rc, RunResult()
     res.initial_true = evaluate(lab, held_out, task)
@@ -178,19 +201,27 @@ def iterate(lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None,
             batch, sm = lab.phases[1](lab.tree, lab.ref, lab.rm, seq, v, lp, jnp.float32(beta))
             jax.block_until_ready(batch)
             t2 = time.perf_counter()
-            lab.tree, lab.opt_state, tm = lab.phases[2](lab.tree, lab.opt_state, batch,
-                                                        jnp.float32(beta))  # fmt: skip
+            lab.tree, lab.opt_state, tm = lab.phases[2](
+                lab.tree, lab.opt_state, batch, jnp.float32(beta)
+            )
             sm, tm = jax.device_get((sm, tm))
         t3 = time.perf_counter()
         gen_actor, tr = place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
         res.transfers.append(tr)
         kl = float(sm["kl"])
-        record = {"iteration": it, "true_score": float(parts["total"].mean()), "beta": beta,
-                  **{f"{k}_rate": float(parts[k].mean()) for k in ("ends", "balanced", "parses")},
-                  **{k: float(x) for k, x in {**sm, **tm}.items()},
-                  "t_generate_s": t_gen, "t_score_s": t2 - t1, "t_train_s": t3 - t2,
-                  "t_transfer_s": tr.seconds, "transfer_bytes": tr.bytes_moved,
-                  "tokens_per_s": float(valid.sum()) / max(t_gen, 1e-9)}  # fmt: skip
+        record = {
+            "iteration": it,
+            "true_score": float(parts["total"].mean()),
+            "beta": beta,
+            **{f"{k}_rate": float(parts[k].mean()) for k in ("ends", "balanced", "parses")},
+            **{k: float(x) for k, x in {**sm, **tm}.items()},
+            "t_generate_s": t_gen,
+            "t_score_s": t2 - t1,
+            "t_train_s": t3 - t2,
+            "t_transfer_s": tr.seconds,
+            "transfer_bytes": tr.bytes_moved,
+            "tokens_per_s": float(valid.sum()) / max(t_gen, 1e-9),
+        }
         res.history.append(record)
         if log:
             log(record)

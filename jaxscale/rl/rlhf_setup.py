@@ -27,11 +27,39 @@ from jaxscale.model import state as ms
 from jaxscale.rl import rlhf, rlhf_task
 from jaxscale.rl import rlhf_models as models
 
-SFT_TRAIN = ["--data", "stdlib", "--seq-len", "64", "--global-batch", "32", "--no-progress",
-             "--sample-tokens", "0", "--eval-every", "0", "--log-every", "100", "--lr", "3e-3",
-             "--mesh", "dp=-1"]  # fmt: skip
-SFT_MODEL = ["--d-model", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-             "--d-ff", "256", "--max-seq", "64"]  # fmt: skip
+SFT_TRAIN = [
+    "--data",
+    "stdlib",
+    "--seq-len",
+    "64",
+    "--global-batch",
+    "32",
+    "--no-progress",
+    "--sample-tokens",
+    "0",
+    "--eval-every",
+    "0",
+    "--log-every",
+    "100",
+    "--lr",
+    "3e-3",
+    "--mesh",
+    "dp=-1",
+]
+SFT_MODEL = [
+    "--d-model",
+    "64",
+    "--layers",
+    "2",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--d-ff",
+    "256",
+    "--max-seq",
+    "64",
+]
 
 
 def sft_model(run_dir: str | Path, steps: int, model_flags: list[str] = SFT_MODEL):
@@ -45,15 +73,32 @@ def sft_model(run_dir: str | Path, steps: int, model_flags: list[str] = SFT_MODE
 
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
-        argv = [sys.executable, "-m", "jaxscale", "train", *SFT_TRAIN, *model_flags, "--steps",
-                str(steps), "--run-dir", str(run_dir)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "jaxscale",
+            "train",
+            *SFT_TRAIN,
+            *model_flags,
+            "--steps",
+            str(steps),
+            "--run-dir",
+            str(run_dir),
+        ]
         if subprocess.run(argv).returncode != 0:
             raise RuntimeError(f"SFT training into {run_dir} failed")
     return load_model(str(run_dir))
 
 
-def comparison_pairs(cfg: ModelConfig, params, prompts: np.ndarray, task, samples: int = 4,
-                     seed: int = 0, batch: int = 64):  # fmt: skip
+def comparison_pairs(
+    cfg: ModelConfig,
+    params,
+    prompts: np.ndarray,
+    task,
+    samples: int = 4,
+    seed: int = 0,
+    batch: int = 64,
+):
     """(seq_w [K, S], last_w [K], seq_l [K, S], last_l [K]): every two of `samples` completions
     of a prompt whose true scores differ, the better one first."""
     sh = rlhf.Shapes(task.prompt_len, task.max_new, rlhf_task.EOS)
@@ -83,13 +128,22 @@ def comparison_pairs(cfg: ModelConfig, params, prompts: np.ndarray, task, sample
 
 def bt_loss(rm, pairs, cfg):
     seq_w, last_w, seq_l, last_l = pairs
-    margin = (models.reward_forward(rm, seq_w, last_w, cfg)
-              - models.reward_forward(rm, seq_l, last_l, cfg))  # fmt: skip
+    margin = models.reward_forward(rm, seq_w, last_w, cfg) - models.reward_forward(
+        rm, seq_l, last_l, cfg
+    )
     return -jnp.mean(jax.nn.log_sigmoid(margin)), jnp.mean(margin > 0)
 
 
-def train_reward_model(cfg: ModelConfig, sft_params, pairs, steps: int = 300, batch: int = 64,
-                       lr: float = 1e-3, seed: int = 0, progress=None):  # fmt: skip
+def train_reward_model(
+    cfg: ModelConfig,
+    sft_params,
+    pairs,
+    steps: int = 300,
+    batch: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    progress=None,
+):
     """The reward model: SFT backbone + zero head, Bradley-Terry on random minibatches of pairs."""
     rm = models.reward_model_init(sft_params, cfg)
     tx = optax.adamw(lr, weight_decay=0.0)
@@ -129,12 +183,19 @@ def save_tree(path: str | Path, tree) -> None:
 def load_tree(path: str | Path, like):
     data = np.load(path)
     flat, treedef = jax.tree.flatten_with_path(like)
-    return jax.tree.unflatten(treedef, [jnp.asarray(data[jax.tree_util.keystr(k)])
-                                        for k, _ in flat])  # fmt: skip
+    return jax.tree.unflatten(
+        treedef, [jnp.asarray(data[jax.tree_util.keystr(k)]) for k, _ in flat]
+    )
 
 
-def prepare(runs: str | Path, task, sft_steps: int = 600, rm_steps: int = 200,
-            rm_prompts: int = 256, say=lambda line: None):  # fmt: skip
+def prepare(
+    runs: str | Path,
+    task,
+    sft_steps: int = 600,
+    rm_steps: int = 200,
+    rm_prompts: int = 256,
+    say=lambda line: None,
+):
     """(cfg, SFT params, reward model, its held-out accuracy, train prompts, held-out prompts):
     each stage kept under `runs` and reused by the next call with the same settings."""
     train_p, held_p = rlhf_task.load_prompts(task)
@@ -157,17 +218,24 @@ def prepare(runs: str | Path, task, sft_steps: int = 600, rm_steps: int = 200,
     else:
         pairs = comparison_pairs(cfg, params, train_p[:rm_prompts], task)
         held = comparison_pairs(cfg, params, held_p[: rm_prompts // 2], task, seed=1)
-        say(f"reward model: {rm_steps} Bradley-Terry steps on {len(pairs[0])} comparison pairs "
-            f"from {rm_prompts} prompts")  # fmt: skip
+        say(
+            f"reward model: {rm_steps} Bradley-Terry steps on {len(pairs[0])} comparison pairs "
+            f"from {rm_prompts} prompts"
+        )
         rm = train_reward_model(cfg, params, pairs, rm_steps)
-        acc = {"train_pairs": len(pairs[0]), "held_out_pairs": len(held[0]),
-               "train_accuracy": pairwise_accuracy(rm, pairs, cfg),
-               "held_out_accuracy": pairwise_accuracy(rm, held, cfg)}  # fmt: skip
+        acc = {
+            "train_pairs": len(pairs[0]),
+            "held_out_pairs": len(held[0]),
+            "train_accuracy": pairwise_accuracy(rm, pairs, cfg),
+            "held_out_accuracy": pairwise_accuracy(rm, held, cfg),
+        }
         save_tree(rm_path, rm)
         rm_path.with_suffix(".json").write_text(json.dumps(acc))
-    say(f"reward model: pairwise accuracy {acc['held_out_accuracy']:.3f} on "
+    say(
+        f"reward model: pairwise accuracy {acc['held_out_accuracy']:.3f} on "
         f"{acc['held_out_pairs']} held-out pairs ({acc['train_accuracy']:.3f} on its "
-        f"{acc['train_pairs']} training pairs)")  # fmt: skip
+        f"{acc['train_pairs']} training pairs)"
+    )
     return cfg, params, rm, acc, train_p, held_p
 
 
@@ -176,6 +244,8 @@ def random_models(cfg: ModelConfig, seed: int = 0):
     every response alike: zero advantages, nothing to learn): tests' and `--random`'s models."""
     actor = ms.init_params(cfg, seed)
     rm = models.reward_model_init(ms.init_params(cfg, seed + 1), cfg)
-    rm["head"] = {"w_D": jax.random.normal(jax.random.key(seed), (cfg.d_model,)),
-                  "b": jnp.float32(0.1)}  # fmt: skip
+    rm["head"] = {
+        "w_D": jax.random.normal(jax.random.key(seed), (cfg.d_model,)),
+        "b": jnp.float32(0.1),
+    }
     return actor, rm

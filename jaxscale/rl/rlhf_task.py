@@ -88,15 +88,18 @@ def true_score(prompt: bytes, completion: bytes, task: TaskConfig) -> Score:
     return Score(0.25 * ends + 0.25 * balanced + 0.5 * parses, ends, balanced, parses)
 
 
-def score_parts(prompts_BP: np.ndarray, tokens_BN: np.ndarray, valid_BN: np.ndarray,
-                task: TaskConfig) -> dict[str, np.ndarray]:  # fmt: skip
+def score_parts(
+    prompts_BP: np.ndarray, tokens_BN: np.ndarray, valid_BN: np.ndarray, task: TaskConfig
+) -> dict[str, np.ndarray]:
     """float32 [B] each: the true score of every row of a rollout batch, and its three parts."""
     rows = []
     for b in range(len(prompts_BP)):
         completion = bytes(int(t) for t in tokens_BN[b][valid_BN[b]])
         rows.append(true_score(bytes(int(t) for t in prompts_BP[b]), completion, task))
-    return {k: np.asarray([getattr(r, k) for r in rows], np.float32)
-            for k in ("total", "ends", "balanced", "parses")}  # fmt: skip
+    return {
+        k: np.asarray([getattr(r, k) for r in rows], np.float32)
+        for k in ("total", "ends", "balanced", "parses")
+    }
 
 
 def scores(prompts_BP, tokens_BN, valid_BN, task: TaskConfig) -> np.ndarray:

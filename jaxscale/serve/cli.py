@@ -22,15 +22,22 @@ def add_parser(sub) -> None:
         '\'Content-Type: application/json\' -d \'{"model": "jaxscale", "prompt": "def ", '
         '"max_tokens": 32}\'',
     )
-    p.add_argument("--ckpt-dir", default=None,
-                   help="checkpoint directory of a `jaxscale train` run, or its --run-dir "
-                   "(default: a random tiny model, which prints noise)")  # fmt: skip
+    p.add_argument(
+        "--ckpt-dir",
+        default=None,
+        help="checkpoint directory of a `jaxscale train` run, or its --run-dir "
+        "(default: a random tiny model, which prints noise)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=positive_int, default=8000, help="port (default 8000)")
     p.add_argument("--model-name", default="jaxscale", help="the model id clients ask for")
     p.add_argument("--max-num-seqs", type=positive_int, default=8, help="requests running at once")
-    p.add_argument("--max-num-batched-tokens", type=positive_int, default=64,
-                   help="tokens fed per engine step (decode + prefill chunks)")  # fmt: skip
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=64,
+        help="tokens fed per engine step (decode + prefill chunks)",
+    )
     p.add_argument("--page-size", type=positive_int, default=16, help="KV page size in tokens")
     p.add_argument("--n-pages", type=positive_int, default=256, help="pages in the KV pool")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn the radix cache off")
@@ -44,9 +51,11 @@ def load_model(ckpt_dir: str | None):
     from jaxscale.train import checkpoint
 
     if ckpt_dir is None:
-        print("jaxscale serve: warning: no --ckpt-dir; serving a random tiny model (its "
-              "completions are noise). Train one with `jaxscale train --run-dir runs/a`.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "jaxscale serve: warning: no --ckpt-dir; serving a random tiny model (its "
+            "completions are noise). Train one with `jaxscale train --run-dir runs/a`.",
+            file=sys.stderr,
+        )
         cfg = ModelConfig(max_seq=256)
         return cfg, ms.init_params(cfg, 0)
     path = Path(ckpt_dir)
@@ -66,18 +75,25 @@ def main(args) -> int:
 
     try:
         cfg, params = load_model(args.ckpt_dir)
-        ecfg = EngineConfig(max_num_seqs=args.max_num_seqs,
-                            max_num_batched_tokens=args.max_num_batched_tokens,
-                            page_size=args.page_size, n_pages=args.n_pages,
-                            prefix_cache=not args.no_prefix_cache)  # fmt: skip
+        ecfg = EngineConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            page_size=args.page_size,
+            n_pages=args.n_pages,
+            prefix_cache=not args.no_prefix_cache,
+        )
         if cfg.n_experts:
             raise ValueError("serving an MoE model is not implemented (its cached decode)")
         engine = Engine(params, cfg, ecfg)
     except (CheckpointError, ValueError) as e:
         print(f"jaxscale serve: error: {e}", file=sys.stderr)
         return 2
-    print(f"serving {args.model_name} (d_model {cfg.d_model}, {cfg.n_layers} layers, context "
-          f"{cfg.max_seq}) on http://{args.host}:{args.port}/v1", file=sys.stderr)  # fmt: skip
-    uvicorn.run(make_app(engine, args.model_name), host=args.host, port=args.port,
-                log_level="warning")  # fmt: skip
+    print(
+        f"serving {args.model_name} (d_model {cfg.d_model}, {cfg.n_layers} layers, context "
+        f"{cfg.max_seq}) on http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        make_app(engine, args.model_name), host=args.host, port=args.port, log_level="warning"
+    )
     return 0

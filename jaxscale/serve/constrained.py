@@ -76,8 +76,9 @@ class RegexConstraint:
 def _step(params, tokens_1T, start, cache, mask_V, key, settings, cfg):
     positions_1T = start + jnp.arange(tokens_1T.shape[1])[None, :]
     logits_1TV, cache = kv_cache.forward(params, tokens_1T, positions_1T, cache, cfg)
-    x_V = filtered_logits(logits_1TV[:, -1], settings["temperature"], settings["top_k"],
-                          settings["top_p"])[0]  # fmt: skip
+    x_V = filtered_logits(
+        logits_1TV[:, -1], settings["temperature"], settings["top_k"], settings["top_p"]
+    )[0]
     x_V = jnp.where(mask_V, x_V, -jnp.inf)  # the grammar's mask, after temperature/top-k/top-p
     greedy = jnp.argmax(jnp.where(mask_V, logits_1TV[0, -1], -jnp.inf))
     drawn = jax.random.categorical(key, x_V)
@@ -86,8 +87,14 @@ def _step(params, tokens_1T, start, cache, mask_V, key, settings, cfg):
     return jnp.where(settings["temperature"][0] > 0, drawn, greedy).astype(jnp.int32), cache
 
 
-def generate(params, cfg: ModelConfig, prompt: list[int], constraint, max_new: int,
-             sampling: SamplingParams | None = None) -> list[int]:  # fmt: skip
+def generate(
+    params,
+    cfg: ModelConfig,
+    prompt: list[int],
+    constraint,
+    max_new: int,
+    sampling: SamplingParams | None = None,
+) -> list[int]:
     """Up to `max_new` bytes after `prompt`, each allowed by `constraint` with the bytes left."""
     sampling = sampling or SamplingParams(0.0)
     if len(prompt) + max_new > cfg.max_seq:
@@ -101,8 +108,16 @@ def generate(params, cfg: ModelConfig, prompt: list[int], constraint, max_new: i
         mask = constraint.allowed(state, max_new - len(out))
         if not mask.any():
             raise RuntimeError(f"the constraint allows nothing after {bytes(out)!r}")
-        tok, cache = _step(params, jnp.asarray([feed], jnp.int32), pos, cache, jnp.asarray(mask),
-                           jax.random.fold_in(key, len(out)), settings, cfg)  # fmt: skip
+        tok, cache = _step(
+            params,
+            jnp.asarray([feed], jnp.int32),
+            pos,
+            cache,
+            jnp.asarray(mask),
+            jax.random.fold_in(key, len(out)),
+            settings,
+            cfg,
+        )
         tok = int(tok)
         pos += len(feed)
         out.append(tok)
@@ -128,8 +143,10 @@ class SchemaConstraint:
         self.regex = build_regex_from_schema(text)
         vocab = Vocabulary(end, {chr(b): [b] for b in range(0x20, 0x7F)})
         self.index, self.end = Index(self.regex, vocab), end
-        self.moves = {s: {t: n for t, n in m.items() if t != end}
-                      for s, m in self.index.get_transitions().items()}  # fmt: skip
+        self.moves = {
+            s: {t: n for t, n in m.items() if t != end}
+            for s, m in self.index.get_transitions().items()
+        }
         back: dict[int, list[int]] = {}
         for s, m in self.moves.items():
             for n in m.values():

@@ -75,12 +75,14 @@ def _bucket(n: int, sizes) -> int:
 def _run(params, pool, table_BN, tokens_BT, positions_BT, last_B, settings, index_B, cfg):
     """Feed tokens at positions through the paged cache; sample each row's next token from the
     logits at its last real token. Returns (pool, tokens [B])."""
-    logits_BTV, cache = kv_cache.forward(params, tokens_BT, positions_BT,
-                                         kv_cache.paged(pool, table_BN), cfg)  # fmt: skip
+    logits_BTV, cache = kv_cache.forward(
+        params, tokens_BT, positions_BT, kv_cache.paged(pool, table_BN), cfg
+    )
     logits_BV = logits_BTV[jnp.arange(tokens_BT.shape[0]), last_B]
     keys_B = sampling.request_keys(settings["seed"], index_B)
-    tok_B = sampling.sample(logits_BV, keys_B, settings["temperature"], settings["top_k"],
-                            settings["top_p"])  # fmt: skip
+    tok_B = sampling.sample(
+        logits_BV, keys_B, settings["temperature"], settings["top_k"], settings["top_p"]
+    )
     return {"k": cache["k"], "v": cache["v"]}, tok_B
 
 
@@ -97,8 +99,14 @@ class Engine:
         self.n_table = cfg.max_seq // e.page_size
         self.allocator = PageAllocator(e.n_pages, e.page_size)
         self.cache = RadixCache(self.allocator) if e.prefix_cache else None
-        self.scheduler = Scheduler(self.allocator, e.max_num_seqs, e.max_num_batched_tokens,
-                                   cfg.max_seq, self.cache, e.static_batching)  # fmt: skip
+        self.scheduler = Scheduler(
+            self.allocator,
+            e.max_num_seqs,
+            e.max_num_batched_tokens,
+            cfg.max_seq,
+            self.cache,
+            e.static_batching,
+        )
         self.pool = kv_cache.init_paged(cfg, e.n_pages, e.page_size)
         self.batch_sizes = tuple(2**i for i in range((e.max_num_seqs - 1).bit_length() + 1))
         # prefill chunk lengths: powers of two from 8 up to the first that holds the budget
@@ -140,10 +148,17 @@ class Engine:
         self.shapes.add((B, T))
         if rows:
             self.exact_shapes.add((len(rows), max(n for _, n in rows)))
-        self.pool, tok_B = _run(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens),
-                                jnp.asarray(positions), jnp.asarray(last),
-                                sampling.as_arrays(params), jnp.asarray(index),
-                                self.cfg)  # fmt: skip
+        self.pool, tok_B = _run(
+            self.params,
+            self.pool,
+            jnp.asarray(table),
+            jnp.asarray(tokens),
+            jnp.asarray(positions),
+            jnp.asarray(last),
+            sampling.as_arrays(params),
+            jnp.asarray(index),
+            self.cfg,
+        )
         return [int(t) for t in np.asarray(tok_B)[: len(rows)]]
 
     def step(self) -> list[Event]:
@@ -152,9 +167,11 @@ class Engine:
         if not (plan.decode or plan.prefill or plan.preempted) and self.scheduler.has_work():
             # add() refuses what the pool can never hold, so this is a scheduler bug: fail loudly
             # rather than spin
-            raise RuntimeError(f"no progress possible: {len(self.scheduler.waiting)} waiting, "
-                               f"{len(self.scheduler.running)} running, "
-                               f"{self.allocator.n_free} pages free")  # fmt: skip
+            raise RuntimeError(
+                f"no progress possible: {len(self.scheduler.waiting)} waiting, "
+                f"{len(self.scheduler.running)} running, "
+                f"{self.allocator.n_free} pages free"
+            )
         events = []
         # one-token feeds (decode steps, and prefills with one token left) share the T = 1
         # program; longer prefill chunks run in the prefill program

@@ -30,8 +30,9 @@ class Generated:
 
 
 @partial(jax.jit, static_argnames=("cfg", "max_new", "eos_id", "sharder"))
-def generate_batch(params, prompts_BT, lengths_B, settings, max_tokens_B, cfg, max_new, eos_id,
-              sharder=None):  # fmt: skip
+def generate_batch(
+    params, prompts_BT, lengths_B, settings, max_tokens_B, cfg, max_new, eos_id, sharder=None
+):
     B, T = prompts_BT.shape
     cache = kv_cache.init_cache(cfg, B, T + max_new, sharder=sharder)
     logits_BV, cache = kv_cache.prefill(params, prompts_BT, lengths_B, cache, cfg)
@@ -39,8 +40,9 @@ def generate_batch(params, prompts_BT, lengths_B, settings, max_tokens_B, cfg, m
     def step(carry, i):
         logits_BV, cache, done_B = carry
         keys_B = sampling.request_keys(settings["seed"], i)
-        tok_B = sampling.sample(logits_BV, keys_B, settings["temperature"], settings["top_k"],
-                                settings["top_p"])  # fmt: skip
+        tok_B = sampling.sample(
+            logits_BV, keys_B, settings["temperature"], settings["top_k"], settings["top_p"]
+        )
         valid_B = ~done_B
         tok_B = jnp.where(valid_B, tok_B, 0)
         logp_B = jnp.take_along_axis(jax.nn.log_softmax(logits_BV), tok_B[:, None], -1)[:, 0]
@@ -77,8 +79,12 @@ def generate(
         padded[b, : len(p)] = p
     settings = sampling.as_arrays(params_per_row or [sampling.SamplingParams(0.0)] * B)
     limits = np.asarray(max_tokens if max_tokens is not None else [max_new] * B, np.int32)
-    args = (jnp.asarray(padded), jnp.asarray([len(p) for p in prompts], jnp.int32), settings,
-            jnp.asarray(np.minimum(limits, max_new)))  # fmt: skip
+    args = (
+        jnp.asarray(padded),
+        jnp.asarray([len(p) for p in prompts], jnp.int32),
+        settings,
+        jnp.asarray(np.minimum(limits, max_new)),
+    )
     if mesh is None:
         toks, valid, logps = generate_batch(params, *args, cfg, max_new, eos_id)
     else:

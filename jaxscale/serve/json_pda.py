@@ -49,8 +49,9 @@ def _start_value(b: int, stack):
 
 
 def _close(b: int, stack):
-    if stack and ((b == ord("}") and stack[-1] == ord("{")) or
-                  (b == ord("]") and stack[-1] == ord("["))):  # fmt: skip
+    if stack and (
+        (b == ord("}") and stack[-1] == ord("{")) or (b == ord("]") and stack[-1] == ord("["))
+    ):
         return _after_value(stack[:-1])
     return None
 

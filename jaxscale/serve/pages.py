@@ -18,8 +18,10 @@ class OutOfPages(RuntimeError):
 class PageAllocator:
     def __init__(self, n_pages: int, page_size: int):
         if n_pages < 2 or page_size < 1:
-            raise ValueError(f"need n_pages >= 2 (page 0 is reserved) and page_size >= 1, got "
-                             f"{n_pages}, {page_size}")  # fmt: skip
+            raise ValueError(
+                f"need n_pages >= 2 (page 0 is reserved) and page_size >= 1, got "
+                f"{n_pages}, {page_size}"
+            )
         self.n_pages, self.page_size = n_pages, page_size
         self.free_ids: deque[int] = deque(range(1, n_pages))
         self.refs = [0] * n_pages

@@ -72,15 +72,24 @@ class RadixCache:
     def _common(self, edge: tuple[int, ...], tokens, pos: int, limit: int) -> int:
         """Tokens (whole pages) that `edge` shares with tokens[pos:limit]."""
         n, ps = 0, self.ps
-        while (n + ps <= len(edge) and pos + n + ps <= limit
-               and edge[n : n + ps] == tuple(tokens[pos + n : pos + n + ps])):  # fmt: skip
+        while (
+            n + ps <= len(edge)
+            and pos + n + ps <= limit
+            and edge[n : n + ps] == tuple(tokens[pos + n : pos + n + ps])
+        ):
             n += ps
         return n
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut `child`'s edge after n tokens; returns the new upper node."""
-        upper = Node(child.tokens[:n], child.pages[: n // self.ps], {}, child.parent,
-                     child.users, child.last_used)  # fmt: skip
+        upper = Node(
+            child.tokens[:n],
+            child.pages[: n // self.ps],
+            {},
+            child.parent,
+            child.users,
+            child.last_used,
+        )
         child.parent.children[self._key(child.tokens)] = upper
         child.tokens, child.pages = child.tokens[n:], child.pages[n // self.ps :]
         child.parent = upper

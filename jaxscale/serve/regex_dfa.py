@@ -19,8 +19,7 @@ ALL = frozenset(range(256))
 DIGIT = frozenset(b"0123456789")
 WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 SPACE = frozenset(b" \t\n\r\f\v")
-ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE, "D": ALL - DIGIT, "W": ALL - WORD,
-           "S": ALL - SPACE}  # fmt: skip
+ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE, "D": ALL - DIGIT, "W": ALL - WORD, "S": ALL - SPACE}
 MAX_REPEAT = 64
 
 

@@ -57,12 +57,20 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, allocator: PageAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_len: int, prefix_cache: RadixCache | None = None,
-                 static: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_len: int,
+        prefix_cache: RadixCache | None = None,
+        static: bool = False,
+    ):
         if max_num_seqs < 1 or max_num_batched_tokens < max_num_seqs:
-            raise ValueError("need max_num_seqs >= 1 and max_num_batched_tokens >= max_num_seqs "
-                             "(every running request must get a token each step)")  # fmt: skip
+            raise ValueError(
+                "need max_num_seqs >= 1 and max_num_batched_tokens >= max_num_seqs "
+                "(every running request must get a token each step)"
+            )
         self.allocator, self.max_len = allocator, max_len
         self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Request] = deque()
@@ -76,15 +84,19 @@ class Scheduler:
         if req.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
         if len(req.prompt) + req.max_tokens > self.max_len:
-            raise ValueError(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
-                             f"exceeds the context of {self.max_len} tokens")  # fmt: skip
+            raise ValueError(
+                f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+                f"exceeds the context of {self.max_len} tokens"
+            )
         # the last sampled token is never fed, so a request holds prompt + max_tokens - 1
         # positions at most; one that needs more pages than the whole pool could never finish
         need = self.allocator.pages_for(len(req.prompt) + req.max_tokens - 1)
         if need > self.allocator.n_pages - 1:
-            raise ValueError(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
-                             f"needs {need} KV pages; the pool has "
-                             f"{self.allocator.n_pages - 1}")  # fmt: skip
+            raise ValueError(
+                f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+                f"needs {need} KV pages; the pool has "
+                f"{self.allocator.n_pages - 1}"
+            )
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -169,8 +181,7 @@ class Scheduler:
         # static batching: a new batch is admitted (in this step, as far as the budget goes)
         # only when the previous one has finished entirely
         admitting = not (self.static and self.running)
-        while (admitting and self.waiting and len(self.running) < self.max_num_seqs
-               and budget > 0):  # fmt: skip
+        while admitting and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             try:
                 n = self._admit(req, budget)

@@ -100,14 +100,26 @@ class EngineThread:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.param, self.code, self.kind = status, param, code, kind
 
     def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param,
-                          "code": self.code}}  # fmt: skip
+        return {
+            "error": {
+                "message": str(self),
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 @dataclass(frozen=True)
@@ -124,8 +136,12 @@ def _number(body: dict, name: str, default, kind, low, high):
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be a {kind.__name__ if kind is int else 'number'} in "
-                       f"[{low}, {high}], got {value!r}", name)  # fmt: skip
+        raise ApiError(
+            400,
+            f"'{name}' must be a {kind.__name__ if kind is int else 'number'} in "
+            f"[{low}, {high}], got {value!r}",
+            name,
+        )
     return value
 
 
@@ -135,27 +151,39 @@ def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> C
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     if body.get("model") != model_name:
-        raise ApiError(404, f"the model {body.get('model')!r} does not exist; this server has "
-                       f"{model_name!r}", "model", "model_not_found")  # fmt: skip
+        raise ApiError(
+            404,
+            f"the model {body.get('model')!r} does not exist; this server has {model_name!r}",
+            "model",
+            "model_not_found",
+        )
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         ids = list(prompt.encode("utf-8"))
-    elif isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 256
-                                                     for t in prompt):  # fmt: skip
+    elif (
+        isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 256 for t in prompt)
+    ):
         ids = prompt
     else:
         raise ApiError(400, "'prompt' must be a non-empty string (or a list of byte ids)", "prompt")
     if not ids:
         raise ApiError(400, "'prompt' must not be empty", "prompt")
     if max(ids) >= vocab:
-        raise ApiError(400, f"this model's vocabulary is bytes 0..{vocab - 1}; the prompt has "
-                       f"byte {max(ids)}", "prompt")  # fmt: skip
+        raise ApiError(
+            400,
+            f"this model's vocabulary is bytes 0..{vocab - 1}; the prompt has byte {max(ids)}",
+            "prompt",
+        )
     # OpenAI's default of 16 new tokens, cut to the context the prompt leaves
     max_tokens = _number(body, "max_tokens", max(1, min(16, max_seq - len(ids))), int, 1, max_seq)
     if len(ids) + max_tokens > max_seq:
-        raise ApiError(400, f"this model's context is {max_seq} tokens; the prompt has {len(ids)} "
-                       f"and max_tokens asks for {max_tokens}", "prompt",
-                       "context_length_exceeded")  # fmt: skip
+        raise ApiError(
+            400,
+            f"this model's context is {max_seq} tokens; the prompt has {len(ids)} "
+            f"and max_tokens asks for {max_tokens}",
+            "prompt",
+            "context_length_exceeded",
+        )
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
@@ -198,10 +226,16 @@ def make_app(engine: Engine, model_name: str):
 
     async def health(request):
         s = engine.scheduler
-        return JSONResponse({"status": "ok", "running": len(s.running), "waiting": len(s.waiting),
-                             "free_pages": engine.allocator.n_free,
-                             "compiles": engine.compiles,
-                             "engine_errors": state["engine"].errors})  # fmt: skip
+        return JSONResponse(
+            {
+                "status": "ok",
+                "running": len(s.running),
+                "waiting": len(s.waiting),
+                "free_pages": engine.allocator.n_free,
+                "compiles": engine.compiles,
+                "engine_errors": state["engine"].errors,
+            }
+        )
 
     async def models(request):
         return JSONResponse(
@@ -229,9 +263,13 @@ def make_app(engine: Engine, model_name: str):
         created = int(time.time())
 
         def chunk(text, reason):
-            return {"id": rid, "object": "text_completion", "created": created,
-                    "model": model_name, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                                      "finish_reason": reason}]}  # fmt: skip
+            return {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model_name,
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}],
+            }
 
         returned = {"tokens": 0}  # tokens behind the text sent (up to a stop string)
         checked = [time.monotonic()]
@@ -288,8 +326,11 @@ def make_app(engine: Engine, model_name: str):
                 state["engine"].abort(rid)
             body = chunk("".join(p for p, _ in parts), parts[-1][1])
             n = returned["tokens"]
-            body["usage"] = {"prompt_tokens": len(c.prompt), "completion_tokens": n,
-                             "total_tokens": len(c.prompt) + n}  # fmt: skip
+            body["usage"] = {
+                "prompt_tokens": len(c.prompt),
+                "completion_tokens": n,
+                "total_tokens": len(c.prompt) + n,
+            }
             return JSONResponse(body)
 
         async def sse():
@@ -304,6 +345,11 @@ def make_app(engine: Engine, model_name: str):
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/health", health), Route("/v1/models", models),
-                             Route("/v1/completions", completions, methods=["POST"])],
-                     lifespan=lifespan)  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )

@@ -31,8 +31,9 @@ def distribution(logits_TV, s: SamplingParams, mask_TV=None):
         logits_TV = jnp.where(mask_TV, logits_TV, -jnp.inf)
     if s.temperature == 0:
         return jax.nn.one_hot(jnp.argmax(logits_TV, -1), logits_TV.shape[-1])
-    x = filtered_logits(logits_TV, jnp.full((T,), s.temperature), jnp.full((T,), s.top_k),
-                        jnp.full((T,), s.top_p))  # fmt: skip
+    x = filtered_logits(
+        logits_TV, jnp.full((T,), s.temperature), jnp.full((T,), s.top_k), jnp.full((T,), s.top_p)
+    )
     # top-k/top-p may cut every token the grammar allows: then the grammar's set alone
     x = jnp.where(jnp.isfinite(x).any(-1, keepdims=True), x, logits_TV / max(s.temperature, 1e-6))
     return jax.nn.softmax(x, axis=-1)

@@ -33,22 +33,43 @@ def add_command(sim_sub) -> None:
         example="jaxscale simulate batching --num-requests 200 --batch-size 16 --plot batch.png",
     )
     w = bt.Workload()
-    p.add_argument("--num-requests", type=positive_int, default=w.num_requests,
-                   help="requests in the queue")  # fmt: skip
+    p.add_argument(
+        "--num-requests", type=positive_int, default=w.num_requests, help="requests in the queue"
+    )
     p.add_argument("--batch-size", type=positive_int, default=8, help="slots per batch")
-    p.add_argument("--seed", type=non_negative_int, default=w.seed,
-                   help="np.random seed of the workload")  # fmt: skip
-    p.add_argument("--mean-length", type=finite_float, default=w.mean_length,
-                   help="mean request length in tokens")  # fmt: skip
-    p.add_argument("--std-length", type=non_negative_float, default=w.std_length,
-                   help="standard deviation of the request length")  # fmt: skip
-    p.add_argument("--min-length", type=positive_int, default=w.min_length,
-                   help="shortest request (lengths are clipped)")  # fmt: skip
-    p.add_argument("--max-length", type=positive_int, default=w.max_length,
-                   help="longest request (lengths are clipped)")  # fmt: skip
-    p.add_argument("--lengths", type=comma_list(positive_int),
-                   help="explicit request lengths (overrides the generated workload), e.g. "
-                   "20,45,200,15,80,150,30,200")  # fmt: skip
+    p.add_argument(
+        "--seed", type=non_negative_int, default=w.seed, help="np.random seed of the workload"
+    )
+    p.add_argument(
+        "--mean-length",
+        type=finite_float,
+        default=w.mean_length,
+        help="mean request length in tokens",
+    )
+    p.add_argument(
+        "--std-length",
+        type=non_negative_float,
+        default=w.std_length,
+        help="standard deviation of the request length",
+    )
+    p.add_argument(
+        "--min-length",
+        type=positive_int,
+        default=w.min_length,
+        help="shortest request (lengths are clipped)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=w.max_length,
+        help="longest request (lengths are clipped)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=comma_list(positive_int),
+        help="explicit request lengths (overrides the generated workload), e.g. "
+        "20,45,200,15,80,150,30,200",
+    )
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -60,32 +81,45 @@ def _lengths(args, workload: bt.Workload) -> np.ndarray:
         lengths = np.asarray(args.lengths)
     else:
         if args.min_length > args.max_length:
-            raise ValueError(f"--min-length {args.min_length} exceeds --max-length "
-                             f"{args.max_length}")  # fmt: skip
+            raise ValueError(
+                f"--min-length {args.min_length} exceeds --max-length {args.max_length}"
+            )
         at_most(MAX_TOKENS, "requests", WHY, num_requests=args.num_requests)
         lengths = workload.lengths()
     if (tokens := int(lengths.sum())) > MAX_TOKENS:
         flags = "--lengths" if args.lengths else "--num-requests, --mean-length, --max-length"
-        raise ValueError(f"{tokens:,} tokens in the workload ({flags}): at most {MAX_TOKENS:,} "
-                         f"({WHY})")  # fmt: skip
+        raise ValueError(
+            f"{tokens:,} tokens in the workload ({flags}): at most {MAX_TOKENS:,} ({WHY})"
+        )
     return lengths
 
 
 def _summary(res: bt.BatchingResult) -> dict:
-    return {"strategy": res.strategy, "total_steps": res.total_steps,
-            "avg_utilization": res.avg_utilization, "slot_steps": res.slot_steps,
-            "wasted_slot_steps": res.wasted_slot_steps, "waste_fraction": res.waste_fraction,
-            "avg_latency_steps": res.avg_service_latency,
-            "avg_completion_step": res.avg_completion, "tokens_per_step": res.tokens_per_step,
-            "utilization_history": list(res.utilization)}  # fmt: skip
+    return {
+        "strategy": res.strategy,
+        "total_steps": res.total_steps,
+        "avg_utilization": res.avg_utilization,
+        "slot_steps": res.slot_steps,
+        "wasted_slot_steps": res.wasted_slot_steps,
+        "waste_fraction": res.waste_fraction,
+        "avg_latency_steps": res.avg_service_latency,
+        "avg_completion_step": res.avg_completion,
+        "tokens_per_step": res.tokens_per_step,
+        "utilization_history": list(res.utilization),
+    }
 
 
-COLS = [Col("strategy", "strategy"), Col("total_steps", "steps"),
-        Col("avg_utilization", "avg util", ".1%"), Col("slot_steps", "slot-steps"),
-        Col("wasted_slot_steps", "wasted"), Col("waste_fraction", "waste", ".1%"),
-        Col("avg_latency_steps", "latency", ".1f"),
-        Col("avg_completion_step", "completion", ".1f"),
-        Col("tokens_per_step", "tokens/step", ".2f")]  # fmt: skip
+COLS = [
+    Col("strategy", "strategy"),
+    Col("total_steps", "steps"),
+    Col("avg_utilization", "avg util", ".1%"),
+    Col("slot_steps", "slot-steps"),
+    Col("wasted_slot_steps", "wasted"),
+    Col("waste_fraction", "waste", ".1%"),
+    Col("avg_latency_steps", "latency", ".1f"),
+    Col("avg_completion_step", "completion", ".1f"),
+    Col("tokens_per_step", "tokens/step", ".2f"),
+]
 
 
 def run(args) -> int:
@@ -96,13 +130,20 @@ def run(args) -> int:
     example = bt.simulate_static(bt.SEED_003_LENGTHS, len(bt.SEED_003_LENGTHS))
     example_waste = bt.seed_003_claimed_waste() if args.seed_faithful else example.waste_fraction
     w = workload
-    source = "explicit --lengths" if args.lengths else (
-        f"lengths ~ N({w.mean_length:g}, {w.std_length:g}) cast to int, clipped to "
-        f"[{w.min_length}, {w.max_length}], np.random.seed({w.seed})")  # fmt: skip
+    source = (
+        "explicit --lengths"
+        if args.lengths
+        else (
+            f"lengths ~ N({w.mean_length:g}, {w.std_length:g}) cast to int, clipped to "
+            f"[{w.min_length}, {w.max_length}], np.random.seed({w.seed})"
+        )
+    )
 
     r = Report("simulate batching")
-    r.say("jaxscale simulate batching — static vs continuous batching "
-          "(seed 000 exercise 3; one step = one token for every busy slot)")  # fmt: skip
+    r.say(
+        "jaxscale simulate batching — static vs continuous batching "
+        "(seed 000 exercise 3; one step = one token for every busy slot)"
+    )
     r.mode(args.seed_faithful, FAITHFUL_WHAT)
     r.say(
         "",
@@ -139,11 +180,15 @@ def run(args) -> int:
         else f"  waste: {example_waste:.2%} (seed 003 L112 says 22.5%, counting only the two "
         "requests that finish near step 20)",
     )
-    r.put(seed_003_example={"lengths": list(bt.SEED_003_LENGTHS),
-                            "slot_steps": example.slot_steps,
-                            "useful_tokens": example.useful_tokens,
-                            "wasted_slot_steps": example.wasted_slot_steps,
-                            "waste_fraction": example_waste})  # fmt: skip
+    r.put(
+        seed_003_example={
+            "lengths": list(bt.SEED_003_LENGTHS),
+            "slot_steps": example.slot_steps,
+            "useful_tokens": example.useful_tokens,
+            "wasted_slot_steps": example.wasted_slot_steps,
+            "waste_fraction": example_waste,
+        }
+    )
     if args.plot:
         from jaxscale.sim import plots
 

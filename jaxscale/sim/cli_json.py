@@ -25,10 +25,18 @@ def add_command(sim_sub) -> None:
         example="jaxscale simulate json --seed 42 --fuzz 5000",
     )
     p.add_argument("--seed", type=non_negative_int, default=42, help="random.seed of the demo")
-    p.add_argument("--max-tokens", type=positive_int, default=15,
-                   help="tokens of the constrained generation (the seed's 15)")  # fmt: skip
-    p.add_argument("--fuzz", type=positive_int, default=5000,
-                   help="seeds of the validity check, at most 100,000")  # fmt: skip
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=15,
+        help="tokens of the constrained generation (the seed's 15)",
+    )
+    p.add_argument(
+        "--fuzz",
+        type=positive_int,
+        default=5000,
+        help="seeds of the validity check, at most 100,000",
+    )
     add_output_flags(p, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -42,12 +50,28 @@ def run(args) -> int:
     rng = random.Random(args.seed)
     # the seed's demonstrate_token_masking: at most 10 steps, one generator for the whole demo
     out, trace, _ = jd.generate(rng, 10, args.seed_faithful)
-    steps = [{"step": i, "state": st, "valid": " ".join(jd.VOCAB[t] for t in valid),
-              "masked": len(jd.VOCAB) - len(valid), "chosen": jd.VOCAB[tok]}
-             for i, (st, valid, tok) in enumerate(trace)]  # fmt: skip
-    r.table("masking", [Col("step", "step"), Col("state", "state"), Col("valid", "valid tokens"),
-                        Col("masked", "masked"), Col("chosen", "chosen")], steps,
-            title="token masking (at most 10 steps)")  # fmt: skip
+    steps = [
+        {
+            "step": i,
+            "state": st,
+            "valid": " ".join(jd.VOCAB[t] for t in valid),
+            "masked": len(jd.VOCAB) - len(valid),
+            "chosen": jd.VOCAB[tok],
+        }
+        for i, (st, valid, tok) in enumerate(trace)
+    ]
+    r.table(
+        "masking",
+        [
+            Col("step", "step"),
+            Col("state", "state"),
+            Col("valid", "valid tokens"),
+            Col("masked", "masked"),
+            Col("chosen", "chosen"),
+        ],
+        steps,
+        title="token masking (at most 10 steps)",
+    )
     r.say(f"generated: {''.join(out)}", "")
     free = "".join(rng.choice(jd.VOCAB) for _ in range(10))
     # the seed reseeds 42 here whatever --seed says; corrected, --seed is honoured
@@ -55,13 +79,27 @@ def run(args) -> int:
     constrained, _, _ = jd.generate(random.Random(seed), args.max_tokens, args.seed_faithful)
     text = "".join(constrained)
     r.data["unconstrained"], r.data["constrained"] = free, text
-    r.say(f"unconstrained (10 random tokens): {free}   parses: {jd.parses(free)}",
-          f"constrained (seed {seed}, max_tokens {args.max_tokens}): {text}   parses: "
-          f"{jd.parses(text)}", "")  # fmt: skip
-    rows = [dict(jd.fuzz(args.fuzz, args.max_tokens, faithful), mode=name)
-            for name, faithful in (("seed-faithful", True), ("corrected", False))]  # fmt: skip
-    r.table("fuzz", [Col("mode", "mode"), Col("seeds", "seeds"), Col("complete", "complete"),
-                     Col("truncated", "cut unfinished"), Col("parse", "json.loads ok")], rows,
-            title=f"every seed 0..{args.fuzz - 1}, max_tokens {args.max_tokens}")  # fmt: skip
+    r.say(
+        f"unconstrained (10 random tokens): {free}   parses: {jd.parses(free)}",
+        f"constrained (seed {seed}, max_tokens {args.max_tokens}): {text}   parses: "
+        f"{jd.parses(text)}",
+        "",
+    )
+    rows = [
+        dict(jd.fuzz(args.fuzz, args.max_tokens, faithful), mode=name)
+        for name, faithful in (("seed-faithful", True), ("corrected", False))
+    ]
+    r.table(
+        "fuzz",
+        [
+            Col("mode", "mode"),
+            Col("seeds", "seeds"),
+            Col("complete", "complete"),
+            Col("truncated", "cut unfinished"),
+            Col("parse", "json.loads ok"),
+        ],
+        rows,
+        title=f"every seed 0..{args.fuzz - 1}, max_tokens {args.max_tokens}",
+    )
     r.emit(args)
     return 0

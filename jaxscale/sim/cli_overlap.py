@@ -40,23 +40,53 @@ def add_command(sim_sub) -> None:
     )
     s, launch = ov.SchedulingConfig(), ov.LaunchConfig()
     g = p.add_argument_group("scheduling_overhead_benchmark.py flags")
-    g.add_argument("--batches", "-b", type=positive_int, default=s.batches,
-                   help=f"batches to serve, at most {MAX_BATCHES:,}")  # fmt: skip
-    g.add_argument("--scheduling-ms", type=positive_float, default=s.scheduling_ms,
-                   help="CPU scheduling time S per batch")  # fmt: skip
-    g.add_argument("--compute-ms", type=positive_float, default=s.compute_ms,
-                   help="GPU compute time C per batch")  # fmt: skip
-    g.add_argument("--postprocess-ms", type=positive_float, default=s.postprocess_ms,
-                   help="CPU postprocessing time P per batch")  # fmt: skip
+    g.add_argument(
+        "--batches",
+        "-b",
+        type=positive_int,
+        default=s.batches,
+        help=f"batches to serve, at most {MAX_BATCHES:,}",
+    )
+    g.add_argument(
+        "--scheduling-ms",
+        type=positive_float,
+        default=s.scheduling_ms,
+        help="CPU scheduling time S per batch",
+    )
+    g.add_argument(
+        "--compute-ms",
+        type=positive_float,
+        default=s.compute_ms,
+        help="GPU compute time C per batch",
+    )
+    g.add_argument(
+        "--postprocess-ms",
+        type=positive_float,
+        default=s.postprocess_ms,
+        help="CPU postprocessing time P per batch",
+    )
     g = p.add_argument_group("cuda_graph_simple.py --force-cpu model")
-    g.add_argument("--iterations", type=positive_int, default=launch.iterations,
-                   help=f"iterations (x --kernels: at most {MAX_LAUNCHES:,})")  # fmt: skip
-    g.add_argument("--kernels", type=positive_int, default=launch.kernels,
-                   help="kernels per iteration")  # fmt: skip
-    g.add_argument("--launch-ms", type=positive_float, default=launch.launch_ms,
-                   help="CPU time of one kernel launch")  # fmt: skip
-    g.add_argument("--kernel-compute-ms", type=positive_float, default=launch.compute_ms,
-                   help="GPU compute per iteration, all kernels together")  # fmt: skip
+    g.add_argument(
+        "--iterations",
+        type=positive_int,
+        default=launch.iterations,
+        help=f"iterations (x --kernels: at most {MAX_LAUNCHES:,})",
+    )
+    g.add_argument(
+        "--kernels", type=positive_int, default=launch.kernels, help="kernels per iteration"
+    )
+    g.add_argument(
+        "--launch-ms",
+        type=positive_float,
+        default=launch.launch_ms,
+        help="CPU time of one kernel launch",
+    )
+    g.add_argument(
+        "--kernel-compute-ms",
+        type=positive_float,
+        default=launch.compute_ms,
+        help="GPU compute per iteration, all kernels together",
+    )
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
 
@@ -65,14 +95,21 @@ def _x(v: float) -> str:
     return f"{v:.2f}x"
 
 
-SCHED_COLS = [Col("mode", "mode"), Col("total_ms", "total ms", ".2f"),
-              Col("ms_per_batch", "ms/batch", ".2f"), Col("speedup", "speedup", _x),
-              Col("gpu_busy", "GPU busy", ".1%"),
-              Col("seed_ideal_ms", "seed's ideal ms", ".2f")]  # fmt: skip
-LAUNCH_COLS = [Col("mode", "mode"), Col("total_ms", "total ms", ".2f"),
-               Col("ms_per_iteration", "ms/iteration", ".3f"),
-               Col("launch_ms_per_iteration", "launch ms/iteration", "g"),
-               Col("speedup", "speedup vs eager", _x)]  # fmt: skip
+SCHED_COLS = [
+    Col("mode", "mode"),
+    Col("total_ms", "total ms", ".2f"),
+    Col("ms_per_batch", "ms/batch", ".2f"),
+    Col("speedup", "speedup", _x),
+    Col("gpu_busy", "GPU busy", ".1%"),
+    Col("seed_ideal_ms", "seed's ideal ms", ".2f"),
+]
+LAUNCH_COLS = [
+    Col("mode", "mode"),
+    Col("total_ms", "total ms", ".2f"),
+    Col("ms_per_iteration", "ms/iteration", ".3f"),
+    Col("launch_ms_per_iteration", "launch ms/iteration", "g"),
+    Col("speedup", "speedup vs eager", _x),
+]
 
 
 def _bars(r: Report, bars: dict) -> None:
@@ -102,13 +139,28 @@ def run(args) -> int:
     per_ms = min(BAR_CHARS_PER_MS, MAX_BAR_CHARS / max(bar_end.values()))
     bars = {m: ov.bars(s, bar_end[m], per_ms) for m, s in sched.items()}
     total = {m: timeline.makespan(s) for m, s in sched.items()}
-    srows = [{"mode": m, "total_ms": t, "ms_per_batch": t / args.batches,
-              "speedup": total["sequential"] / t, "gpu_busy": _gpu_busy(sched[m]) / t,
-              "seed_ideal_ms": seed.get(m)} for m, t in total.items()]  # fmt: skip
+    srows = [
+        {
+            "mode": m,
+            "total_ms": t,
+            "ms_per_batch": t / args.batches,
+            "speedup": total["sequential"] / t,
+            "gpu_busy": _gpu_busy(sched[m]) / t,
+            "seed_ideal_ms": seed.get(m),
+        }
+        for m, t in total.items()
+    ]
     ltotal = {m: timeline.makespan(s) for m, s in launch.items()}
-    lrows = [{"mode": m, "total_ms": t, "ms_per_iteration": t / args.iterations,
-              "launch_ms_per_iteration": ov.launch_overhead_per_iteration_ms(lcfg, m),
-              "speedup": ltotal["eager"] / t} for m, t in ltotal.items()]  # fmt: skip
+    lrows = [
+        {
+            "mode": m,
+            "total_ms": t,
+            "ms_per_iteration": t / args.iterations,
+            "launch_ms_per_iteration": ov.launch_overhead_per_iteration_ms(lcfg, m),
+            "speedup": ltotal["eager"] / t,
+        }
+        for m, t in ltotal.items()
+    ]
     lbar_end = {row["mode"]: row["ms_per_iteration"] * LAUNCH_BAR_ITERATIONS for row in lrows}
     lper_ms = min(1 / args.launch_ms, MAX_BAR_CHARS / max(lbar_end.values()))
     lbars = {m: ov.bars(s, lbar_end[m], lper_ms) for m, s in launch.items()}
@@ -151,12 +203,21 @@ def run(args) -> int:
     )
     _bars(r, lbars)
     r.put(
-        scheduling={"config": asdict(scfg), "total_ms": total,
-                    "seed_ideal_ms": seed, "speedup": _by_mode(srows, "speedup"),
-                    "analysis": analysis, "bars": bars},
-        launch={"config": asdict(lcfg), "total_ms": ltotal,
-                "speedup_vs_eager": _by_mode(lrows, "speedup"), "bars": lbars},
-    )  # fmt: skip
+        scheduling={
+            "config": asdict(scfg),
+            "total_ms": total,
+            "seed_ideal_ms": seed,
+            "speedup": _by_mode(srows, "speedup"),
+            "analysis": analysis,
+            "bars": bars,
+        },
+        launch={
+            "config": asdict(lcfg),
+            "total_ms": ltotal,
+            "speedup_vs_eager": _by_mode(lrows, "speedup"),
+            "bars": lbars,
+        },
+    )
     if args.plot:
         from jaxscale.sim import plots
 

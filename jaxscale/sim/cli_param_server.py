@@ -43,19 +43,35 @@ def add_command(sim_sub) -> None:
     p.add_argument("--workers", type=positive_int, default=d.workers, help="workers W")
     p.add_argument("--lr", type=positive_float, default=d.lr, help="step size x lambda_max")
     p.add_argument("--updates", type=positive_int, default=d.updates, help="server updates")
-    p.add_argument("--batch-size", type=non_negative_int, default=d.batch_size,
-                   help="rows per gradient (0 = all rows)")  # fmt: skip
+    p.add_argument(
+        "--batch-size",
+        type=non_negative_int,
+        default=d.batch_size,
+        help="rows per gradient (0 = all rows)",
+    )
     p.add_argument("--samples", type=positive_int, default=d.samples, help="rows n of A")
-    p.add_argument("--dim", type=positive_int, default=d.dim,
-                   help=f"columns d of A (parameters), at most {MAX_DIM}")  # fmt: skip
+    p.add_argument(
+        "--dim",
+        type=positive_int,
+        default=d.dim,
+        help=f"columns d of A (parameters), at most {MAX_DIM}",
+    )
     p.add_argument("--noise", type=non_negative_float, default=d.noise, help="label noise std")
-    p.add_argument("--jitter", type=probability, default=d.jitter,
-                   help="worker compute time ~ U(1-j, 1+j), j < 1")  # fmt: skip
+    p.add_argument(
+        "--jitter",
+        type=probability,
+        default=d.jitter,
+        help="worker compute time ~ U(1-j, 1+j), j < 1",
+    )
     p.add_argument("--seed", type=non_negative_int, default=d.seed, help="seed of the problem")
-    p.add_argument("--staleness-sweep", type=comma_list(non_negative_int),
-                   default=list(DEFAULT_SWEEP), metavar="TAUS",
-                   help=f"staleness values, comma-separated: at most {MAX_SWEEP}, each at most "
-                   f"{MAX_STALENESS}")  # fmt: skip
+    p.add_argument(
+        "--staleness-sweep",
+        type=comma_list(non_negative_int),
+        default=list(DEFAULT_SWEEP),
+        metavar="TAUS",
+        help=f"staleness values, comma-separated: at most {MAX_SWEEP}, each at most "
+        f"{MAX_STALENESS}",
+    )
     add_output_flags(p, plot=True)
     p.set_defaults(func=guarded(run))
 
@@ -63,17 +79,21 @@ def add_command(sim_sub) -> None:
 def _check(args) -> None:
     """The combinations the flags must satisfy, and the bounds that keep a run to seconds."""
     if args.samples < args.dim:
-        raise ValueError(f"--samples {args.samples} < --dim {args.dim}: the least-squares "
-                         "problem needs samples >= dim for a unique minimiser")  # fmt: skip
+        raise ValueError(
+            f"--samples {args.samples} < --dim {args.dim}: the least-squares "
+            "problem needs samples >= dim for a unique minimiser"
+        )
     if args.batch_size > args.samples:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --samples {args.samples}")
     if args.jitter >= 1:
         raise ValueError(f"--jitter must be < 1 (compute times stay positive), got {args.jitter}")
     sweep = args.staleness_sweep
     if len(sweep) > MAX_SWEEP or max(sweep) > MAX_STALENESS:
-        raise ValueError(f"--staleness-sweep {','.join(map(str, sweep))}: at most {MAX_SWEEP} "
-                         f"values, each at most {MAX_STALENESS} (the stability root of tau "
-                         "comes from a degree tau+1 polynomial per eigenvalue)")  # fmt: skip
+        raise ValueError(
+            f"--staleness-sweep {','.join(map(str, sweep))}: at most {MAX_SWEEP} "
+            f"values, each at most {MAX_STALENESS} (the stability root of tau "
+            "comes from a degree tau+1 polynomial per eigenvalue)"
+        )
     at_most(MAX_DIM, "columns", "every eigenvalue of the d x d Hessian is analysed", dim=args.dim)
     grads = args.updates * (args.workers + 1 + len(sweep))  # sync, async, the sweep's runs
     work = grads * args.samples * args.dim
@@ -116,13 +136,23 @@ def _shown(row: dict, **extra) -> dict:
     return row | extra | {"final_gap": "overflow" if gap is None else f"{gap:.2e}"}
 
 
-RUN_COLS = [Col("mode", "mode"), Col("workers", "workers"), Col("updates", "updates"),
-            Col("gradients", "gradients"), Col("sim_time", "sim time", ".1f"),
-            Col("staleness", "staleness mean/max"), Col("final_gap", "final f-f*"),
-            Col("status", "status")]  # fmt: skip
-SWEEP_COLS = [Col("staleness", "tau"), Col("critical_lr", "stable if lr*lambda <", ".3f"),
-              Col("predicted_rate", "predicted rate/update", ".3f"),
-              Col("final_gap", "final f-f*"), Col("status", "status")]  # fmt: skip
+RUN_COLS = [
+    Col("mode", "mode"),
+    Col("workers", "workers"),
+    Col("updates", "updates"),
+    Col("gradients", "gradients"),
+    Col("sim_time", "sim time", ".1f"),
+    Col("staleness", "staleness mean/max"),
+    Col("final_gap", "final f-f*"),
+    Col("status", "status"),
+]
+SWEEP_COLS = [
+    Col("staleness", "tau"),
+    Col("critical_lr", "stable if lr*lambda <", ".3f"),
+    Col("predicted_rate", "predicted rate/update", ".3f"),
+    Col("final_gap", "final f-f*"),
+    Col("status", "status"),
+]
 
 
 def run(args) -> int:
@@ -132,10 +162,16 @@ def run(args) -> int:
     eig = problem.hessian_eigenvalues()
     runs = {"sync": ps.run_sync(cfg, problem), "async": ps.run_async(cfg, problem)}
     delayed = [ps.run_delayed(problem, cfg.lr, tau, cfg.updates) for tau in args.staleness_sweep]
-    sweep = [{"staleness": tau, "critical_lr": ps.critical_lr(tau),
-              "predicted_rate": ps.delayed_rate(cfg.lr, tau, eig),
-              "final_gap": _finite(d.final_gap), "status": _status(d)}
-             for tau, d in zip(args.staleness_sweep, delayed, strict=True)]  # fmt: skip
+    sweep = [
+        {
+            "staleness": tau,
+            "critical_lr": ps.critical_lr(tau),
+            "predicted_rate": ps.delayed_rate(cfg.lr, tau, eig),
+            "final_gap": _finite(d.final_gap),
+            "status": _status(d),
+        }
+        for tau, d in zip(args.staleness_sweep, delayed, strict=True)
+    ]
     summaries = {name: _summary(run) for name, run in runs.items()}
     batch = "all rows" if cfg.batch_size in (0, cfg.samples) else f"{cfg.batch_size} random rows"
 
@@ -150,10 +186,19 @@ def run(args) -> int:
         + (f"U({1 - cfg.jitter:g}, {1 + cfg.jitter:g})" if cfg.jitter else "1 per gradient"),
         "",
     )
-    r.table(None, RUN_COLS, [
-        _shown(s, mode=name, workers=cfg.workers,
-               staleness=f"{s['mean_staleness']:.2f}/{s['max_staleness']}")
-        for name, s in summaries.items()])  # fmt: skip
+    r.table(
+        None,
+        RUN_COLS,
+        [
+            _shown(
+                s,
+                mode=name,
+                workers=cfg.workers,
+                staleness=f"{s['mean_staleness']:.2f}/{s['max_staleness']}",
+            )
+            for name, s in summaries.items()
+        ],
+    )
     r.say(
         "sync: W gradients at the current x, averaged, one update per round (a round lasts as "
         "long as its slowest worker).",

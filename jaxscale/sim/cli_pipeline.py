@@ -36,19 +36,46 @@ def add_command(sim_sub) -> None:
         example="jaxscale simulate pipeline --pp 4 --microbatches 8 --plot pipeline.png",
     )
     d = pp.PipelineConfig()
-    a = p.add_argument("--pp", "-s", type=positive_int, default=d.stages,
-                       help=f"pipeline stages P, at most {MAX_STAGES}")  # fmt: skip
+    a = p.add_argument(
+        "--pp",
+        "-s",
+        type=positive_int,
+        default=d.stages,
+        help=f"pipeline stages P, at most {MAX_STAGES}",
+    )
     hidden_alias(p, a, "--stages")
-    p.add_argument("--microbatches", "-m", type=positive_int, default=d.microbatches,
-                   help="microbatches M per step")  # fmt: skip
-    p.add_argument("--schedule", choices=("all",) + pp.SCHEDULES, default="all",
-                   help="the schedule to simulate")  # fmt: skip
-    p.add_argument("--virtual-stages", "-v", type=positive_int, default=2,
-                   help="model chunks per device for the interleaved schedule")  # fmt: skip
-    p.add_argument("--forward-time", type=positive_float, default=d.forward_time,
-                   help="t_F, one stage's forward of one microbatch")  # fmt: skip
-    p.add_argument("--backward-time", type=positive_float, default=d.backward_time,
-                   help="t_B, one stage's backward of one microbatch")  # fmt: skip
+    p.add_argument(
+        "--microbatches",
+        "-m",
+        type=positive_int,
+        default=d.microbatches,
+        help="microbatches M per step",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=("all",) + pp.SCHEDULES,
+        default="all",
+        help="the schedule to simulate",
+    )
+    p.add_argument(
+        "--virtual-stages",
+        "-v",
+        type=positive_int,
+        default=2,
+        help="model chunks per device for the interleaved schedule",
+    )
+    p.add_argument(
+        "--forward-time",
+        type=positive_float,
+        default=d.forward_time,
+        help="t_F, one stage's forward of one microbatch",
+    )
+    p.add_argument(
+        "--backward-time",
+        type=positive_float,
+        default=d.backward_time,
+        help="t_B, one stage's backward of one microbatch",
+    )
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -59,8 +86,10 @@ def _check(args) -> None:
     if args.schedule == "interleaved" and args.virtual_stages < 2:
         raise ValueError("--schedule interleaved needs --virtual-stages >= 2")
     if args.schedule == "interleaved" and args.microbatches % args.pp:
-        raise ValueError(f"--schedule interleaved needs --microbatches divisible by --pp "
-                         f"({args.microbatches} % {args.pp} != 0)")  # fmt: skip
+        raise ValueError(
+            f"--schedule interleaved needs --microbatches divisible by --pp "
+            f"({args.microbatches} % {args.pp} != 0)"
+        )
     at_most(MAX_STAGES, "stages", WHY, pp=args.pp)
     sizes = {"pp": args.pp, "microbatches": args.microbatches}
     if args.schedule in ("all", "interleaved"):
@@ -73,8 +102,9 @@ def _configs(args) -> tuple[list[pp.PipelineConfig], list[str]]:
     configs, notes = [], []
     for name in names:
         v = args.virtual_stages if name == "interleaved" else 1
-        cfg = pp.PipelineConfig(args.pp, args.microbatches, name, args.forward_time,
-                                args.backward_time, v)  # fmt: skip
+        cfg = pp.PipelineConfig(
+            args.pp, args.microbatches, name, args.forward_time, args.backward_time, v
+        )
         try:
             cfg.validate()
         except ValueError as err:
@@ -107,15 +137,24 @@ def _peaks(peaks) -> str:
     return " ".join(f"{x:g}" for x in peaks)
 
 
-SCHEDULE_COLS = [Col("name", "schedule"), Col("makespan", "makespan", "g"),
-                 Col("busy_per_device", "busy/device", "g"), Col("bubble_s2", "bubble s2", ".2%"),
-                 Col("formula_s2", "formula s2", ".2%"), Col("bubble_s4", "bubble s4", ".2%"),
-                 Col("formula_s4", "formula s4", ".2%"),
-                 Col("peak_activations", "peak activations per device", _peaks)]  # fmt: skip
-BUBBLE_COLS = [Col("microbatches", "M"), Col("bubble_s2", "bubble s2", ".1%"),
-               Col("efficiency_s2", "efficiency s2", ".1%"), Col("bubble_s4", "bubble s4", ".1%"),
-               Col("efficiency_s4", "efficiency s4 (seed 004)", ".1%"),
-               Col("simulated_1f1b_bubble", "simulated 1F1B bubble", ".1%")]  # fmt: skip
+SCHEDULE_COLS = [
+    Col("name", "schedule"),
+    Col("makespan", "makespan", "g"),
+    Col("busy_per_device", "busy/device", "g"),
+    Col("bubble_s2", "bubble s2", ".2%"),
+    Col("formula_s2", "formula s2", ".2%"),
+    Col("bubble_s4", "bubble s4", ".2%"),
+    Col("formula_s4", "formula s4", ".2%"),
+    Col("peak_activations", "peak activations per device", _peaks),
+]
+BUBBLE_COLS = [
+    Col("microbatches", "M"),
+    Col("bubble_s2", "bubble s2", ".1%"),
+    Col("efficiency_s2", "efficiency s2", ".1%"),
+    Col("bubble_s4", "bubble s4", ".1%"),
+    Col("efficiency_s4", "efficiency s4 (seed 004)", ".1%"),
+    Col("simulated_1f1b_bubble", "simulated 1F1B bubble", ".1%"),
+]
 
 
 def _seed_faithful(r: Report, args) -> None:
@@ -135,11 +174,15 @@ def _seed_faithful(r: Report, args) -> None:
         f"Peak activation memory: {seed['one_f_one_b_peak_memory']} microbatches worth "
         "(the seed's summary then crashes on an invalid format spec; shown fixed below)",
         "",
-        grid(["Metric", "Naive", "1F1B"],
-             [["Bubble ratio", f"{naive:.1%}", f"{one_f_one_b:.1%}"],
-              ["Peak memory", args.microbatches, seed["one_f_one_b_peak_memory"]]]),
+        grid(
+            ["Metric", "Naive", "1F1B"],
+            [
+                ["Bubble ratio", f"{naive:.1%}", f"{one_f_one_b:.1%}"],
+                ["Peak memory", args.microbatches, seed["one_f_one_b_peak_memory"]],
+            ],
+        ),
         "",
-    )  # fmt: skip
+    )
     r.put(seed=seed)
 
 
@@ -150,8 +193,10 @@ def run(args) -> int:
     table_stages = SEED_BUBBLE_TABLE_STAGES if args.seed_faithful else args.pp
 
     r = Report("simulate pipeline")
-    r.say(f"jaxscale simulate pipeline — P={args.pp} stages, M={args.microbatches} "
-          f"microbatches, t_F={args.forward_time:g}, t_B={args.backward_time:g}")  # fmt: skip
+    r.say(
+        f"jaxscale simulate pipeline — P={args.pp} stages, M={args.microbatches} "
+        f"microbatches, t_F={args.forward_time:g}, t_B={args.backward_time:g}"
+    )
     r.mode(args.seed_faithful, FAITHFUL_WHAT)
     r.say("")
     r.put(stages=args.pp, microbatches=args.microbatches)
@@ -172,8 +217,10 @@ def run(args) -> int:
     r.say(f"bubble vs microbatches, P={table_stages} (simulated 1F1B uses the given t_F, t_B):")
     rows = pp.bubble_table(table_stages, args.forward_time, args.backward_time)
     r.table("bubble_vs_microbatches", BUBBLE_COLS, rows)
-    r.say("s4's efficiency 1 - (P-1)/M is a first-order approximation of M/(M+P-1); it goes "
-          "negative for M < P-1.")  # fmt: skip
+    r.say(
+        "s4's efficiency 1 - (P-1)/M is a first-order approximation of M/(M+P-1); it goes "
+        "negative for M < P-1."
+    )
     if args.plot:
         from jaxscale.sim import plots
 

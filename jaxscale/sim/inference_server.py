@@ -57,8 +57,14 @@ class Event:
     prompt_tokens: int = 0
 
 
-def run(num_requests: int = 5, batch_size: int = 4, max_tokens: int = 20, seed: int = 0,
-        latency_ms: float = 10.0, seed_faithful: bool = False):  # fmt: skip
+def run(
+    num_requests: int = 5,
+    batch_size: int = 4,
+    max_tokens: int = 20,
+    seed: int = 0,
+    latency_ms: float = 10.0,
+    seed_faithful: bool = False,
+):
     """(requests, events): the seed's schedule, one random generator for the whole run."""
     if num_requests < 1 or batch_size < 1 or max_tokens < 1:
         raise ValueError("num_requests, batch_size and max_tokens must be >= 1")
@@ -66,8 +72,9 @@ def run(num_requests: int = 5, batch_size: int = 4, max_tokens: int = 20, seed: 
         raise ValueError(f"latency_ms must be > 0, got {latency_ms}")
     rng = random.Random(seed)
     unit = 1.0 if seed_faithful else 1e-3  # the seed sleeps latency_ms seconds
-    reqs = [MockRequest(i, encode(PROMPTS[i % len(PROMPTS)]), max_tokens)
-            for i in range(num_requests)]  # fmt: skip
+    reqs = [
+        MockRequest(i, encode(PROMPTS[i % len(PROMPTS)]), max_tokens) for i in range(num_requests)
+    ]
     waiting, running, events, clock = deque(reqs), [], [], 0.0
     while waiting or running:
         running = [r for r in running if not r.finished]

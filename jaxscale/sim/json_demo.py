@@ -15,14 +15,41 @@ import json
 import random
 from dataclasses import dataclass
 
-VOCAB = ("{", "}", "[", "]", ":", ",", '"name"', '"value"', '"id"', '"type"', '"hello"',
-         '"world"', "123", "456", "true", "false", "null")  # fmt: skip
+VOCAB = (
+    "{",
+    "}",
+    "[",
+    "]",
+    ":",
+    ",",
+    '"name"',
+    '"value"',
+    '"id"',
+    '"type"',
+    '"hello"',
+    '"world"',
+    "123",
+    "456",
+    "true",
+    "false",
+    "null",
+)
 KEYS = {6, 7, 8, 9}
 VALUES = {0, 2, 6, 7, 10, 11, 12, 13, 14, 15, 16}  # the seed's "any value" set
 START, OBJ_START, OBJ_KEY, OBJ_COLON, OBJ_VALUE, OBJ_COMMA = range(6)
 ARR_START, ARR_VALUE, ARR_COMMA, DONE = range(6, 10)
-NAMES = ("START", "OBJECT_START", "OBJECT_KEY", "OBJECT_COLON", "OBJECT_VALUE", "OBJECT_COMMA",
-         "ARRAY_START", "ARRAY_VALUE", "ARRAY_COMMA", "DONE")  # fmt: skip
+NAMES = (
+    "START",
+    "OBJECT_START",
+    "OBJECT_KEY",
+    "OBJECT_COLON",
+    "OBJECT_VALUE",
+    "OBJECT_COMMA",
+    "ARRAY_START",
+    "ARRAY_VALUE",
+    "ARRAY_COMMA",
+    "DONE",
+)
 
 
 @dataclass(frozen=True)
@@ -124,5 +151,10 @@ def fuzz(n_seeds: int, max_tokens: int, seed_faithful: bool) -> dict:
         out, _, s = generate(random.Random(seed), max_tokens, seed_faithful)
         complete += s.mode == DONE
         valid += parses("".join(out))
-    return {"seeds": n_seeds, "max_tokens": max_tokens, "complete": complete, "parse": valid,
-            "truncated": n_seeds - complete}  # fmt: skip
+    return {
+        "seeds": n_seeds,
+        "max_tokens": max_tokens,
+        "complete": complete,
+        "parse": valid,
+        "truncated": n_seeds - complete,
+    }

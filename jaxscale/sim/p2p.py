@@ -149,8 +149,10 @@ def simulate(
             msg = _Msg(r, peer, op.var, env_r[r].get(op.var, 0.0) if kind == "send" else None)
             post(kind, msg)
             handles[r][op.handle] = (kind, msg)
-            trace.append(f"t={rnd} rank {r}: i{kind} {op.var} {'to' if kind == 'send' else 'from'} "
-                         f"{peer} -> handle {op.handle}")  # fmt: skip
+            trace.append(
+                f"t={rnd} rank {r}: i{kind} {op.var} {'to' if kind == 'send' else 'from'} "
+                f"{peer} -> handle {op.handle}"
+            )
             return True
         if isinstance(op, Wait):
             if op.handle not in handles[r]:
@@ -171,8 +173,13 @@ def simulate(
                 pc[r] += 1
                 progressed = True
         if all(pc[r] == len(programs[r]) for r in range(n)):
-            return P2PResult("ok", tuple(env_r), tuple(trace), reads=tuple(reads),
-                             message=f"all {n} ranks finished")  # fmt: skip
+            return P2PResult(
+                "ok",
+                tuple(env_r),
+                tuple(trace),
+                reads=tuple(reads),
+                message=f"all {n} ranks finished",
+            )
         if not progressed:
             return _stuck(programs, pc, handles, env_r, trace, reads)
         rnd += 1
@@ -217,8 +224,9 @@ def _stuck(programs, pc, handles, env_r, trace, reads) -> P2PResult:
             cycle = tuple(path[path.index(cur) :])
             chain = " -> ".join(str(c) for c in cycle + (cycle[0],))
             msg = f"ranks {chain} each wait for the next (blocking sends/receives)"
-            return P2PResult("deadlock", tuple(env_r), tuple(trace), blocked, cycle,
-                             tuple(reads), msg)  # fmt: skip
+            return P2PResult(
+                "deadlock", tuple(env_r), tuple(trace), blocked, cycle, tuple(reads), msg
+            )
     # Some blocked rank waits directly on a finished one: that operation can never be matched.
     r = next(r for r in blocked if waits[r] not in blocked)
     others = sorted(set(blocked) - {r})

@@ -83,14 +83,24 @@ class PipelineResult:
         ticks = round(self.makespan / self.tick)
         if ticks > max_cells:
             return f"(grid omitted: {ticks} columns > {max_cells})"
-        cells = [[".." if s is None else "--" if not s.first else
-                  _label(s.kind, s.stage, s.microbatch, self.config) for s in row]
-                 for row in schedule_grid(self)]  # fmt: skip
+        cells = [
+            [
+                ".."
+                if s is None
+                else "--"
+                if not s.first
+                else _label(s.kind, s.stage, s.microbatch, self.config)
+                for s in row
+            ]
+            for row in schedule_grid(self)
+        ]
         width = max(len(c) for row in cells for c in row)
         names = [f"GPU{d}" for d in range(self.config.stages)]
         name_width = max(map(len, names))
-        return "\n".join(f"{name:<{name_width}}: " + " ".join(c.rjust(width) for c in row)
-                         for name, row in zip(names, cells, strict=True))  # fmt: skip
+        return "\n".join(
+            f"{name:<{name_width}}: " + " ".join(c.rjust(width) for c in row)
+            for name, row in zip(names, cells, strict=True)
+        )
 
 
 @dataclass(frozen=True)
@@ -162,20 +172,26 @@ def _check_counts(stages, microbatches, virtual_stages):
     positive_fields(cfg, *COUNTS)
 
 
-def bubble_table(stages: int, forward_time: float = 1.0, backward_time: float = 1.0,
-                 virtual_stages: int | None = None) -> list[dict]:  # fmt: skip
+def bubble_table(
+    stages: int,
+    forward_time: float = 1.0,
+    backward_time: float = 1.0,
+    virtual_stages: int | None = None,
+) -> list[dict]:
     """Bubble vs microbatches M (BUBBLE_MICROBATCHES) at P = `stages`: both conventions' bubble
     and efficiency, the simulated 1F1B bubble and, given `virtual_stages`, the simulated
     interleaved one (None where P does not divide M)."""
     rows = []
     for m in BUBBLE_MICROBATCHES:
         one_f_one_b = PipelineConfig(stages, m, "1f1b", forward_time, backward_time)
-        row = {"microbatches": m,
-               "bubble_s2": bubble_fraction(stages, m, "s2"),
-               "efficiency_s2": pipeline_efficiency(stages, m, "s2"),
-               "bubble_s4": bubble_fraction(stages, m, "s4"),
-               "efficiency_s4": pipeline_efficiency(stages, m, "s4"),
-               "simulated_1f1b_bubble": simulate(one_f_one_b).bubble_s2}  # fmt: skip
+        row = {
+            "microbatches": m,
+            "bubble_s2": bubble_fraction(stages, m, "s2"),
+            "efficiency_s2": pipeline_efficiency(stages, m, "s2"),
+            "bubble_s4": bubble_fraction(stages, m, "s4"),
+            "efficiency_s4": pipeline_efficiency(stages, m, "s4"),
+            "simulated_1f1b_bubble": simulate(one_f_one_b).bubble_s2,
+        }
         if virtual_stages is not None:
             inter = replace(one_f_one_b, schedule="interleaved", virtual_stages=virtual_stages)
             row["simulated_interleaved_bubble"] = None if m % stages else simulate(inter).bubble_s2
@@ -198,8 +214,9 @@ def _backward(j: int, m: int, cfg: PipelineConfig) -> Op:
 
 def _weight(j: int, m: int, cfg: PipelineConfig) -> Op:
     """ZB-H1's W: the weight-gradient half of the backward, needing only B(j, m)."""
-    return Op(("W", j, m), j % cfg.stages, cfg.backward_time / 2, (("B", j, m),),
-              _label("W", j, m, cfg))  # fmt: skip
+    return Op(
+        ("W", j, m), j % cfg.stages, cfg.backward_time / 2, (("B", j, m),), _label("W", j, m, cfg)
+    )
 
 
 def _label(kind: str, j: int, m: int, cfg: PipelineConfig) -> str:

@@ -11,11 +11,16 @@ def batching(static, continuous, path: str) -> str:
             steps = range(len(res.utilization))
             ax.fill_between(steps, res.utilization, alpha=0.3, color=color)
             ax.plot(steps, res.utilization, color=color, linewidth=1)
-            ax.axhline(res.avg_utilization, color=color, linestyle="--",
-                       label=f"average {res.avg_utilization:.1%}")  # fmt: skip
+            ax.axhline(
+                res.avg_utilization,
+                color=color,
+                linestyle="--",
+                label=f"average {res.avg_utilization:.1%}",
+            )
             ax.set_ylim(0, 1.1)
-            ax.set(ylabel="slot utilisation",
-                   title=f"{res.strategy} batching: {res.total_steps} steps")  # fmt: skip
+            ax.set(
+                ylabel="slot utilisation", title=f"{res.strategy} batching: {res.total_steps} steps"
+            )
             ax.legend()
         axes[1].set_xlabel("step")
     return path
@@ -28,8 +33,12 @@ def speculative(k_points, mp_sweep, path: str) -> str:
         speedups = [p.speedup for p in k_points]
         best = max(range(len(ks)), key=lambda i: speedups[i])
         ax1.plot(ks, speedups, marker="o")
-        ax1.axvline(ks[best], linestyle="--", color="orange",
-                    label=f"optimal K={ks[best]} ({speedups[best]:.2f}x)")  # fmt: skip
+        ax1.axvline(
+            ks[best],
+            linestyle="--",
+            color="orange",
+            label=f"optimal K={ks[best]} ({speedups[best]:.2f}x)",
+        )
         ax1.axhline(1.0, linestyle="--", color="red", alpha=0.5, label="no speculation")
         ax1.set(xlabel="draft length K", ylabel="speedup", title="speculative decoding speedup")
         accepted = [p.avg_accepted_per_round for p in k_points]
@@ -38,8 +47,12 @@ def speculative(k_points, mp_sweep, path: str) -> str:
         ax2.plot(ks, [k + 1 for k in ks], linestyle="--", color="red", label="maximum K+1")
         ax2.set(xlabel="draft length K", ylabel="tokens per round", title="tokens per target pass")
         for mp, points in mp_sweep.items():
-            ax3.plot([p.k for p in points], [p.speedup for p in points], marker="o",
-                     label=f"match_prob={mp}")  # fmt: skip
+            ax3.plot(
+                [p.k for p in points],
+                [p.speedup for p in points],
+                marker="o",
+                label=f"match_prob={mp}",
+            )
         ax3.axhline(1.0, linestyle="--", color="gray")
         ax3.set(xlabel="draft length K", ylabel="speedup", title="match probability vs optimal K")
         for ax in (ax1, ax2, ax3):
@@ -69,11 +82,20 @@ def pipeline(results, path: str, titles=None) -> str:
     def draw(ax, res):
         cfg = res.config
         for kind, color in (("F", "#1f77b4"), ("B", "#ff7f0e"), ("W", "#2ca02c")):  # fast
-            boxes = [[(s.start, d - 0.4), (s.end, d - 0.4), (s.end, d + 0.4), (s.start, d + 0.4)]
-                     for s in res.spans.values() if s.op.key[0] == kind
-                     for d in [s.op.resource]]  # fmt: skip
-            ax.add_collection(PolyCollection(boxes, facecolors=color, edgecolors="white",
-                                             linewidths=1 if len(boxes) < 512 else 0))  # fmt: skip
+            boxes = [
+                [(s.start, d - 0.4), (s.end, d - 0.4), (s.end, d + 0.4), (s.start, d + 0.4)]
+                for s in res.spans.values()
+                if s.op.key[0] == kind
+                for d in [s.op.resource]
+            ]
+            ax.add_collection(
+                PolyCollection(
+                    boxes,
+                    facecolors=color,
+                    edgecolors="white",
+                    linewidths=1 if len(boxes) < 512 else 0,
+                )
+            )
         ax.set_xlim(0, res.makespan * 1.05)  # the 5% margin barh would leave
         ax.set_ylim(-0.5, cfg.stages - 0.5)  # inverted by _gantt: GPU0 on top
         shown = range(0, cfg.stages, -(-cfg.stages // 16))  # at most 16 labels
@@ -87,8 +109,12 @@ def pipeline(results, path: str, titles=None) -> str:
 
 
 TIMELINE_COLORS = {"S": "#1f77b4", "C": "#2ca02c", "P": "#ff7f0e", "L": "#d62728", "K": "#2ca02c"}
-TIMELINE_LEGEND = (("S", "schedule (CPU)"), ("P", "postprocess (CPU)"), ("L", "launch (CPU)"),
-                   ("C", "compute / kernel (GPU)"))  # K is drawn in C's colour  # fmt: skip
+TIMELINE_LEGEND = (
+    ("S", "schedule (CPU)"),
+    ("P", "postprocess (CPU)"),
+    ("L", "launch (CPU)"),
+    ("C", "compute / kernel (GPU)"),
+)  # K is drawn in C's colour
 
 
 def timelines(named_spans: dict, path: str) -> str:
@@ -99,9 +125,14 @@ def timelines(named_spans: dict, path: str) -> str:
     def draw(ax, item):
         name, (spans, end) = item
         for span in (s for s in spans.values() if s.start < end):
-            ax.barh(0 if span.op.resource == "cpu" else 1, min(span.end, end) - span.start,
-                    left=span.start, color=TIMELINE_COLORS[span.op.label], edgecolor="white",
-                    linewidth=0.5)  # fmt: skip
+            ax.barh(
+                0 if span.op.resource == "cpu" else 1,
+                min(span.end, end) - span.start,
+                left=span.start,
+                color=TIMELINE_COLORS[span.op.label],
+                edgecolor="white",
+                linewidth=0.5,
+            )
         ax.set_yticks([0, 1], ["CPU", "GPU"])
         ax.set(xlim=(0, end), title=name)
         if ax is ax.figure.axes[0]:
@@ -123,11 +154,17 @@ def param_server(runs, path: str) -> str:
             note = " (diverged)" if run.diverged else ""
             if zero is not None and not run.diverged:
                 note = f" (gap 0 from update {zero})"
-            style = {"linestyle": "--", "linewidth": 1.2} if run.mode.startswith("delayed") else {
-                "linewidth": 4, "alpha": 0.45}  # fmt: skip
+            style = (
+                {"linestyle": "--", "linewidth": 1.2}
+                if run.mode.startswith("delayed")
+                else {"linewidth": 4, "alpha": 0.45}
+            )
             ax.semilogy(range(len(gaps)), gaps, label=label + note, **style)
-        ax.set(xlabel="server update", ylabel="f(x) - f*",
-               title="parameter server: sync vs stale async")  # fmt: skip
+        ax.set(
+            xlabel="server update",
+            ylabel="f(x) - f*",
+            title="parameter server: sync vs stale async",
+        )
         ax.legend(fontsize=8)
     return path
 
@@ -138,8 +175,13 @@ def bubble_curve(stages: int, rows: list[dict], path: str) -> str:
         ms = [r["microbatches"] for r in rows]
         ax.plot(ms, [r["bubble_s2"] for r in rows], marker="o", label="(P-1)/(M+P-1)  idle / total")
         ax.plot(ms, [r["bubble_s4"] for r in rows], marker="s", label="(P-1)/M  idle / ideal")
-        ax.plot(ms, [r["simulated_1f1b_bubble"] for r in rows], "kx", markersize=9,
-                label="simulated 1F1B")  # fmt: skip
+        ax.plot(
+            ms,
+            [r["simulated_1f1b_bubble"] for r in rows],
+            "kx",
+            markersize=9,
+            label="simulated 1F1B",
+        )
         pts = [(r["microbatches"], r.get("simulated_interleaved_bubble")) for r in rows]
         pts = [p for p in pts if p[1] is not None]
         if pts:

@@ -88,17 +88,28 @@ def save(directory: str | Path, state, meta: dict) -> int:
         shutil.rmtree(path / str(step))
     try:
         with _manager(path, create=True) as mgr:
-            mgr.save(step, force=True, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))  # fmt: skip
+            mgr.save(
+                step,
+                force=True,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                ),
+            )
             mgr.wait_until_finished()
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot write checkpoint step {step} to {path}: "
-                              f"{_first_line(e)}") from e  # fmt: skip
+        raise CheckpointError(
+            f"cannot write checkpoint step {step} to {path}: {_first_line(e)}"
+        ) from e
     return step
 
 
-def restore(directory: str | Path, target_shardings, abstract_state, expected_meta: dict,
-            step: int | None = None):  # fmt: skip
+def restore(
+    directory: str | Path,
+    target_shardings,
+    abstract_state,
+    expected_meta: dict,
+    step: int | None = None,
+):
     """Restore into the given shardings (any mesh, any strategy): (state, saved meta)."""
     import orbax.checkpoint as ocp
 
@@ -114,19 +125,24 @@ def restore(directory: str | Path, target_shardings, abstract_state, expected_me
             meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as e:  # orbax raises many types for unreadable files
             _quiet_failed_reads()
-            raise CheckpointError(f"checkpoint {path} step {step} is unreadable "
-                                  f"({_first_line(e)}); {fix}") from e  # fmt: skip
+            raise CheckpointError(
+                f"checkpoint {path} step {step} is unreadable ({_first_line(e)}); {fix}"
+            ) from e
         check_meta(meta, expected_meta, path, step)
-        target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                              abstract_state, target_shardings)  # fmt: skip
+        target = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            abstract_state,
+            target_shardings,
+        )
         try:
             restored = mgr.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
             )
         except Exception as e:
             _quiet_failed_reads()
-            raise CheckpointError(f"checkpoint {path} step {step} is corrupt "
-                                  f"({_first_line(e)}); {fix}") from e  # fmt: skip
+            raise CheckpointError(
+                f"checkpoint {path} step {step} is corrupt ({_first_line(e)}); {fix}"
+            ) from e
     return restored["state"], meta
 
 
@@ -135,8 +151,11 @@ def check_meta(meta, expected: dict, path: Path, step: int) -> None:
     if not isinstance(meta, dict) or meta.get("format") != expected["format"]:
         raise CheckpointError(f"{path} step {step} is not a jaxscale checkpoint")
     saved, wanted = meta["model"], expected["model"]
-    diff = {k: (saved.get(k), v) for k, v in wanted.items()
-            if k not in COMPUTE_ONLY and saved.get(k) != v}  # fmt: skip
+    diff = {
+        k: (saved.get(k), v)
+        for k, v in wanted.items()
+        if k not in COMPUTE_ONLY and saved.get(k) != v
+    }
     if diff:
         raise CheckpointError(
             f"checkpoint {path} step {step} was saved for a different model; "
@@ -150,8 +169,10 @@ def _quiet_failed_reads() -> None:
     previous = sys.unraisablehook
 
     def hook(info):
-        if not (isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in
-                str(info.exc_value)):  # fmt: skip
+        if not (
+            isinstance(info.exc_value, RuntimeError)
+            and "Event loop is closed" in str(info.exc_value)
+        ):
             previous(info)
 
     sys.unraisablehook = hook
@@ -186,8 +207,10 @@ def load_params(directory: str | Path, step: int | None = None):
             meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as e:
             _quiet_failed_reads()
-            raise CheckpointError(f"checkpoint {path} step {step} is unreadable "
-                                  f"({_first_line(e)}); {_fix(path, step)}") from e  # fmt: skip
+            raise CheckpointError(
+                f"checkpoint {path} step {step} is unreadable "
+                f"({_first_line(e)}); {_fix(path, step)}"
+            ) from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} step {step} is not a jaxscale checkpoint")
     cfg, tcfg = ModelConfig(**meta["model"]), TrainConfig(**meta["train"])

@@ -25,8 +25,16 @@ from jaxscale.cliutil import (
 )
 from jaxscale.config import MODEL_PRESETS, ModelConfig, TrainConfig
 
-RUN_FIELDS = ("mesh", "strategy", "schedule", "microbatches", "virtual_stages", "data", "prompt",
-              "sample_tokens")  # fmt: skip
+RUN_FIELDS = (
+    "mesh",
+    "strategy",
+    "schedule",
+    "microbatches",
+    "virtual_stages",
+    "data",
+    "prompt",
+    "sample_tokens",
+)
 EXAMPLES = """examples:
   jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --run-dir runs/a
   jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
@@ -48,30 +56,60 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--mesh", default=None, help="mesh spec, e.g. dp=2,fsdp=2,tp=2 (default dp=-1)")
-    p.add_argument("--strategy", default=None,
-                   help="'auto' (jit + the rules table; default) or 'manual:' + dp/zero1/"
-                   "zero2/zero3 and/or tp/tp_sp/tp_gather joined by '+', e.g. "
-                   "manual:zero3+tp")  # fmt: skip
-    p.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved", "zb-h1"),
-                   help="pipeline schedule over the mesh's pp axis (joins a manual --strategy; "
-                   "with 'auto' the strategy becomes manual:dp), e.g. 1f1b")  # fmt: skip
-    p.add_argument("--microbatches", type=positive_int, default=None,
-                   help="pipeline microbatches per data shard, the gradient accumulation of a "
-                   "pipeline (default 1), e.g. 8")  # fmt: skip
-    p.add_argument("--virtual-stages", type=positive_int, default=None,
-                   help="model chunks per pipeline device, for --schedule interleaved "
-                   "(default 1), e.g. 2")  # fmt: skip
-    p.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),
-                   help="model preset the model flags modify (default tiny)")  # fmt: skip
-    p.add_argument("--data", default=None,
-                   help="'stdlib' (Python's own sources; default), 'markov' (synthetic, known "
-                   "optimal loss), 'copy' (needs attention: each window's second half repeats "
-                   "its first) or a path to a text file")  # fmt: skip
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="a config.json (as a run directory holds) to start from")  # fmt: skip
-    p.add_argument("--run-dir", type=writable_dir, default=None, metavar="DIR",
-                   help="one directory for the run: config.json, metrics.jsonl, checkpoints/, "
-                   "loss.png")  # fmt: skip
+    p.add_argument(
+        "--strategy",
+        default=None,
+        help="'auto' (jit + the rules table; default) or 'manual:' + dp/zero1/"
+        "zero2/zero3 and/or tp/tp_sp/tp_gather joined by '+', e.g. "
+        "manual:zero3+tp",
+    )
+    p.add_argument(
+        "--schedule",
+        default=None,
+        choices=("gpipe", "1f1b", "interleaved", "zb-h1"),
+        help="pipeline schedule over the mesh's pp axis (joins a manual --strategy; "
+        "with 'auto' the strategy becomes manual:dp), e.g. 1f1b",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=positive_int,
+        default=None,
+        help="pipeline microbatches per data shard, the gradient accumulation of a "
+        "pipeline (default 1), e.g. 8",
+    )
+    p.add_argument(
+        "--virtual-stages",
+        type=positive_int,
+        default=None,
+        help="model chunks per pipeline device, for --schedule interleaved (default 1), e.g. 2",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        choices=sorted(MODEL_PRESETS),
+        help="model preset the model flags modify (default tiny)",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        help="'stdlib' (Python's own sources; default), 'markov' (synthetic, known "
+        "optimal loss), 'copy' (needs attention: each window's second half repeats "
+        "its first) or a path to a text file",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a config.json (as a run directory holds) to start from",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=writable_dir,
+        default=None,
+        metavar="DIR",
+        help="one directory for the run: config.json, metrics.jsonl, checkpoints/, loss.png",
+    )
     p.add_argument(
         "--ckpt-dir",
         type=writable_dir,
@@ -84,20 +122,29 @@ def add_parser(sub) -> None:
         action="store_true",
         help="continue from the newest complete checkpoint (any mesh, any strategy)",
     )
-    p.add_argument("--metrics", type=writable_path, default=None, metavar="FILE",
-                   help="append JSON-lines metrics here (default with --run-dir: "
-                   "RUN_DIR/metrics.jsonl)")  # fmt: skip
-    p.add_argument("--prompt", default=None, help="prompt of the greedy sample at the end "
-                   "(default 'def ')")  # fmt: skip
+    p.add_argument(
+        "--metrics",
+        type=writable_path,
+        default=None,
+        metavar="FILE",
+        help="append JSON-lines metrics here (default with --run-dir: RUN_DIR/metrics.jsonl)",
+    )
+    p.add_argument(
+        "--prompt", default=None, help="prompt of the greedy sample at the end (default 'def ')"
+    )
     p.add_argument(
         "--sample-tokens",
         type=non_negative_int,
         default=None,
         help="tokens to sample at the end; 0: no sample (default 48)",
     )
-    p.add_argument("--stop-after", type=positive_int, default=None, metavar="STEP",
-                   help="stop at this step, as if interrupted (the LR schedule still spans "
-                   "--steps)")  # fmt: skip
+    p.add_argument(
+        "--stop-after",
+        type=positive_int,
+        default=None,
+        metavar="STEP",
+        help="stop at this step, as if interrupted (the LR schedule still spans --steps)",
+    )
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -117,9 +164,17 @@ def resolve(args) -> tuple[ModelConfig, TrainConfig, dict, dict]:
     model = MODEL_PRESETS[args.model or "tiny"].replace(**saved.get("model", {}))
     cfg = build_config(ModelConfig, args, base=model)
     tcfg = build_config(TrainConfig, args, base=TrainConfig(**saved.get("train", {})))
-    run = {"mesh": "dp=-1", "strategy": "auto", "schedule": None, "microbatches": 1,
-           "virtual_stages": 1, "data": "stdlib", "prompt": "def ", "sample_tokens": 48,
-           **saved.get("run", {})}  # fmt: skip
+    run = {
+        "mesh": "dp=-1",
+        "strategy": "auto",
+        "schedule": None,
+        "microbatches": 1,
+        "virtual_stages": 1,
+        "data": "stdlib",
+        "prompt": "def ",
+        "sample_tokens": 48,
+        **saved.get("run", {}),
+    }
     run.update({k: getattr(args, k) for k in RUN_FIELDS if getattr(args, k) is not None})
     run_dir = Path(args.run_dir) if args.run_dir else None
     paths = {
@@ -167,21 +222,30 @@ def main(args) -> int:
     try:
         cfg, tcfg, run, paths = resolve(args)
         setup = RunSetup(
-            mesh=run["mesh"], strategy=run["strategy"], schedule=run["schedule"],
-            microbatches=run["microbatches"], virtual_stages=run["virtual_stages"],
+            mesh=run["mesh"],
+            strategy=run["strategy"],
+            schedule=run["schedule"],
+            microbatches=run["microbatches"],
+            virtual_stages=run["virtual_stages"],
             dataset=run["data"],
-            ckpt_dir=paths["ckpt_dir"], resume=args.resume, metrics_path=paths["metrics"],
-            prompt=run["prompt"], sample_tokens=run["sample_tokens"],
-            progress=not args.no_progress, stop_after=args.stop_after,
-        )  # fmt: skip
+            ckpt_dir=paths["ckpt_dir"],
+            resume=args.resume,
+            metrics_path=paths["metrics"],
+            prompt=run["prompt"],
+            sample_tokens=run["sample_tokens"],
+            progress=not args.no_progress,
+            stop_after=args.stop_after,
+        )
         plan = prepare(cfg, tcfg, setup)
     except (ValueError, CheckpointError) as e:
         return _error(e)
     config = {"model": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg), "run": run}
     print(f"devices: {describe_devices()}")
     steps = f"steps {plan.start}..{plan.end}" if plan.start < plan.end else "nothing to train"
-    print(f"run: {plan.built.label} on {plan.built.strategy.mesh}, data {run['data']}, {steps}"
-          + (f", run dir {paths['run_dir']}" if paths["run_dir"] else ""))  # fmt: skip
+    print(
+        f"run: {plan.built.label} on {plan.built.strategy.mesh}, data {run['data']}, {steps}"
+        + (f", run dir {paths['run_dir']}" if paths["run_dir"] else "")
+    )
     print("config: " + json.dumps(config))
     for note in plan.notes:
         print(note)

@@ -182,13 +182,17 @@ def optimal_loss(dataset, seq_len: int) -> float | None:
 def check(dataset, seq_len: int, vocab: int) -> None:
     """Raise ValueError, naming the flags, if the data cannot feed this model and window."""
     if vocab_of(dataset) > vocab:
-        raise ValueError(f"--vocab {vocab} is smaller than the {vocab_of(dataset)} token ids of "
-                         f"--data {dataset.name}")  # fmt: skip
+        raise ValueError(
+            f"--vocab {vocab} is smaller than the {vocab_of(dataset)} token ids of "
+            f"--data {dataset.name}"
+        )
     if isinstance(dataset, TextData):
         for split, ids in (("training", dataset.train_ids), ("held-out (eval)", dataset.eval_ids)):
             if len(ids) <= seq_len + 1:
-                raise ValueError(f"--data {dataset.name}: its {split} split has {len(ids)} bytes, "
-                                 f"fewer than one window of --seq-len {seq_len} + 1")  # fmt: skip
+                raise ValueError(
+                    f"--data {dataset.name}: its {split} split has {len(ids)} bytes, "
+                    f"fewer than one window of --seq-len {seq_len} + 1"
+                )
 
 
 def make_dataset(name_or_path: str | None):

@@ -93,13 +93,16 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
     if setup.sample_tokens and isinstance(dataset, data.TextData):
         n_prompt = len(data.ByteTokenizer().encode(setup.prompt))
         if not 0 < n_prompt < cfg.max_seq:
-            raise ValueError(f"--prompt must be 1 to {cfg.max_seq - 1} bytes (the model's "
-                             f"max_seq), got {n_prompt}")  # fmt: skip
+            raise ValueError(
+                f"--prompt must be 1 to {cfg.max_seq - 1} bytes (the model's "
+                f"max_seq), got {n_prompt}"
+            )
     text = setup.strategy
     if setup.schedule:  # a pipeline schedule is a manual strategy's pipe part
         text = ("manual:dp" if text.strip() == "auto" else text) + "+" + setup.schedule
-    built = build(Strategy.parse(text, str(spec), setup.microbatches, setup.virtual_stages), cfg,
-                  tcfg)  # fmt: skip
+    built = build(
+        Strategy.parse(text, str(spec), setup.microbatches, setup.virtual_stages), cfg, tcfg
+    )
     end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
     start, notes = _resume_point(setup, end)
     return Plan(built, dataset, start, end, notes)
@@ -111,25 +114,36 @@ def _resume_point(setup: RunSetup, end: int) -> tuple[int, list[str]]:
     if not setup.ckpt_dir:
         return 0, []
     complete, stray = checkpoint.steps(setup.ckpt_dir)
-    notes = [f"ignoring incomplete checkpoint {setup.ckpt_dir}/{s} (no completion mark)"
-             for s in stray]  # fmt: skip
+    notes = [
+        f"ignoring incomplete checkpoint {setup.ckpt_dir}/{s} (no completion mark)" for s in stray
+    ]
     if not setup.resume:
         if complete:
-            raise ValueError(f"--ckpt-dir {setup.ckpt_dir} already holds checkpoints (up to step "
-                             f"{complete[-1]}); pass --resume to continue that run, or choose "
-                             "another directory")  # fmt: skip
+            raise ValueError(
+                f"--ckpt-dir {setup.ckpt_dir} already holds checkpoints (up to step "
+                f"{complete[-1]}); pass --resume to continue that run, or choose "
+                "another directory"
+            )
         return 0, notes
     if not complete:
         return 0, [*notes, f"--resume: no checkpoint in {setup.ckpt_dir} yet; starting at step 0"]
     last = complete[-1]
     if last >= end:
-        return last, [*notes, f"resuming from step {last}: the run is already complete "
-                      f"(ends at {end}); evaluating the checkpoint"]  # fmt: skip
+        return last, [
+            *notes,
+            f"resuming from step {last}: the run is already complete "
+            f"(ends at {end}); evaluating the checkpoint",
+        ]
     return last, [*notes, f"resuming from step {last} ({setup.ckpt_dir}/{last})"]
 
 
-def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup, plan: Plan | None = None,
-          say=lambda line: None) -> TrainResult:  # fmt: skip
+def train(
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    setup: RunSetup,
+    plan: Plan | None = None,
+    say=lambda line: None,
+) -> TrainResult:
     """Run `plan` (prepared here, its notes passed to `say`, when not given)."""
     if plan is None:
         plan = prepare(cfg, tcfg, setup)
@@ -143,13 +157,17 @@ def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup, plan: Plan | Non
         state = _initial_state(built, setup, meta, plan, result)
         start = int(jax.device_get(state["step"]))
         log.start(start, resumed=result.resumed_from is not None)
-        bar = Progress(max(plan.end - start, 0), desc=f"train {built.label} {built.strategy.mesh}",
-                       enabled=setup.progress)  # fmt: skip
+        bar = Progress(
+            max(plan.end - start, 0),
+            desc=f"train {built.label} {built.strategy.mesh}",
+            enabled=setup.progress,
+        )
         pending = None  # (step, metrics) of the last dispatched step, read one step late
         try:
             for s in range(start, plan.end):
-                batch = data.global_batch(dataset, built.batch_sharding, tcfg.seed, s,
-                                          tcfg.global_batch, tcfg.seq_len)  # fmt: skip
+                batch = data.global_batch(
+                    dataset, built.batch_sharding, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len
+                )
                 terms = None
                 if cfg.n_experts and built.terms is not None and log.logs(s):
                     # the routing terms of this step's params and batch, read before the step
@@ -184,8 +202,9 @@ def train(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup, plan: Plan | Non
             checkpoint.save(setup.ckpt_dir, state, meta)
     if setup.sample_tokens and isinstance(dataset, data.TextData):
         tok = data.ByteTokenizer()
-        ids = train_step.greedy_sample(cfg, state["params"], tok.encode(setup.prompt),
-                                       setup.sample_tokens)  # fmt: skip
+        ids = train_step.greedy_sample(
+            cfg, state["params"], tok.encode(setup.prompt), setup.sample_tokens
+        )
         result.sample = setup.prompt + tok.decode(ids)
     result.state = state
     return result
@@ -217,8 +236,9 @@ def _initial_state(built: Built, setup: RunSetup, meta, plan: Plan, result: Trai
     """Fresh, or restored into this strategy's layout (whatever strategy and mesh saved it)."""
     if plan.start == 0:
         return built.init()
-    state, _ = checkpoint.restore(setup.ckpt_dir, built.state_shardings, built.abstract_state,
-                                  meta, step=plan.start)  # fmt: skip
+    state, _ = checkpoint.restore(
+        setup.ckpt_dir, built.state_shardings, built.abstract_state, meta, step=plan.start
+    )
     result.resumed_from = plan.start
     return state
 
@@ -228,14 +248,19 @@ def routing_metrics(terms: dict) -> dict:
     every expert [MoE layer][expert] (share of assignments) and its worst max/mean."""
     load = terms["expert_load"]
     n_experts = load.shape[-1]
-    return {**{k: v for k, v in terms.items() if k != "expert_load"}, "expert_load": load,
-            "load_max_over_mean": n_experts * load.max()}  # fmt: skip
+    return {
+        **{k: v for k, v in terms.items() if k != "expert_load"},
+        "expert_load": load,
+        "load_max_over_mean": n_experts * load.max(),
+    }
 
 
 def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> None:
     s, metrics = pending
-    values = {k: float(v) if np.ndim(v) == 0 else np.round(np.asarray(v, np.float64), 5).tolist()
-              for k, v in jax.device_get(metrics).items()}  # fmt: skip
+    values = {
+        k: float(v) if np.ndim(v) == 0 else np.round(np.asarray(v, np.float64), 5).tolist()
+        for k, v in jax.device_get(metrics).items()
+    }
     if not math.isfinite(values["loss"]):
         raise NonFiniteLoss(
             f"non-finite loss ({values['loss']}) at step {s}; stopping. Lower --lr, enable "
@@ -249,8 +274,14 @@ def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> Non
 
 def _evaluate(built: Built, state, dataset, tcfg: TrainConfig, step: int, result, log) -> None:
     losses = [
-        float(built.loss(state["params"], data.global_batch(
-            dataset, built.batch_sharding, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len)))
+        float(
+            built.loss(
+                state["params"],
+                data.global_batch(
+                    dataset, built.batch_sharding, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len
+                ),
+            )
+        )
         for s in data.eval_steps(tcfg.eval_batches)
-    ]  # fmt: skip
+    ]
     result.evals.append(log.eval(step, float(np.mean(losses)), result.optimal_loss))

@@ -32,8 +32,12 @@ class MetricsLog:
         self.tokens = tcfg.global_batch * tcfg.seq_len
         self.window: deque = deque(maxlen=tcfg.log_every + 1)  # read times of recent steps
         n = built.mesh.devices.size
-        self.model_flops = counts.train_step_flops(cfg, tcfg.global_batch, tcfg.seq_len,
-                                                   causal=True, executed=False) / n  # fmt: skip
+        self.model_flops = (
+            counts.train_step_flops(
+                cfg, tcfg.global_batch, tcfg.seq_len, causal=True, executed=False
+            )
+            / n
+        )
         self.device_kind = built.mesh.devices.flat[0].device_kind
 
     def __enter__(self):
@@ -47,8 +51,11 @@ class MetricsLog:
             self.file.close()
 
     def _write(self, record: dict) -> dict:
-        record = {"run_id": self.run_id, **record,
-                  "time_s": round(time.perf_counter() - self.t0, 3)}  # fmt: skip
+        record = {
+            "run_id": self.run_id,
+            **record,
+            "time_s": round(time.perf_counter() - self.t0, 3),
+        }
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
@@ -56,9 +63,17 @@ class MetricsLog:
 
     def start(self, step: int, resumed: bool) -> None:
         b = self.built
-        self._write({"event": "start", "step": step, "resumed": resumed, "strategy": b.label,
-                     "mesh": b.strategy.mesh, "devices": int(b.mesh.devices.size),
-                     "device_kind": self.device_kind})  # fmt: skip
+        self._write(
+            {
+                "event": "start",
+                "step": step,
+                "resumed": resumed,
+                "strategy": b.label,
+                "mesh": b.strategy.mesh,
+                "devices": int(b.mesh.devices.size),
+                "device_kind": self.device_kind,
+            }
+        )
 
     def logs(self, step: int) -> bool:
         """Whether `step` gets a train record (every log_every steps, and the last)."""

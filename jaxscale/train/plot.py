@@ -42,16 +42,18 @@ def plot_metrics(path: str | Path, out: str | Path) -> Path:
     train, evals = read_metrics(path)
     with figure(out, 2, 1, figsize=(9, 7), dpi=110) as (fig, (ax_loss, ax_lr)):
         if train:
-            ax_loss.plot(list(train), [r["loss"] for r in train.values()], label="train loss",
-                         linewidth=1)  # fmt: skip
+            ax_loss.plot(
+                list(train), [r["loss"] for r in train.values()], label="train loss", linewidth=1
+            )
         if evals:
-            ax_loss.plot(list(evals), [r["eval_loss"] for r in evals.values()], "o-",
-                         label="eval loss")  # fmt: skip
-            optimum = next((r["optimal_loss"] for r in evals.values() if "optimal_loss" in r),
-                           None)  # fmt: skip
+            ax_loss.plot(
+                list(evals), [r["eval_loss"] for r in evals.values()], "o-", label="eval loss"
+            )
+            optimum = next((r["optimal_loss"] for r in evals.values() if "optimal_loss" in r), None)
             if optimum is not None:
-                ax_loss.axhline(optimum, linestyle="--", color="gray",
-                                label=f"optimal loss {optimum:.3f}")  # fmt: skip
+                ax_loss.axhline(
+                    optimum, linestyle="--", color="gray", label=f"optimal loss {optimum:.3f}"
+                )
         ax_loss.set(ylabel="loss (nats/token)", title=f"training run: {Path(path)}")
         ax_loss.legend()
         if train:
@@ -68,8 +70,12 @@ def add_parser(sub) -> None:
         epilog="example: jaxscale plot runs/a  (writes runs/a/loss.png)",
     )
     p.add_argument("run", help="a run directory or a metrics.jsonl file")
-    p.add_argument("--out", type=writable_path, default=None,
-                   help="PNG to write (default: loss.png beside the metrics)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=writable_path,
+        default=None,
+        help="PNG to write (default: loss.png beside the metrics)",
+    )
     p.set_defaults(func=main)
 
 

@@ -119,17 +119,22 @@ def opt_layout(tx, cfg: ModelConfig, param_layout, scalar_layout):
     that only calls zeros_like may come out replicated (8x the bytes under ZeRO-3)."""
     abstract = jax.eval_shape(tx.init, model_state.abstract_params(cfg))
     return optax.tree_map_params(
-        tx, lambda _, layout: layout, abstract, param_layout,
-        transform_non_params=lambda _: scalar_layout, is_leaf=lambda x: isinstance(x, P),
-    )  # fmt: skip
+        tx,
+        lambda _, layout: layout,
+        abstract,
+        param_layout,
+        transform_non_params=lambda _: scalar_layout,
+        is_leaf=lambda x: isinstance(x, P),
+    )
 
 
 def batch_sharding(sharder: Sharder):
     return sharder.named(("batch", None))
 
 
-def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=None,
-               with_grads: bool = False):  # fmt: skip
+def train_step(
+    state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=None, with_grads: bool = False
+):
     """One optimizer step. Returns (new state, metrics {loss, grad_norm, lr}); with_grads adds
     the step's (pre-clip) mean gradient, so one compiled program serves the equivalence check."""
     tx = make_optimizer(tcfg, cfg)
@@ -145,8 +150,9 @@ def train_step(state, batch_BT1, cfg: ModelConfig, tcfg: TrainConfig, sharder=No
 
 
 @cache  # one compiled step per (model, run, mesh), reused by every caller
-def jit_train_step(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None,
-                   with_grads: bool = False):  # fmt: skip
+def jit_train_step(
+    cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None, with_grads: bool = False
+):
     """The compiled-once step; the old state's buffers are donated to the new one."""
 
     def step(state, batch):

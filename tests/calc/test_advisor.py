@@ -212,9 +212,17 @@ def test_validate_rejects_bad_input(workload, hardware, match):
 def test_cli_table(capsys):
     assert main(["advise", "--params", "70e9", "--gpus", "64", "--gpu-mem", "80"]) == 0
     out = capsys.readouterr().out
-    for text in ("seed 000 tree", "seed 001 rule", "seed 004 config", "seed 002 calc (corrected)",
-                 "jaxscale (analytic)", "Recommendation: TP", "Per-GPU memory",
-                 "Communication per step", "corrected mode"):  # fmt: skip
+    for text in (
+        "seed 000 tree",
+        "seed 001 rule",
+        "seed 004 config",
+        "seed 002 calc (corrected)",
+        "jaxscale (analytic)",
+        "Recommendation: TP",
+        "Per-GPU memory",
+        "Communication per step",
+        "corrected mode",
+    ):
         assert text in out
 
 
@@ -231,8 +239,10 @@ def test_cli_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["seed002_mode"] == "corrected"
     assert [r["rule"] for r in data["rules"]][:3] == [
-        "seed 000 tree", "seed 001 rule", "seed 004 config",
-    ]  # fmt: skip
+        "seed 000 tree",
+        "seed 001 rule",
+        "seed 004 config",
+    ]
     rec = data["recommendation"]
     lay = rec["layout"]
     assert lay["tp"] * lay["pp"] * lay["dp"] == 8

@@ -204,8 +204,11 @@ def test_seed002_faithful_defaults_match_the_seed_printout():
     r = seed002_calculator(seed_faithful=True)
     assert f"{r.param_count / 1e9:.1f}" == "65.5"
     assert [f"{x:.1f}" for x in (r.params_gb, r.grads_gb, r.optimizer_gb, r.total_gb)] == [
-        "130.9", "130.9", "523.8", "785.7",
-    ]  # fmt: skip
+        "130.9",
+        "130.9",
+        "523.8",
+        "785.7",
+    ]
     assert len(r.rows) == 19
     assert (r.best.tp, r.best.pp, r.best.dp) == (2, 16, 2)
     assert f"{r.best.memory_per_gpu_gb:.1f}" == "43.2"

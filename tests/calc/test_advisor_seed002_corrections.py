@@ -38,8 +38,9 @@ def test_no_pipeline_traffic_without_a_pipeline(capsys):
     # seed-faithful keeps the seed's traffic on PP=1 rows: the global batch, its 8192 width
     faithful = seed002_calculator(13, 32, 40, seed_faithful=True)
     one_stage = [r for r in faithful.rows if r.pp == 1]
-    assert one_stage and all(r.pp_comm_gb == pytest.approx(2 * B * S * 8192 * 2 / GB)
-                             for r in one_stage)  # fmt: skip
+    assert one_stage and all(
+        r.pp_comm_gb == pytest.approx(2 * B * S * 8192 * 2 / GB) for r in one_stage
+    )
 
 
 def test_activations_and_volumes_follow_the_given_shape(capsys):

@@ -177,10 +177,20 @@ def test_library_errors_exit_2_with_one_line(capsys, argv, message):
 
 def test_modules_do_not_import_jax():
     modules = [
-        "kv", "prefix", "inference", "serving", "rl", "rlhf_memory", "weight_transfer",
-        "cli_serving", "cli_serving_common", "cli_serving_inference", "cli_serving_kv",
-        "cli_serving_rl", "cli_serving_rlhf",
-    ]  # fmt: skip
+        "kv",
+        "prefix",
+        "inference",
+        "serving",
+        "rl",
+        "rlhf_memory",
+        "weight_transfer",
+        "cli_serving",
+        "cli_serving_common",
+        "cli_serving_inference",
+        "cli_serving_kv",
+        "cli_serving_rl",
+        "cli_serving_rlhf",
+    ]
     imports = "; ".join(f"import jaxscale.calc.{m}" for m in modules)
     code = f"import sys; {imports}; assert 'jax' not in sys.modules, 'jax imported'"
     code += "; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"

@@ -62,9 +62,13 @@ def test_ch8_exercise3_mha_model():
 
 @pytest.mark.parametrize(
     "ctx, kv_gib, without, with_, gain",
-    [(2048, 1.0, 32, 60, 0.875), (4096, 2.0, 16, 30, 0.875), (8192, 4.0, 8, 15, 0.875),
-     (32768, 16.0, 2, 3, 0.5)],
-)  # fmt: skip
+    [
+        (2048, 1.0, 32, 60, 0.875),
+        (4096, 2.0, 16, 30, 0.875),
+        (8192, 4.0, 8, 15, 0.875),
+        (32768, 16.0, 2, 3, 0.5),
+    ],
+)
 def test_llama7b_on_h100_capacity(ctx, kv_gib, without, with_, gain):
     # [R] llama-7b on h100: available 64.0 GB; 8K: 8 / 15 requests (+88%); 32K: 2 / 3 (+50%)
     c = kv.kv_capacity(kv.get_model("llama-7b"), 80, ctx)

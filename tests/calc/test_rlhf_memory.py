@@ -22,9 +22,9 @@ def test_ch13_seven_b_table():
 
 
 @pytest.mark.parametrize(
-    "phase, total", [("generation", 443.5), ("scoring", 161.5), ("training", 1227.4),
-                     ("full_rlhf", 1528.8)],
-)  # fmt: skip
+    "phase, total",
+    [("generation", 443.5), ("scoring", 161.5), ("training", 1227.4), ("full_rlhf", 1528.8)],
+)
 def test_timeline_phase_totals(phase, total):
     # [R] 70B, batch 4, seq 2048: gen 443.5, scoring 161.5, train 1227.4, full 1528.8 GB
     assert rm.phase_memory(M70, 4, 2048, phase).total_gb == pytest.approx(total, abs=GB_TOL)
@@ -51,9 +51,15 @@ def test_fixed_scaling_classifier():
 
 @pytest.mark.parametrize(
     "bs, kv_gb, act_gb, seed_total",
-    [(1, 5.4, 26.8, 592.2), (2, 10.7, 53.7, 624.4), (4, 21.5, 107.4, 688.8),
-     (8, 42.9, 214.7, 817.7), (16, 85.9, 429.5, 1075.4), (32, 171.8, 859.0, 1590.8)],
-)  # fmt: skip
+    [
+        (1, 5.4, 26.8, 592.2),
+        (2, 10.7, 53.7, 624.4),
+        (4, 21.5, 107.4, 688.8),
+        (8, 42.9, 214.7, 817.7),
+        (16, 85.9, 429.5, 1075.4),
+        (32, 171.8, 859.0, 1590.8),
+    ],
+)
 def test_batch_sweep(bs, kv_gb, act_gb, seed_total):
     # [R] the seed adds KV and activations to its 560 GB "fixed"; with the right fixed part the
     # batch-4 row equals the full-RLHF total, as it must

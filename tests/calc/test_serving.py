@@ -75,12 +75,13 @@ def test_infeasible_target_returns_none():
     [
         lambda: srv.plan_serving(N_70B, 0.0, 100, 50, 1.0, kv_bytes_per_token=KV_GQA),
         lambda: srv.plan_serving(N_70B, 10.0, 100, 50, -1.0, kv_bytes_per_token=KV_GQA),
-        lambda: srv.plan_serving(N_70B, 10, 100, 50, 1.0, kv_bytes_per_token=KV_GQA,
-                                 gpu_memory_bytes=1e9),
+        lambda: srv.plan_serving(
+            N_70B, 10, 100, 50, 1.0, kv_bytes_per_token=KV_GQA, gpu_memory_bytes=1e9
+        ),
         lambda: srv.seed_serving_estimate(N_70B, -5.0, 100, 50, 1.0, kv_bytes_per_token=KV_SEED),
         lambda: srv.plan_serving(N_70B, 10.0, 0, 50, 1.0, kv_bytes_per_token=KV_GQA),
     ],
-)  # fmt: skip
+)
 def test_bad_input_raises_value_error(call):
     with pytest.raises(ValueError):
         call()
