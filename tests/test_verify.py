@@ -23,30 +23,37 @@ def _id(case):
 
 # The fast suite runs every dense strategy and training variant once, on the first mesh the
 # list gives it, and one pipeline case; the other meshes, the other pipeline cases (10-30 s
-# each on 2 cores) and the MoE cases are `slow`. CI's second Python line skips the `first_line`
-# ones: a dense strategy's other meshes and the pp=8 pipelines (every schedule still runs
-# there at pp=2 and pp=4).
+# each on 2 cores) and the MoE cases are `slow`. CI's second Python line runs, of those, each
+# pipeline schedule and each MoE variant once, on its most composed mesh (`_second_line`); the
+# rest are `first_line` (docs/testing.md).
 PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4"}
 FIRST_MESH = {}
 for _c in verify.CASES:
     FIRST_MESH.setdefault(_c.label, _id(_c))
 
-
 # MoE cases (15-25 s each) are slow; the fast suite checks the MoE forward sharded
 # (tests/test_moe.py: routing terms and the expert-parallel layer against the reference)
 MOE_FAST: set[str] = set()
+MOE_VARIANTS = ("dropless", "cf=0.5", "every=", "accum=", "bfloat16")
+
+
+def _second_line(case) -> bool:
+    """A slow case the second Python line runs too: every schedule with ZeRO-1 and TP on
+    pp=2,dp=2,tp=2; an MoE case on three mesh axes, or a routing / training variant."""
+    if case.model:
+        axes = sum(not part.endswith("=1") for part in case.mesh.split(","))
+        return axes >= 3 or any(v in _id(case) for v in MOE_VARIANTS)
+    return bool(case.strategy.schedule) and case.mesh == "pp=2,dp=2,tp=2"
 
 
 def _param(case):
     marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
-    if case.strategy.schedule and _id(case) not in PIPE_FAST:
+    pipeline_slow = case.strategy.schedule and _id(case) not in PIPE_FAST
+    other_mesh = not case.strategy.schedule and FIRST_MESH[case.label] != _id(case)
+    if pipeline_slow or other_mesh or (case.model and _id(case) not in MOE_FAST):
         marks.append(pytest.mark.slow)
-        if "pp=8" in case.mesh:
+        if other_mesh or not _second_line(case):
             marks.append(pytest.mark.first_line)
-    elif not case.strategy.schedule and FIRST_MESH[case.label] != _id(case):
-        marks += [pytest.mark.slow, pytest.mark.first_line]
-    if case.model and _id(case) not in MOE_FAST:
-        marks.append(pytest.mark.slow)
     return pytest.param(case, id=_id(case), marks=marks)
 
 
