@@ -2,13 +2,13 @@
 
     .venv/bin/python experiments/00_systems_estimates.py [--seed-faithful] [--out results]
 
-Sections of shared/seeds/001_*.txt and the jaxscale command that reproduces each:
-  2 Chinchilla tokens (L35-146)       calc chinchilla     3 MoE parameters (L148-216)   calc moe
-  4 GPUs and training time (L218-352) calc time           5 transformer FLOPs (L354-502) calc flops
-  6 memory per strategy (L504-645)    calc memory         7 communication (L647-884)     calc comm
-  8 parallelism rule (L886-1019)      advisor_rules.seed001_recommend
-  9 inference latency, serving GPUs (L1021-1275)          calc inference, calc serving
-  10 RL sync vs async (L1277-1534)    calc rl throughput
+Sections (§) of seed 001 and the jaxscale command that reproduces each:
+  §2 Chinchilla tokens           calc chinchilla     §3 MoE parameters         calc moe
+  §4 GPUs and training time      calc time           §5 transformer FLOPs      calc flops
+  §6 memory per strategy         calc memory         §7 communication          calc comm
+  §8 parallelism rule            advisor_rules.seed001_recommend
+  §9 inference latency, serving GPUs                 calc inference, calc serving
+  §10 RL sync vs async           calc rl throughput
 --seed-faithful passes the flag to the commands that have one (their output says which numbers
 are the seed's defects; see docs/seed-notes.md). Plots go to results/00_systems_*.png.
 """
@@ -39,7 +39,7 @@ LATER_SECTIONS = (
     ("9. GPUs to serve a load", ["calc", "serving"], True, None),
     ("10. RL training: sync vs async", ["calc", "rl", "throughput"], True, "rl_throughput"),
 )
-# Seed 001's recommend_parallelism examples (L1005-1011): (name, parameters, GPUs).
+# Seed 001's recommend_parallelism examples (§8): (name, parameters, GPUs).
 RULE_CASES = (
     ("LLaMA-2-7B", 7e9, 64),
     ("LLaMA-2-13B", 13e9, 128),

@@ -2,10 +2,10 @@
 
     .venv/bin/python experiments/00_training_and_serving_at_scale.py [--trials 200] [--requests 50]
 
-1. training memory per GPU, ZeRO 0-3 (jaxscale.calc.memory; shared/seeds/000_*.txt L65-271);
-2. speculative decoding, draft length and match probability (jaxscale.sim.speculative; L275-643);
-3. static vs continuous batching (jaxscale.sim.batching; L647-1034);
-4. the parallelism advisor, configurations (a)-(e) (jaxscale.calc.advisor; L1036-1266).
+1. training memory per GPU, ZeRO 0-3 (jaxscale.calc.memory; its Exercise 1);
+2. speculative decoding, draft length and match probability (jaxscale.sim.speculative; Exercise 2);
+3. static vs continuous batching (jaxscale.sim.batching; Exercise 3);
+4. the parallelism advisor, configurations (a)-(e) (jaxscale.calc.advisor; Exercise 4).
 Where a seed's text contradicts its own code, both values are printed.
 """
 
@@ -23,10 +23,10 @@ from jaxscale.sim import batching, speculative
 
 GB = 1e9
 A100_GB = 80
-MODELS = {"GPT-2 (124M)": 124e6, "LLaMA 7B": 7e9, "LLaMA 70B": 70e9}  # L144-148
+MODELS = {"GPT-2 (124M)": 124e6, "LLaMA 7B": 7e9, "LLaMA 70B": 70e9}  # Exercise 1's models
 CONFIGS = [
     ("(a) GPT-2, 1 GPU", 124e6, 1),
-    ("(b) GPT-2, 4 GPUs", 124e6, 4),  # L1230-1234
+    ("(b) GPT-2, 4 GPUs", 124e6, 4),  # Exercise 4's configs
     ("(c) LLaMA 7B, 4 GPUs", 7e9, 4),
     ("(d) LLaMA 70B, 8 GPUs", 70e9, 8),
     ("(e) 175B Model, 64 GPUs", 175e9, 64),
@@ -53,9 +53,9 @@ def exercise1(gpus: int, out: Path) -> None:
         print(f"--- {name}: {_gb(12 * n)} on one GPU\n" + grid(header, rows))
     zero1 = lambda n, g: _gb(training_memory_per_device(n, dp=g, zero_stage=1).total)  # noqa: E731
     z1 = [[name] + [zero1(n, g) for g in (1, 2, 4, 8)] for name, n in MODELS.items()]
-    print("ZeRO-1 on 1/2/4/8 GPUs (seed 003 L330):")
+    print("ZeRO-1 on 1/2/4/8 GPUs (seed 003, Exercise 1):")
     print(grid(["model", "1", "2", "4", "8"], z1))
-    print(f"70B ZeRO-1 on 8: {zero1(70e9, 8)} per GPU (seed 000 L263/L269 says ~210 GB)\n")
+    print(f"70B ZeRO-1 on 8: {zero1(70e9, 8)} per GPU (seed 000 Exercise 1's text says ~210 GB)\n")
     with figure(out / "00_ex1_zero_70b.png", figsize=(9, 5)) as (_, ax):
         bottom = [0.0] * 4
         for key in ("weights", "gradients", "optimizer"):  # `mems` is the 70B model's, the last
@@ -89,9 +89,9 @@ def exercise2(trials: int, out: Path) -> None:
     print(grid(header, rows, label_column=False))
     top = speculative.best(points)
     print(f"Optimal K={top.k} ({top.speedup:.2f}x); P(all 8 match) = {cfg.match_prob**8:.3f}")
-    k = 5  # L637: a perfect draft gives (K+1)T/(Kd+T); the seed prints K*T/(Kd+T)
+    k = 5  # Exercise 2: a perfect draft gives (K+1)T/(Kd+T); the seed prints K*T/(Kd+T)
     perfect = [speculative.perfect_draft_speedup(k, 10, 50, seed_faithful=f) for f in (False, True)]
-    print(f"Perfect draft, K={k}: {perfect[0]:.2f}x (seed L637, no +1 token: {perfect[1]:.2f}x)")
+    print(f"Perfect draft, K={k}: {perfect[0]:.2f}x (seed, no +1 token: {perfect[1]:.2f}x)")
     sweep = speculative.match_prob_sweep(cfg)
     print(
         grid(
@@ -134,7 +134,7 @@ def exercise3(requests: int, batch_size: int, out: Path) -> None:
     print(f"Throughput: {static.total_steps / cont.total_steps:.2f}x fewer steps with continuous")
     s3 = batching.simulate_static(list(batching.SEED_003_LENGTHS), 8)
     claim = batching.seed_003_claimed_waste()
-    print(f"Seed 003 L93 batch: {s3.waste_fraction:.2%} wasted (L112 claims {claim:.1%})\n")
+    print(f"Seed 003 batch: {s3.waste_fraction:.2%} wasted (it claims {claim:.1%})\n")
     with figure(out / "00_ex3_batching.png", 2, 1, figsize=(13, 7)) as (_, axes):
         for ax, (name, r) in zip(axes, (("static", static), ("continuous", cont)), strict=True):
             ax.fill_between(range(len(r.utilization)), r.utilization, alpha=0.4)

@@ -1,4 +1,4 @@
-"""Seed 002 ch1 "Your First Distributed Program" (shared/seeds/002_7edd1202589f894b.txt L146-767).
+"""Seed 002 ch1 "Your First Distributed Program" (ML Systems Infrastructure Tutorial).
 
     .venv/bin/python experiments/01_hello_distributed.py [--world-size 4] [--backend gloo]
     .venv/bin/python -m jaxscale launch -n 2 -- python experiments/01_hello_distributed.py -w 8

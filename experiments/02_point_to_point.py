@@ -1,4 +1,4 @@
-"""Seed 002 ch2 "Point-to-Point Communication" (shared/seeds/002_7edd1202589f894b.txt L769-1459).
+"""Seed 002 ch2 "Point-to-Point Communication" (ML Systems Infrastructure Tutorial).
 
     .venv/bin/python experiments/02_point_to_point.py [-w 4] [--seed-faithful] [--show-deadlock]
         [--batch-size 32] [--hidden-size 64] [-m 4]
@@ -19,12 +19,12 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated dev
 from jaxscale.sim import p2p  # noqa: E402
 
 PATTERNS = (  # (title, programs, mode)
-    ("both ranks send first, rendezvous sends (S2 L814-819)", p2p.both_send_first, "rendezvous"),
+    ("both ranks send first, rendezvous sends (seed 002 ch2)", p2p.both_send_first, "rendezvous"),
     ("both ranks send first, eager (buffered) sends", p2p.both_send_first, "eager"),
-    ("interleaved: the fix (S2 L823-826)", p2p.interleaved, "rendezvous"),
+    ("interleaved: the fix (seed 002 ch2)", p2p.interleaved, "rendezvous"),
     ("isend/irecv swap (Ex2)", p2p.nonblocking_swap, "rendezvous"),
-    ("pitfall 1: mismatched src/dst (S2 L876-884)", p2p.mismatched, "rendezvous"),
-    ("pitfall 3: read before wait (S2 L894-900)", p2p.forgot_wait, "rendezvous"),
+    ("pitfall 1: mismatched src/dst (seed 002 ch2)", p2p.mismatched, "rendezvous"),
+    ("pitfall 3: read before wait (seed 002 ch2)", p2p.forgot_wait, "rendezvous"),
 )
 
 

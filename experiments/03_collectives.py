@@ -1,5 +1,4 @@
-"""Seed 002 ch3 "Collective Communication Operations" (shared/seeds/002_7edd1202589f894b.txt
-L1461-2241).
+"""Seed 002 ch3 "Collective Communication Operations" (ML Systems Infrastructure Tutorial).
 
     .venv/bin/python experiments/03_collectives.py [--operation all] [-w 4] [-d 100]
 
@@ -7,7 +6,7 @@ collective_cheatsheet.py: BEFORE/AFTER per rank for each operation, with the jax
 with the ppermute version (root 0; SPMD has no root-only receive, so gather/reduce off the root
 show the built-in's full result and the ppermute version's zeros). distributed_mean.py's three
 demos, the Try-It exercises (mean 2.5, argmax, ring all-reduce), a vocab-parallel softmax, and the
-per-process volume table (L1609-1619) next to what the compiled ppermute versions send.
+per-process volume table ("Performance Intuition") next to what the compiled ppermute versions send.
 """
 
 import argparse
@@ -49,7 +48,7 @@ def volumes(mesh, w, d_elems=1024) -> None:
     from jaxscale.parallel import collectives as C
 
     d = d_elems * 4
-    print(f"\nVOLUME PER PROCESS (S2 L1609-1619), N={w}, D={d} bytes per process (f32)")
+    print(f"\nVOLUME PER PROCESS (seed 002 ch3), N={w}, D={d} bytes per process (f32)")
     print(f"{'op':<12}{'seed formula':>16}{'bytes':>10}   census of the ppermute version")
     cases = [  # (op, function, input length per device, formula text)
         ("broadcast", lambda a: C.broadcast(a, "x"), d_elems, "D (receive)"),

@@ -1,5 +1,5 @@
-"""Seed 002 ch4 "NCCL Algorithms and GPU Topology" (shared/seeds/002_7edd1202589f894b.txt
-L2243-3160) and seed 004's all-reduce simulator (shared/seeds/004_7eeb8748191cda4b.txt L1485-1544).
+"""Seed 002 ch4 "NCCL Algorithms and GPU Topology" and seed 004's all-reduce simulator (§11
+"Communication Patterns").
 
     .venv/bin/python experiments/04_collective_algorithms.py [--seed-faithful]
         [--sizes 1000,10000,100000,1000000,10000000,100000000] [-w 4] [-i 50] [--plot PATH]
@@ -21,7 +21,7 @@ from jaxscale.bench import collectives as bench  # noqa: E402
 from jaxscale.bench.collective_plots import plot_algorithms  # noqa: E402
 from jaxscale.calc import comm, topology  # noqa: E402
 
-# seed 004 L1530-1536: (MB, "Gbps", GPUs, algorithm)
+# seed 004 §11's examples: (MB, "Gbps", GPUs, algorithm)
 SEED004 = ((100, 100, 8, "ring"), (100, 100, 8, "tree"), (100, 400, 8, "ring"))
 SEED004 += ((1000, 100, 8, "ring"), (100, 100, 64, "ring"))
 
@@ -54,7 +54,7 @@ def schedules(w: int) -> None:
 
 def model_tables(faithful: bool) -> None:
     mode = "seed-faithful" if faithful else "corrected"
-    print(f"\n1 GB ALL-REDUCE ON 8 GPUS (S2 L2452-2460), {mode} mode")
+    print(f"\n1 GB ALL-REDUCE ON 8 GPUS (seed 002 ch4), {mode} mode")
     seed = {
         k: comm.seed002_allreduce_intuition_s(1e9, bw)
         for k, bw in (("nvlink4", 900e9), ("pcie4", 32e9))
@@ -72,7 +72,7 @@ def model_tables(faithful: bool) -> None:
         f"({labels[1]}: {second['pcie4'] / second['nvlink4']:.1f}x)"
     )
 
-    print(f"\nSEED 004 simulate_allreduce_time (S4 L1492-1543), {mode} mode")
+    print(f"\nSEED 004 simulate_allreduce_time (§11), {mode} mode")
     cols = ("seed prints", "corrected") if faithful else ("corrected", "seed prints")
     print(f"{'config':<30}{cols[0]:>22}{cols[1]:>22}")
     for mb, gbps, n, alg in SEED004:
@@ -111,8 +111,8 @@ def topology_section() -> None:
 
 def benchmark(args) -> list:
     w, rows = args.world_size, []
-    print(f"\nALL_REDUCE BENCHMARK (S2 L2897-3160): world size {w}, up to {args.iterations} iters")
-    print(f"{'Size':<12}{'Median (ms)':>12}{'Bandwidth':>14}   (bus bandwidth, S2 L3013-3015)")
+    print(f"\nALL_REDUCE BENCHMARK (seed 002 ch4): world size {w}, up to {args.iterations} iters")
+    print(f"{'Size':<12}{'Median (ms)':>12}{'Bandwidth':>14}   (bus bandwidth, as seed 002 ch4)")
     for size in bench.parse_sizes(args.sizes):
         r = bench.measure("psum", w, size, args.iterations, 1, args.budget_s)
         rows.append(r)

@@ -33,7 +33,7 @@ from jaxscale.parallel import common, dp  # noqa: E402
 from jaxscale.parallel.compose import Strategy, build, step_shape  # noqa: E402
 
 MiB = 1 << 20
-SEED_COMM = {0: "0 / 2D / 0", 1: "0 / 2D / D", 2: "0 / D / D", 3: "2D / 2D / D"}  # L3318-3324
+SEED_COMM = {0: "0 / 2D / 0", 1: "0 / 2D / D", 2: "0 / D / D", 3: "2D / 2D / D"}  # seed 002 ch5
 WIRE = {
     "all-reduce": lambda n: 2 * (n - 1) / n,
     "all-gather": lambda n: (n - 1) / n,

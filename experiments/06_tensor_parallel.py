@@ -2,9 +2,9 @@
 
     .venv/bin/python experiments/06_tensor_parallel.py [-t 4] [-H 64] [-b 4] [-s 16]
 
-shared/seeds/002_7edd1202589f894b.txt L4055-5119, shared/seeds/004_7eeb8748191cda4b.txt L761-1046.
+Seed 002 ch6 "Tensor Parallelism from Scratch"; seed 004 §7 "Tensor Parallelism".
 Column/row-parallel checks (with seed 004's rank-0-only bias beside the fix), the TP MLP against
-the dense MLP with the same weights (the seed's check crashes: seed-spec §0.1 #2), the
+the dense MLP with the same weights (the seed's check crashes: defect 2 in docs/seed-notes.md), the
 communication analysis (4,096 elements; 16.0 KB; ring 24.0 KB per GPU; 96.0 KB total) beside the
 compiled all-reduce, an indicative timing, 8H^2 scaling, and the collectives per layer of the
 compiled tensor-parallel block in each mode. tests/test_tp.py checks the whole model against one
@@ -36,7 +36,7 @@ def linear_checks(mesh) -> None:
         print(f"  Local weight: {check.local_weight_shape}   Full: {check.full_weight_shape}")
         print(f"  Output: {check.output_shape}   Max difference vs x @ W: {check.max_abs_diff:.2e}")
         print(f"  Correct: {check.correct}")
-    banner("ROW-PARALLEL WITH BIAS (seed 004 L889-961)")
+    banner("ROW-PARALLEL WITH BIAS (seed 004 §7 RowParallelLinear)")
     for rank0_only in (False, True):
         check = D.row_parallel_bias(mesh, rank0_only=rank0_only)
         where = "rank 0 only (seed 004)" if rank0_only else "every rank, after the all-reduce"
@@ -75,7 +75,7 @@ def mlp_and_comm(mesh, args) -> None:
     print(f"  Ring all-reduce, total across all GPUs: {comm.ring_bytes_total / KB:.1f} KB")
     print(f"  TP MLP forward: {timed.forward_ms:.3f} ms (indicative: simulated CPU devices)")
 
-    # shared/seeds/002 L4150-4158 writes each all-reduce as 2*b*s*h/T values; a ring sends
+    # Seed 002 ch6 "Communication Analysis" writes each all-reduce as 2*b*s*h/T values; a ring sends
     # 2*b*s*h*(T-1)/T per GPU, and its own total line 8*b*s*h*(T-1)/T counts values, not bytes.
     seed_row, ring_row = 2 * b * s * h / t, 2 * b * s * h * (t - 1) / t
     rows = [
@@ -98,7 +98,7 @@ def mlp_and_comm(mesh, args) -> None:
 
 def scaling(t: int) -> None:
     banner("SCALING ANALYSIS (MLP parameters 8H^2/T)")
-    seed_text = {1: "134M (537 MB)", 8: "16.7M (67 MB)"}  # shared/seeds/002 L5045-5047
+    seed_text = {1: "134M (537 MB)", 8: "16.7M (67 MB)"}  # seed 002 ch6 tp_mlp.py
     rows = []
     for tp in sorted({1, 8, t}):
         n = tc.mlp_params_per_gpu(4096, tp)
@@ -108,9 +108,9 @@ def scaling(t: int) -> None:
 
 
 SEED_SAYS = {
-    "megatron": "2 fwd, 4 fwd+bwd all-reduces (002 L4123, L4299)",
-    "sequence": "psum_scatter + all_gather (seed-spec ch6, S4 L1126)",
-    "gather_output": "2 AllGather + 2 AllReduce (004 L1003-1009)",
+    "megatron": "2 fwd, 4 fwd+bwd all-reduces (seed 002 ch6)",
+    "sequence": "psum_scatter + all_gather (seed 004 §8 sequence_parallel)",
+    "gather_output": "2 AllGather + 2 AllReduce (seed 004 §7)",
 }
 
 

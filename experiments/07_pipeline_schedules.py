@@ -2,12 +2,12 @@
 
     .venv/bin/python experiments/07_pipeline_schedules.py --pp 4 --microbatches 8
 
-Reproduces pipeline_schedule_viz.py (shared/seeds/002 L5419-5682) with its defects fixed: the
+Reproduces pipeline_schedule_viz.py (seed 002 ch7) with its defects fixed: the
 schedules come from a dependency-driven simulation (jaxscale.sim.pipeline), the bubble is
 (P-1)/(M+P-1) for both GPipe and 1F1B (the seed's naive 68.6% is defect 3), 1F1B holds P-s
 microbatches of activations on stage s where GPipe holds M, and the bubble-vs-microbatch table the
 seed never prints (defect 5) is shown under both conventions, with seed 004's efficiency column.
-The last section prints the real executor's program (jaxscale/parallel/pp.py, the per-device
+The last section prints the real executor's program (jaxscale/parallel/pp/, the per-device
 ticks of the compiled step) beside the simulator's timeline, ZB-H1 included.
 Plots: results/07_pipeline_gantt.png, results/07_bubble_vs_microbatches.png,
 results/07_executed_grids.png.
@@ -104,7 +104,7 @@ def main() -> None:
     print(summary(schedules(p, m, v, args.backward_ratio)))
 
     rows = pp.bubble_table(p, virtual_stages=v)
-    print(f"\n== bubble vs microbatches, P={p} (seed 002 L5603-5627; seed 004 L722-744) ==")
+    print(f"\n== bubble vs microbatches, P={p} (seed 002 ch7; seed 004 §6) ==")
     print(
         table(
             [
@@ -138,7 +138,7 @@ def main() -> None:
 
 
 def executor_grids(p: int, m: int, v: int, path: str) -> str:
-    """The real executor's program (jaxscale/parallel/pp.py: what each device starts at each
+    """The real executor's program (jaxscale/parallel/pp/: what each device starts at each
     tick of the compiled step, t_B = 2 t_F) beside the simulator's timeline, per schedule."""
     from jaxscale.bench.pipeline import executed_result, plot_grids
     from jaxscale.parallel import pp as executor

@@ -2,11 +2,12 @@
 
     .venv/bin/python experiments/09_kv_cache.py [--gpu h100] [--seed-faithful] [--out results]
 
-1. the KV cache calculator (kv_cache_calculator.py, shared/seeds/002_*.txt L7104-7418): six-model
+1. the KV cache calculator (kv_cache_calculator.py): six-model
    table, capacity with and without paging, fragmentation (`jaxscale calc kv`);
-2. the prose's 70B on 8 x H100 budget (L6989-7000): 480 GB -> 1.57M tokens -> 384 / 192 / 48;
-3. prefix sharing (prefix_sharing_demo.py, L7483-7782) (`jaxscale calc prefix`);
-4. Try It Yourself (L7004-7029): requests at 8K on one 80 GB GPU per model, and the 100-request
+2. the prose's 70B on 8 x H100 budget ("Memory Budget Planning"): 480 GB -> 1.57M tokens ->
+   384 / 192 / 48;
+3. prefix sharing (prefix_sharing_demo.py) (`jaxscale calc prefix`);
+4. Try It Yourself: requests at 8K on one 80 GB GPU per model, and the 100-request
    system-prompt savings;
 5. the demo's six requests on the real serving engine (jaxscale/serve/): the radix prefix cache's
    hit rate and pages beside the seed's trie, and the same tokens with and without the cache
@@ -18,12 +19,12 @@ import argparse
 import os
 
 from jaxscale.calc import kv, prefix
-from jaxscale.calc.cli_serving_common import GPUS
+from jaxscale.calc.commands.common import GPUS
 from jaxscale.cli import main as jaxscale_main
 from jaxscale.hardware import get_device
 from jaxscale.render import figure, fmt_bytes
 
-PROSE_OVERHEAD_GB_PER_GPU = 2.5  # "CUDA kernels, etc. ~20 GB" on 8 GPUs (L6995)
+PROSE_OVERHEAD_GB_PER_GPU = 2.5  # "CUDA kernels, etc. ~20 GB" on 8 GPUs (the prose budget)
 PLOT_CONTEXTS = [1024 * 2**i for i in range(8)]  # 1K .. 128K
 
 
@@ -32,7 +33,7 @@ def section(title: str) -> None:
 
 
 def prose_budget(gpu_memory_gb: float) -> None:
-    section("70B on 8 GPUs, ~20 GB overhead (S2 L6989-7000: ~375 / ~187 / ~46-47; 128K: ~12)")
+    section("70B on 8 GPUs, ~20 GB overhead (seed 002 ch9: ~375 / ~187 / ~46-47; 128K: ~12)")
     model = kv.get_model("llama-70b")
     for ctx in (4096, 8192, 32768, 131072):
         c = kv.kv_capacity(model, gpu_memory_gb, ctx, 8, PROSE_OVERHEAD_GB_PER_GPU)

@@ -33,7 +33,7 @@ from jaxscale.serve import generate as gen
 from jaxscale.serve.sampling import SamplingParams
 from jaxscale.sim.speculative import expected_tokens_per_pass
 
-PATTERNS = {  # seed 002 L8894-8902, L8956-8962
+PATTERNS = {  # seed 002 ch11 "Regex Constraints", Exercise 2
     "email": r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}",
     "phone": r"\(\d{3}\) \d{3}-\d{4}",
     "python def": r"def [a-z_]{1,12}\(([a-z_]{1,8}(, [a-z_]{1,8}){0,2})?\):",
@@ -81,7 +81,7 @@ DRAFT_FLAGS = [
 def trained(run_dir: Path, flags: list[str], steps: int):
     """(cfg, params) of a model trained on the standard-library corpus by `jaxscale train`,
     reused from `run_dir` when it already holds a finished run."""
-    from jaxscale.serve.cli import load_model
+    from jaxscale.train.checkpoint import load_model
 
     if not (run_dir / "checkpoints").is_dir():
         argv = ["train", *TRAIN, *flags, "--steps", str(steps), "--run-dir", str(run_dir)]

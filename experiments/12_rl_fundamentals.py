@@ -39,7 +39,7 @@ def main() -> int:
     env = "seed-cartpole" if args.seed_faithful else "cartpole"
     banner(f"Try It 1: four algorithms on {env}, {args.seeds} seeds x {args.steps:,} env steps")
     outcomes = {}
-    for algo in reversed(ALGOS):  # reinforce first, ppo last: the seed's hierarchy (L10135)
+    for algo in reversed(ALGOS):  # reinforce first, ppo last: the seed's "RL Hierarchy" (ch12)
         cfg = RLConfig(
             algo=algo, env=env, total_steps=args.steps, num_steps=64 if algo == "ppo" else 256
         )

@@ -26,12 +26,14 @@ from jaxscale.cliutil import positive_int  # noqa: E402
 from jaxscale.config import ModelConfig  # noqa: E402
 from jaxscale.model import pieces  # noqa: E402
 from jaxscale.render import grid  # noqa: E402
-from jaxscale.rl import rlhf, rlhf_report, rlhf_run, rlhf_setup  # noqa: E402
-from jaxscale.rl import rlhf_models as models  # noqa: E402
-from jaxscale.rl import rlhf_rewards as rw  # noqa: E402
-from jaxscale.rl import rlhf_task as tk  # noqa: E402
-from jaxscale.rl.rlhf_cli import add_stage_flags  # noqa: E402
-from jaxscale.rl.rlhf_config import RLHFConfig  # noqa: E402
+from jaxscale.rlhf import models, phases  # noqa: E402
+from jaxscale.rlhf import report as rlhf_report  # noqa: E402
+from jaxscale.rlhf import rewards as rw  # noqa: E402
+from jaxscale.rlhf import run as rlhf_run  # noqa: E402
+from jaxscale.rlhf import setup as rlhf_setup  # noqa: E402
+from jaxscale.rlhf import task as tk  # noqa: E402
+from jaxscale.rlhf.cli import add_stage_flags  # noqa: E402
+from jaxscale.rlhf.config import RLHFConfig  # noqa: E402
 
 RANDOM_CFG = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq=64)
 BIG_BETAS = (2.0, 10.0)  # Try It 2's "beta too high", held fixed (--kl-target 0)
@@ -58,9 +60,9 @@ def stages(tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc: RLHFConfig, cfg, 
     o["rm"] = models.reward_forward(rm, seq_BS, P + rw.last_index(valid_BN), cfg)
     o["k1"] = rw.kl_per_token(logp_BN, o["ref_logp"], "k1") * m_BN
     o["k3"] = rw.kl_per_token(logp_BN, o["ref_logp"], "k3") * m_BN
-    o["values"] = rlhf.values(tree, seq_BS, P, cfg, pieces.DENSE) * m_BN
+    o["values"] = phases.values(tree, seq_BS, P, cfg, pieces.DENSE) * m_BN
     o["rewards"] = rw.shaped_rewards(o["rm"], o["k1"], m_BN, beta, "response")
-    o["adv"], o["ret"] = rlhf.advantages(rc, o["rewards"], o["values"], m_BN)
+    o["adv"], o["ret"] = phases.advantages(rc, o["rewards"], o["values"], m_BN)
     o["adv_response"] = rw.whiten(o["adv"], m_BN, "response")
     o["adv_batch"] = rw.whiten(o["adv"], m_BN, "batch")
     o["new_logp"] = models.response_logits_logp(tree["actor"], seq_BS, P, cfg)[0]
@@ -71,8 +73,8 @@ def stages(tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc: RLHFConfig, cfg, 
         "adv": o["adv_response"],
         "ret": o["ret"],
     }
-    _, o["loss"] = rlhf.loss(tree, mb, beta, rc, cfg, sh, pieces.DENSE)
-    o["phase"], _ = rlhf.score(
+    _, o["loss"] = phases.loss(tree, mb, beta, rc, cfg, sh, pieces.DENSE)
+    o["phase"], _ = phases.score(
         tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc.replace(whiten="response"), cfg, sh
     )
     return o
@@ -81,13 +83,13 @@ def stages(tree, ref, rm, seq_BS, valid_BN, logp_BN, beta, rc: RLHFConfig, cfg, 
 def flow(cfg, actor, rm, prompts_BP, args, task):
     """Part 1: one RLHF step, printed in the seed's order; returns what part 4 needs."""
     rc = RLHFConfig(seed=args.seed)
-    sh = rlhf.Shapes(task.prompt_len, task.max_new, tk.EOS)
+    sh = phases.Shapes(task.prompt_len, task.max_new, tk.EOS)
     B, P, N, beta = len(prompts_BP), sh.P, sh.N, rc.beta
     tree = models.policy_init(actor, cfg, rc.critic, actor)  # a fresh critic: the SFT backbone
 
     banner(f"(1) generate: the actor samples {B} responses with the KV cache")
     seeds = np.arange(B, dtype=np.uint32) + np.uint32(args.seed * 1000)
-    gen = jax.jit(partial(rlhf.rollout, cfg=cfg, sh=sh))
+    gen = jax.jit(partial(phases.rollout, cfg=cfg, sh=sh))
     toks, valid, logp = jax.device_get(gen(actor, prompts_BP, seeds))
     lengths = valid.sum(-1)
     true = tk.scores(prompts_BP, toks, valid, task)
@@ -160,7 +162,7 @@ def flow(cfg, actor, rm, prompts_BP, args, task):
         "another;\n  per batch keeps the differences between responses"
     )
     diff = np.abs(o["phase"]["adv"] - r).max()
-    print(f"the library's score phase (rlhf.score, whiten=response): max |difference| {diff:.1e}")
+    print(f"the library's score phase (phases.score, whiten=response): max |difference| {diff:.1e}")
 
     banner("(7) PPO losses before any update (the seed's placeholder: ratio 1)")
     L, lr_ = o["loss"], (o["new_logp"] - logp) * m
@@ -177,7 +179,7 @@ def flow(cfg, actor, rm, prompts_BP, args, task):
     mse_rew = float(rw.masked_mean(np.square(o["values"] - o["rewards"]), m))
     print(
         f"value loss mean((V - returns)^2) {mse_ret:.4f}, the right target (the GAE return, "
-        f"V + A; rlhf.loss: 0.5 x it = {float(L['value_loss']):.4f})"
+        f"V + A; phases.loss: 0.5 x it = {float(L['value_loss']):.4f})"
     )
     print(
         f"value loss mean((V - rewards)^2) {mse_rew:.4f}, the seed's target. It is wrong: a "
@@ -187,8 +189,8 @@ def flow(cfg, actor, rm, prompts_BP, args, task):
 
     banner("(8) one PPO update on this batch (which the seed never makes)")
     batch = dict(o["phase"], adv=o["adv_batch"])  # the library's default whitening
-    opt = rlhf.optimizer(rc).init(tree)
-    train = rlhf.Train(jax.jit(partial(rlhf.update, rc=rc, cfg=cfg, sh=sh)), rc)
+    opt = phases.optimizer(rc).init(tree)
+    train = phases.Train(jax.jit(partial(phases.update, rc=rc, cfg=cfg, sh=sh)), rc)
     new, _, tm = train(tree, opt, batch, beta)
     new_lp = (
         np.asarray(

@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
 
 from jaxscale.cliutil import positive_int  # noqa: E402
-from jaxscale.rl.rlhf_cli import add_stage_flags  # noqa: E402
+from jaxscale.rlhf.cli import add_stage_flags  # noqa: E402
 
 RUNS = {  # name: (label, RLHFConfig fields, training mesh)
     "hybrid": ("co-located, train layout", {"gen_layout": "train"}, "fsdp=8"),
@@ -67,8 +67,9 @@ def _setup(args):
     """(cfg, actor, reward model, task, RLHFConfig, train prompts, held-out prompts)."""
 
     from jaxscale.config import ModelConfig
-    from jaxscale.rl import rlhf_setup, rlhf_task
-    from jaxscale.rl.rlhf_config import RLHFConfig
+    from jaxscale.rlhf import setup as rlhf_setup
+    from jaxscale.rlhf import task as rlhf_task
+    from jaxscale.rlhf.config import RLHFConfig
     from jaxscale.train.data import load_stdlib_corpus
 
     if not args.random:
@@ -101,7 +102,8 @@ def main() -> int:
     from jaxscale.calc import rlhf_memory as rm_calc
     from jaxscale.calc import weight_transfer as wt
     from jaxscale.render import grid
-    from jaxscale.rl import rlhf_report, rlhf_run
+    from jaxscale.rlhf import report as rlhf_report
+    from jaxscale.rlhf import run as rlhf_run
 
     cfg, actor, rm, task, rc, train_p, held_p = _setup(args)
     out = Path(args.out)
@@ -291,7 +293,7 @@ def _staleness(runs, train_p, actor) -> None:
     import jax
     import numpy as np
 
-    from jaxscale.rl import rlhf_run
+    from jaxscale.rlhf import run as rlhf_run
 
     lab, res = runs["stale"].lab, runs["stale"].res
     print(

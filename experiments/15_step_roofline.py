@@ -26,7 +26,7 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.devices import mfu
 from jaxscale.hardware import for_device_kind
 from jaxscale.model import counts
-from jaxscale.train import step as st
+from jaxscale.parallel import auto
 
 
 def main() -> None:
@@ -67,8 +67,8 @@ def main() -> None:
 
     # 1. the compiled step, every layer unrolled so cost_analysis counts each one
     tokens = np.random.default_rng(0).integers(0, cfg.vocab, (a.batch, a.seq_len + 1), np.int32)
-    state = st.init_state(cfg.replace(unroll_layers=True), tcfg)
-    step = st.jit_train_step(cfg.replace(unroll_layers=True), tcfg)
+    state = auto.init_state(cfg.replace(unroll_layers=True), tcfg)
+    step = auto.jit_train_step(cfg.replace(unroll_layers=True), tcfg)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (state, tokens))
     compiled, rep = compile_with_report(step, *abstract)
     print(

@@ -34,7 +34,7 @@ from jaxscale.render import Col, Report, fmt_cell, grid
 
 GB = 1e9
 MIN_PARAMS = 1e6  # below this, --params was almost surely given in billions (the seed's unit)
-_PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # weights and gradients (S3 L334 "precision")
+_PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # weights and gradients (seed 003)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -57,7 +57,7 @@ _OPTIONAL_COMMAND_MODULES = (
     "jaxscale.lessons.hello",  # hello
     "jaxscale.train.plot",  # plot
     "jaxscale.rl.cli",  # rl …
-    "jaxscale.rl.rlhf_cli",  # rlhf
+    "jaxscale.rlhf.cli",  # rlhf
     "jaxscale.serve.cli",  # serve
 )
 

@@ -1,5 +1,6 @@
-"""Every tolerance jaxscale checks against, stated once (DESIGN §5). verify, the bench and the
-tests import them from here; none is ever loosened to make a check pass.
+"""Every tolerance jaxscale checks against, stated once (docs/architecture.md, "One harness, one
+reference, one list"). verify, the bench and the tests import them from here; none is ever loosened
+to make a check pass.
 """
 
 # f32 strategies vs the single-device reference: first-step loss and every gradient leaf,

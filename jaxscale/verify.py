@@ -25,9 +25,9 @@ import numpy as np
 
 from jaxscale import tolerances as tol
 from jaxscale.config import ModelConfig, TrainConfig
+from jaxscale.parallel import auto
 from jaxscale.parallel.compose import Built, Strategy, build
 from jaxscale.train import data
-from jaxscale.train import step as train_step
 
 TRAJ_STEPS = 10
 CFG = ModelConfig(n_heads=8, n_kv_heads=8)  # kv heads divide every tensor degree up to 8
@@ -250,8 +250,8 @@ def reference(
     cfg: ModelConfig, tcfg: TrainConfig, steps: int = TRAJ_STEPS, with_grads: bool = True
 ) -> Trajectory:
     """The oracle: the unsharded step on one device."""
-    step = train_step.jit_train_step(cfg, tcfg, None, with_grads=with_grads)
-    initial = jax.device_get(train_step.init_state(cfg, tcfg))
+    step = auto.jit_train_step(cfg, tcfg, None, with_grads=with_grads)
+    initial = jax.device_get(auto.init_state(cfg, tcfg))
     traj = run(step, initial, lambda b: b, batches(tcfg, steps))
     return dataclasses.replace(traj, initial=initial)
 

@@ -239,10 +239,10 @@ nb.show("results/tour/ppo/learning_curve.png")
 # OpenAI-compatible HTTP API.
 
 # %%
-from jaxscale.serve.cli import load_model  # noqa: E402
 from jaxscale.serve.engine import Engine, EngineConfig  # noqa: E402
 from jaxscale.serve.sampling import SamplingParams  # noqa: E402
 from jaxscale.serve.scheduler import Request  # noqa: E402
+from jaxscale.train.checkpoint import load_model  # noqa: E402
 
 cfg, params = load_model("runs/tour/checkpoints")
 engine = Engine(params, cfg, EngineConfig(max_num_seqs=4, page_size=16))

@@ -21,8 +21,8 @@ from jaxscale.analysis.hlo_text import nbytes
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
 from jaxscale.model import state as model_state
+from jaxscale.parallel import auto
 from jaxscale.sharding import Sharder
-from jaxscale.train import step as train_step
 
 F32 = 4  # bytes per element
 # TPU v5e per chip (Cloud TPU v5e spec page; scaling-book tpus.md): 197 TFLOP/s bf16, 819 GB/s HBM.
@@ -169,13 +169,13 @@ TCFG = TrainConfig()
 def _abstract_args(sharder):
     """(state, batch) as ShapeDtypeStructs sharded on the sharder's mesh (as bench_one builds
     them). Shardings are built outside any TPU mesh context (see compile_for_target)."""
-    abstract_state = jax.eval_shape(lambda: train_step.init_state(CFG, TCFG))
-    state_sh = train_step.state_shardings(CFG, TCFG, sharder)
+    abstract_state = jax.eval_shape(lambda: auto.init_state(CFG, TCFG))
+    state_sh = auto.state_shardings(CFG, TCFG, sharder)
     state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh
     )
     batch_shape = (TCFG.global_batch, TCFG.seq_len + 1)
-    batch = jax.ShapeDtypeStruct(batch_shape, np.int32, sharding=train_step.batch_sharding(sharder))
+    batch = jax.ShapeDtypeStruct(batch_shape, np.int32, sharding=auto.batch_sharding(sharder))
     return state, batch
 
 
@@ -193,7 +193,7 @@ def fsdp_step(libtpu):
     for name in ("cpu", "tpu:v5e:2x4"):
         sharder = Sharder(build_mesh("fsdp=8", devices=aot.target_devices(name)))
         args = _abstract_args(sharder)
-        step = train_step.jit_train_step(CFG, TCFG, sharder)
+        step = auto.jit_train_step(CFG, TCFG, sharder)
         compiled, report = aot.compile_for_target(name, step, *args)
         out[name.split(":")[0]] = (compiled, report, args)
     return out

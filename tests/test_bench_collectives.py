@@ -67,10 +67,10 @@ def test_json_report_census_and_bus_bandwidth(tmp_path, capsys):
     rows = {(r["variant"], r["size_bytes"]): r for r in report["rows"]}
     assert len(rows) == 6
     ring = rows[("ring", 16384)]
-    # seed 002 L2306-2308: 2(N-1) steps of D/N -> 14 collective-permutes of 2 KB on 8 devices
+    # seed 002 ch4 ring: 2(N-1) steps of D/N -> 14 collective-permutes of 2 KB on 8 devices
     assert ring["census"] == "14 x collective-permute 2.0 KiB"
     psum = rows[("psum", 1024)]
-    assert psum["busbw_Bps"] == pytest.approx(psum["algbw_Bps"] * 2 * 7 / 8)  # L3013-3015
+    assert psum["busbw_Bps"] == pytest.approx(psum["algbw_Bps"] * 2 * 7 / 8)  # seed 002 ch4
     assert {f["variant"] for f in report["fits"]} == {"psum", "ring", "all_gather"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -14,7 +14,7 @@ from jaxscale.serve import constrained, json_pda
 from jaxscale.serve.regex_dfa import compile_regex
 from jaxscale.serve.sampling import SamplingParams
 
-EMAIL = r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}"  # seed 002 L8894-8902
+EMAIL = r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}"  # seed 002 ch11 "Regex Constraints"
 PATTERNS = [
     EMAIL,
     r"\d{3}-\d{3}-\d{4}",

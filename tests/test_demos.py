@@ -1,5 +1,5 @@
 """Seed 002 ch1-3 demonstrations on simulated devices, against the seed's golden vectors
-(seed-spec Part I and Part VIII) or an independent numpy computation."""
+(what the seed's scripts print or compute) or an independent numpy computation."""
 
 import jax
 import numpy as np
@@ -16,7 +16,7 @@ def mesh4():
     return D.line_mesh(4)
 
 
-@pytest.mark.parametrize("w, expected", [(4, 6), (8, 28)])  # S2 L698-705
+@pytest.mark.parametrize("w, expected", [(4, 6), (8, 28)])  # ch1 hello_distributed.py
 def test_hello(w, expected):
     h = D.hello(D.line_mesh(w))
     assert h.rank_sum == expected == h.expected_sum
@@ -30,7 +30,7 @@ def test_line_mesh_rejects_more_ranks_than_devices():
 
 
 def test_relay_chain_seed_defect_1(mesh4):
-    """S2 L1046-1062: from 42 with W=4 the chain ends at 62; the seed prints 'Expected: 72.0'."""
+    """Ch2 send_recv_basic.py: from 42 with W=4 the chain ends at 62; the seed prints 72.0."""
     c = D.relay_chain(mesh4)
     np.testing.assert_array_equal(c.held, [42.0, 52.0, 62.0, 62.0])
     assert c.final == 62.0 == c.expected
@@ -43,7 +43,7 @@ def test_relay_chain_invariant_on_eight_ranks():
 
 
 def test_ring_pass_full_circle(mesh4):
-    # seed-spec ch2 Ex1: start 0 -> 30 (prose), start 42 -> 72 (code)
+    # seed 002 ch2 Exercise 1 (Ring Topology): start 0 -> 30 (prose), start 42 -> 72 (code)
     assert D.ring_pass(mesh4, 0.0)[0] == 30.0
     assert D.ring_pass(mesh4, 42.0)[0] == 72.0
 
@@ -67,7 +67,7 @@ def test_pipeline_forward_equals_sequential_stages(mesh4):
     np.testing.assert_allclose(D.pipeline_forward(mesh4, w, b, x), ref, atol=ATOL)
 
 
-SEED_AFTER_W4 = {  # S2 L1724-1891, seed-spec ch3 (root 0)
+SEED_AFTER_W4 = {  # seed 002 ch3 collective_cheatsheet.py (root 0)
     "broadcast": [[42.0, 43.0, 44.0]] * 4,
     "scatter": [[0.0, 1.0], [10.0, 11.0], [20.0, 21.0], [30.0, 31.0]],
     "all_gather": [[1.0, 2.0, 3.0, 4.0]] * 4,
@@ -103,7 +103,7 @@ def test_unknown_cheatsheet_op():
 
 
 def test_mean_of_values(mesh4):
-    assert DC.mean_of_values(mesh4, [1.0, 2.0, 3.0, 4.0]) == 2.5  # S2 L1985-1997
+    assert DC.mean_of_values(mesh4, [1.0, 2.0, 3.0, 4.0]) == 2.5  # ch3 distributed_mean.py
 
 
 @pytest.mark.parametrize("weighted", [False, True])

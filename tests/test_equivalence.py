@@ -12,10 +12,10 @@ import pytest
 
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
+from jaxscale.parallel import auto
 from jaxscale.sharding import Sharder
 from jaxscale.tolerances import ATOL, RTOL
 from jaxscale.train import data
-from jaxscale.train import step as st
 
 CFG = ModelConfig()
 TCFG = TrainConfig(steps=10, global_batch=16, seq_len=32, warmup_steps=2, lr=1e-3)
@@ -33,8 +33,8 @@ def _batch(step: int):
 
 @pytest.fixture(scope="module")
 def reference():
-    params = st.init_state(CFG, TCFG)["params"]
-    grads = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG))(params, _batch(0))
+    params = auto.init_state(CFG, TCFG)["params"]
+    grads = jax.jit(lambda p, b: auto.loss_and_grads(p, b, CFG))(params, _batch(0))
     return {"params": params, "loss_grads": grads}
 
 
@@ -42,7 +42,7 @@ def _manual_dp_grads(mesh, reduce: bool):
     """Data parallelism written by hand; `reduce=False` drops the gradient all-reduce."""
 
     def local(params, batch):
-        loss, grads = jax.value_and_grad(st.loss_fn)(params, batch, CFG)
+        loss, grads = jax.value_and_grad(auto.loss_fn)(params, batch, CFG)
         if reduce:  # one all-reduce (mean) over 'data' of the loss and every gradient leaf
             loss, grads = jax.lax.pmean((loss, grads), "data")
         return loss, grads
@@ -72,10 +72,10 @@ def test_params_identical_across_data_replicas_after_training():
     mesh = build_mesh("dp=2,tp=4")
     sharder = Sharder(mesh)
     with jax.set_mesh(mesh):
-        state = st.init_state(CFG, TCFG, sharder)
-        step_fn = st.jit_train_step(CFG, TCFG, sharder)
+        state = auto.init_state(CFG, TCFG, sharder)
+        step_fn = auto.jit_train_step(CFG, TCFG, sharder)
         for s in range(3):
-            state, _ = step_fn(state, jax.device_put(_batch(s), st.batch_sharding(sharder)))
+            state, _ = step_fn(state, jax.device_put(_batch(s), auto.batch_sharding(sharder)))
     for leaf in jax.tree.leaves(state["params"]):
         by_index: dict = {}
         for shard in leaf.addressable_shards:

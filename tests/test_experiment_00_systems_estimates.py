@@ -18,7 +18,7 @@ def test_experiment_00_systems_estimates(tmp_path):
     out = done.stdout
     for section in ("# 2. Chinchilla", "# 5. FLOPs", "# 7. Communication", "# 10. RL training"):
         assert section in out
-    assert "LLaMA-2-70B   70.0B        1,400.0B" in out  # 20 tokens per parameter (001 L40-44)
+    assert "LLaMA-2-70B   70.0B        1,400.0B" in out  # 20 tokens per parameter (seed 001 §2)
     assert "TP=8, PP=2, DP=32" in out  # recommend_parallelism, LLaMA-2-70B on 512 GPUs
     assert "Async, best split" in out and "mode: corrected" in out
     for name in ("chinchilla", "training_time", "rl_throughput"):

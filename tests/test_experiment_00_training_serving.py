@@ -1,8 +1,9 @@
 """Smoke test: experiments/00_training_and_serving_at_scale.py runs end to end with small arguments.
 
 Expected numbers: 70B on 8 GPUs is 840 GB = 140 + 140 + 560; ZeRO-1/2/3 give 350 / 227.5 / 105 GB
-(seed-spec Part VIII); 7B on 4 GPUs with ZeRO-1 is 14 + 14 + 56/4 = 42 GB; seed 003's static batch
-wastes 53.75% (Part VIII) where its text claims 22.5%.
+(seed 000 Exercise 1's code; seed 002 ch5 has 210 for ZeRO-2); 7B on 4 GPUs with ZeRO-1 is 14 + 14 +
+56/4 = 42 GB; seed 003's static batch wastes 53.75% (computed from its 8 lengths) where its text
+claims 22.5%.
 """
 
 import re

@@ -19,7 +19,7 @@ def _run(*args: str) -> str:
 
 def test_experiment_09_corrected(tmp_path):
     out = _run("--out", str(tmp_path), "--calculators-only")
-    assert "512.00 KiB" in out and "380.00 KiB" in out  # six-model table (S2 [R])
+    assert "512.00 KiB" in out and "380.00 KiB" in out  # six-model table (seed 002 ch9 [R])
     assert "1,572,864 tokens, 384 requests" in out  # 480 GiB / 327,680 B at 4K
     assert "131072 context: 480 GB for KV, 1,572,864 tokens, 12 requests" in out  # seed: ~12
     assert "saved 54.4%" in out and "16.22 GB (82.5%)" in out  # prefix demo [R]
@@ -30,7 +30,7 @@ def test_experiment_09_corrected(tmp_path):
 def test_experiment_09_seed_faithful(tmp_path):
     out = _run("--seed-faithful", "--out", str(tmp_path), "--calculators-only")
     assert "mode: seed-faithful" in out
-    assert out.count("Model does not fit in GPU memory") == 4  # seed-spec defect 8
+    assert out.count("Model does not fit in GPU memory") == 4  # defect 8 (docs/seed-notes.md)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jaxscale.config import ModelConfig
-from jaxscale.rl.rlhf_task import TaskConfig
+from jaxscale.rlhf.task import TaskConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "13_rlhf_flow.py"

@@ -22,7 +22,7 @@ def _int(s: str) -> int:
     return int(s.replace(",", ""))
 
 
-@pytest.mark.slow  # tests/test_rlhf.py checks the same transfers in-process
+@pytest.mark.slow  # tests/rlhf/test_rlhf.py checks the same transfers in-process
 @pytest.mark.first_line
 def test_experiment_14_runs(tmp_path):
     r = subprocess.run(

@@ -1,5 +1,5 @@
 """Smoke tests: experiments 01-04 run end to end with small arguments and print the seed's
-numbers (seed-spec Part VIII)."""
+numbers (what the seeds' scripts print, or their formulas give)."""
 
 import os
 import subprocess
@@ -29,7 +29,7 @@ def run(script: str, *args: str, check: bool = True) -> subprocess.CompletedProc
 
 def test_01_hello_distributed_eight_ranks():
     out = run("01_hello_distributed.py", "-w", "8").stdout
-    assert "all_reduce (SUM) result: 28.0" in out  # S2 L698-705, W=8
+    assert "all_reduce (SUM) result: 28.0" in out  # seed 002 ch1, W=8
     assert "Expected: 0 + 1 + ... + 7 = 28" in out and "Correct: True" in out
     assert "From rank 7: [70.0, 71.0]" in out and "[Rank 7] I handle odd data!" in out
     assert "RANK                   not set" in out
@@ -53,7 +53,7 @@ def test_02_seed_faithful_prints_the_seeds_expected():
 @pytest.mark.first_line
 def test_03_collectives_cheatsheet_and_exercises():
     out = run("03_collectives.py", "-w", "4", "-d", "10").stdout
-    assert "Rank 3: [10.0, 20.0] | [10.0, 20.0]" in out  # all_reduce, S2 L1855-1867
+    assert "Rank 3: [10.0, 20.0] | [10.0, 20.0]" in out  # all_reduce, seed 002 ch3
     assert "Rank 2: [30.0] | [30.0]" in out  # reduce_scatter: rank i gets 10(i+1)
     assert "Ex1 mean of [1..4] = 2.5" in out
     assert "ppermute version agrees: False" not in out
@@ -68,8 +68,8 @@ def test_04_collective_algorithms(tmp_path):
         "04_collective_algorithms.py", "--sizes", "1000,100000", "-i", "2", "--plot", str(plot)
     ).stdout
     assert "MISMATCH" not in out and "ring                     6       24,576" in out
-    assert "2.22 ms" in out and "62.50 ms" in out  # S2 L2454-2460 (seed column)
-    for golden in ("1.71ms", "5.86ms", "0.43ms", "17.09ms", "1.92ms"):  # S4 L1530-1543
+    assert "2.22 ms" in out and "62.50 ms" in out  # seed 002 ch4 (seed column)
+    for golden in ("1.71ms", "5.86ms", "0.43ms", "17.09ms", "1.92ms"):  # seed 004 §11
         assert golden in out
     if "simulated DGX-A100" in out:
         assert "NVLink connections (28 pairs)" in out

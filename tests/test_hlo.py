@@ -1,6 +1,6 @@
-"""Collective census from HLO text: hand-written snippets of every printed form, then real
-compiled programs whose collectives are known in advance (seed 002 L2306-2308: a ring all-reduce is
-2(N-1) steps of D/N)."""
+"""Collective census from HLO text: hand-written snippets of every printed form, then real compiled
+programs whose collectives are known in advance (seed 002 ch4, "The Ring Algorithm": a ring
+all-reduce is 2(N-1) steps of D/N)."""
 
 import jax
 import jax.numpy as jnp

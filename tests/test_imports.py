@@ -1,4 +1,5 @@
-"""The package's import graph: no cycles, and dependencies pointing one way (DESIGN §3).
+"""The package's import graph: no cycles, and dependencies pointing one way (the layering in
+docs/architecture.md, "Dependencies point one way").
 
 The graph is read from the source with `ast` (every `import` / `from ... import` of a jaxscale
 module, at any depth, including the lazy ones inside functions), so it is checked without
@@ -93,6 +94,23 @@ def test_calculators_and_simulators_import_only_pure_modules(package):
         if name == package or name.startswith(package + "."):
             foreign = {d for d in deps if not d.startswith(package) and d not in PURE_LEAVES}
             assert not foreign, f"{name} imports {sorted(foreign)}"
+
+
+# The layers below may not import the ones above: the model knows no strategy, and a strategy
+# knows no training loop, server or RL algorithm (training, serving and RLHF stand on both).
+LAYERS_ABOVE = {
+    "jaxscale.model": ("parallel", "train", "serve", "rl", "rlhf", "bench", "verify"),
+    "jaxscale.parallel": ("train", "serve", "rl", "rlhf", "bench", "verify"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS_ABOVE))
+def test_lower_layers_do_not_import_higher_ones(package):
+    above = tuple(f"jaxscale.{name}" for name in LAYERS_ABOVE[package])
+    for name, deps in import_graph().items():
+        if name == package or name.startswith(package + "."):
+            up = {d for d in deps if d.startswith(above)}
+            assert not up, f"{name} imports {sorted(up)}"
 
 
 def test_pure_leaves_import_nothing_of_ours():

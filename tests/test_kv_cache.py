@@ -1,6 +1,7 @@
 """The KV cache against full recomputation (pieces.logits), generation against the recomputing
 greedy sampler, and sampling's per-row settings and per-request seeds."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,11 +12,27 @@ from jaxscale.model import state as ms
 from jaxscale.serve import generate as gen
 from jaxscale.serve import sampling
 from jaxscale.tolerances import ATOL, RTOL
-from jaxscale.train.step import greedy_sample
 
 CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=32)  # GQA
 PARAMS = ms.init_params(CFG, 0)
 RNG = np.random.default_rng(0)
+
+
+def greedy_sample(cfg: ModelConfig, params, prompt_ids, n_new: int):
+    """The oracle for generation: greedy continuation with no cache, the whole prefix
+    recomputed by `pieces.logits` for every new token."""
+    buf_1T = jnp.zeros((1, len(prompt_ids) + n_new), jnp.int32)
+    buf_1T = buf_1T.at[0, : len(prompt_ids)].set(jnp.asarray(prompt_ids))
+
+    @jax.jit
+    def run(params, buf_1T):
+        def body(i, buf_1T):
+            logits_1TV = pieces.logits(params, buf_1T, cfg)
+            return buf_1T.at[0, i].set(jnp.argmax(logits_1TV[0, i - 1]).astype(jnp.int32))
+
+        return jax.lax.fori_loop(len(prompt_ids), buf_1T.shape[1], body, buf_1T)
+
+    return [int(t) for t in run(params, buf_1T)[0, len(prompt_ids) :]]
 
 
 def _tokens(*shape):
@@ -137,11 +154,24 @@ def test_bad_sampling_settings_are_refused():
             sampling.SamplingParams(**kw)
     with pytest.raises(ValueError, match="max_seq"):
         gen.generate(PARAMS, [[1] * 30], CFG, 8)
-    with pytest.raises(ValueError, match="KV-cache"):
-        kv_cache.forward(
-            ms.init_params(CFG.replace(n_experts=4), 0),
-            _tokens(1, 2),
-            jnp.arange(2)[None],
-            kv_cache.init_cache(CFG, 1),
-            CFG.replace(n_experts=4),
+
+
+@pytest.mark.parametrize("moe_every", [1, 2])
+def test_an_moe_models_cached_forward_equals_its_uncached_one(moe_every):
+    """The cached pass is the trunk with a cache piece, so an MoE model decodes: prefill of the
+    prompt, then one token at a time, equals the full forward at every position. Dropless
+    routing, since capacity-based routing depends on the tokens per call."""
+    cfg = CFG.replace(n_experts=4, top_k=2, moe_mode="dropless", moe_every=moe_every)
+    params = ms.init_params(cfg, 0)
+    tokens_BT = _tokens(2, 10)
+    want_BTV = pieces.logits(params, tokens_BT, cfg)
+    cache = kv_cache.init_cache(cfg, 2, 16)
+    P = 4
+    logits_BV, cache = kv_cache.prefill(params, tokens_BT[:, :P], jnp.full((2,), P), cache, cfg)
+    got = [logits_BV]
+    for t in range(P, 10):
+        logits_BV, cache = kv_cache.decode_step(
+            params, tokens_BT[:, t], jnp.full((2,), t), cache, cfg
         )
+        got.append(logits_BV)
+    np.testing.assert_allclose(np.stack(got, 1), want_BTV[:, P - 1 :], rtol=RTOL, atol=ATOL)

@@ -35,7 +35,7 @@ def test_hello_in_two_processes_matches_one_process_with_eight_devices():
     single = demos.hello(demos.line_mesh(8))  # this test process: 1 process x 8 devices
     assert multi["processes"] == 2 and multi["world_size"] == 8
     assert multi["gathered"] == single.gathered.tolist()
-    assert multi["rank_sum"] == single.rank_sum == 28.0  # S2 L698-705: W(W-1)/2
+    assert multi["rank_sum"] == single.rank_sum == 28.0  # seed 002 ch1: W(W-1)/2
     assert multi["correct"] is True
 
 

@@ -11,11 +11,10 @@ from jaxscale.analysis.hlo_text import parse_hlo
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
 from jaxscale.model import pieces
-from jaxscale.parallel import common, dp
+from jaxscale.parallel import auto, common, dp
 from jaxscale.parallel.compose import Strategy, build
 from jaxscale.tolerances import ATOL, RTOL
 from jaxscale.train import data
-from jaxscale.train import step as st
 
 CFG = ModelConfig(n_layers=1)
 N = 8
@@ -29,8 +28,8 @@ def local_loss(params, batch_BT1):
 def setup():
     mesh = build_mesh(f"dp={N}")
     batch = data.MarkovData().rows(0, 0, range(16), 16)
-    params = st.init_state(CFG, TrainConfig(global_batch=16, seq_len=16))["params"]
-    ref = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG))(params, batch)
+    params = auto.init_state(CFG, TrainConfig(global_batch=16, seq_len=16))["params"]
+    ref = jax.jit(lambda p, b: auto.loss_and_grads(p, b, CFG))(params, batch)
     return mesh, params, jax.device_put(batch, jax.NamedSharding(mesh, P("data"))), ref
 
 
@@ -141,7 +140,7 @@ def test_zero_stages_hold_what_they_promise():
     from jaxscale.analysis.memory import bytes_per_device
 
     tcfg = TrainConfig(global_batch=16, seq_len=16)
-    abstract = jax.eval_shape(lambda: st.init_state(CFG, tcfg))
+    abstract = jax.eval_shape(lambda: auto.init_state(CFG, tcfg))
     P_bytes = sum(x.size for x in jax.tree.leaves(abstract["params"])) * 4
     norms = sum(v.size for k, v in abstract["params"]["blocks"].items() if k.endswith("norm_D"))
     norms = (norms + abstract["params"]["final_norm_D"].size) * 4

@@ -12,9 +12,9 @@ import pytest
 from jaxscale.config import MODEL_PRESETS, ModelConfig
 from jaxscale.model import counts, pieces
 from jaxscale.model import state as ms
+from jaxscale.parallel import auto
 from jaxscale.sharding import RULES
 from jaxscale.tolerances import ATOL, BF16_LOSS_RTOL, FLOPS_RTOL, RTOL
-from jaxscale.train import step as st
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ def _params(cfg):
 
 def _loss_grads(cfg, batch):
     params = _params(cfg)
-    return jax.jit(lambda p, b: st.loss_and_grads(p, b, cfg))(params, batch)
+    return jax.jit(lambda p, b: auto.loss_and_grads(p, b, cfg))(params, batch)
 
 
 def test_remat_changes_memory_not_values():

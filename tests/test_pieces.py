@@ -16,8 +16,8 @@ import pytest
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as ms
+from jaxscale.parallel import optim
 from jaxscale.tolerances import ATOL, RTOL
-from jaxscale.train import step as st
 
 RNG = np.random.default_rng(0)
 
@@ -146,7 +146,7 @@ def test_norm_scales_get_no_weight_decay():
     cfg = ModelConfig(n_layers=1)
     tcfg = TrainConfig(weight_decay=0.5, warmup_steps=0, lr=0.1, steps=10)
     params = ms.init_params(cfg, 0)
-    tx = st.make_optimizer(tcfg, cfg)
+    tx = optim.make_optimizer(tcfg, cfg)
     zeros = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zeros, tx.init(params), params)
     new = optax.apply_updates(params, updates)

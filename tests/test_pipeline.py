@@ -1,4 +1,4 @@
-"""The pipeline executor (jaxscale/parallel/pp.py): its program is the simulator's grid, the
+"""The pipeline executor (jaxscale/parallel/pp/): its program is the simulator's grid, the
 executed grid has the closed-form bubble, the compiled step moves exactly the predicted
 activations, and a broken schedule is caught by the equivalence check."""
 
@@ -170,13 +170,13 @@ def test_the_forward_only_loss_equals_the_reference(text, m, v):
     """`Built.loss` (eval) runs the forwards alone: the same loss as one device."""
     import jax
 
-    from jaxscale.train import step as train_step
+    from jaxscale.parallel import auto
 
     tcfg = verify.TCFG
     built = build(Strategy.parse(text, "pp=2,dp=4", m, v), CFG, tcfg)
-    params = train_step.init_state(CFG, tcfg)["params"]
+    params = auto.init_state(CFG, tcfg)["params"]
     batch = verify.batches(tcfg, 1)[0]
-    want = float(train_step.loss_fn(params, batch, CFG, None))
+    want = float(auto.loss_fn(params, batch, CFG, None))
     with jax.set_mesh(built.mesh):
         got = float(
             built.loss(jax.device_put(params, built.state_shardings["params"]), built.put(batch))

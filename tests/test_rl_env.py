@@ -94,7 +94,7 @@ def test_auto_reset_and_episode_return():
 
 
 def test_seed_cartpole_rules():
-    """Seed 002 L10443-10472: reward 0 on the final step, done once more than 200 steps passed
+    """Seed 002 ch12's SimulatedCartPole: reward 0 at the end, done once more than 200 steps passed
     (a termination, not a truncation)."""
     env = envs.SEED_CARTPOLE
     st = envs.step(

@@ -9,7 +9,7 @@ from jaxscale.calc import gae as calc_gae
 from jaxscale.rl.gae import discounted_returns, gae
 from jaxscale.tolerances import RL_GAE_ATOL, SEED_TABLE_ATOL
 
-# seed 002's gae_visualizer run (seed-spec ch. 12): advantages per lambda, t = 0..9
+# seed 002's gae_visualizer.py run (ch12): advantages per lambda, t = 0..9
 GOLDEN = {
     0.0: [-0.0070, 0.0930, 0.0940, -0.0050, 0.3960, 0.0960, 0.1970, -0.0020, -0.0010, 0.9000],
     0.5: [0.0926, 0.2012, 0.2185, 0.2515, 0.5182, 0.2469, 0.3049, 0.2180, 0.4445, 0.9000],

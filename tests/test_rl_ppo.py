@@ -16,7 +16,7 @@ from jaxscale.rl.config import RLConfig
 from jaxscale.rl.ppo import CLIPPING_CASES, clipped_objective, policy_loss
 from jaxscale.tolerances import RL_DP_ATOL
 
-# seed 002 Try-It 3 (L10117-10123), eps 0.2: (A, r) -> (objective, clipped term chosen)
+# seed 002 ch12 Try-It 3 (PPO clipping), eps 0.2: (A, r) -> (objective, clipped term chosen)
 SEED_CLIPPING = {
     (1.0, 1.5): (1.2, True),
     (1.0, 0.5): (0.5, False),

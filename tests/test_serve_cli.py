@@ -36,10 +36,10 @@ def _free_port() -> int:
 
 
 def _in_process(ckpt, prompt: str, n: int) -> str:
-    from jaxscale.serve.cli import load_model
     from jaxscale.serve.engine import Engine, EngineConfig
     from jaxscale.serve.sampling import SamplingParams
     from jaxscale.serve.scheduler import Request
+    from jaxscale.train.checkpoint import load_model
 
     cfg, params = load_model(str(ckpt))
     eng = Engine(

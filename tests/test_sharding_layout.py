@@ -13,9 +13,9 @@ from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.analysis.memory import bytes_per_device
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
+from jaxscale.parallel import auto
 from jaxscale.sharding import Sharder
 from jaxscale.tolerances import MEMORY_RTOL
-from jaxscale.train import step as st
 
 CFG = ModelConfig()
 TCFG = TrainConfig(global_batch=16, seq_len=32)
@@ -23,12 +23,12 @@ TCFG = TrainConfig(global_batch=16, seq_len=32)
 
 def _state_bytes(spec):
     sharder = Sharder(build_mesh(spec))
-    abstract = jax.eval_shape(lambda: st.init_state(CFG, TCFG))
-    return sharder, abstract, bytes_per_device(abstract, st.state_shardings(CFG, TCFG, sharder))
+    abstract = jax.eval_shape(lambda: auto.init_state(CFG, TCFG))
+    return sharder, abstract, bytes_per_device(abstract, auto.state_shardings(CFG, TCFG, sharder))
 
 
 def _norm_and_total_params():
-    params = jax.eval_shape(lambda: st.init_state(CFG, TCFG))["params"]
+    params = jax.eval_shape(lambda: auto.init_state(CFG, TCFG))["params"]
     norms = params["final_norm_D"].size + sum(
         v.size for k, v in params["blocks"].items() if k.endswith("norm_D")
     )
@@ -49,12 +49,12 @@ def test_state_bytes_per_device_follow_the_strategy(spec, ways):
 @pytest.mark.smoke
 def test_compiled_argument_bytes_match_the_layout():
     sharder, abstract, state_bytes = _state_bytes("fsdp=8")
-    sh = st.state_shardings(CFG, TCFG, sharder)
+    sh = auto.state_shardings(CFG, TCFG, sharder)
     args = (
         jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, sh),
-        jax.ShapeDtypeStruct((16, 33), np.int32, sharding=st.batch_sharding(sharder)),
+        jax.ShapeDtypeStruct((16, 33), np.int32, sharding=auto.batch_sharding(sharder)),
     )
     with jax.set_mesh(sharder.mesh):
-        _, report = compile_with_report(st.jit_train_step(CFG, TCFG, sharder), *args)
+        _, report = compile_with_report(auto.jit_train_step(CFG, TCFG, sharder), *args)
     batch_bytes = 16 * 33 * 4 // 8
     assert report.memory.argument == pytest.approx(state_bytes + batch_bytes, rel=MEMORY_RTOL)

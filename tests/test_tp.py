@@ -1,11 +1,11 @@
 """Manual tensor parallelism (jaxscale/parallel/tp.py) equals the single-device reference.
 
-For each mesh and each mode (megatron, sequence, gather_output) the loss and every gradient leaf
-of the composed manual strategy (the model's pieces with tp.py's substitutes, under shard_map)
-match `jaxscale.train.step.loss_and_grads` on one device (DESIGN §5). The vocab-parallel pieces
-are checked against jnp.take and a float64 cross-entropy, ZeRO-3's gathers with an fsdp axis, a
-block with a wrong or dropped all-reduce is shown to be caught, and bad layouts fail with errors
-that name the dimension.
+For each mesh and each mode (megatron, sequence, gather_output) the loss and every gradient leaf of
+the composed manual strategy (the model's pieces with tp.py's substitutes, under shard_map) match
+`jaxscale.parallel.auto.loss_and_grads` on one device (within jaxscale/tolerances.py's RTOL and
+ATOL). The vocab-parallel pieces are checked against jnp.take and a float64 cross-entropy, ZeRO-3's
+gathers with an fsdp axis, a block with a wrong or dropped all-reduce is shown to be caught, and bad
+layouts fail with errors that name the dimension.
 """
 
 import chex
@@ -17,11 +17,10 @@ import pytest
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
 from jaxscale.model import pieces, state
-from jaxscale.parallel import tp
+from jaxscale.parallel import auto, tp
 from jaxscale.parallel.compose import Strategy, build
 from jaxscale.parallel.tp_vocab import vocab_parallel_cross_entropy, vocab_parallel_embed
 from jaxscale.tolerances import ATOL, BF16_SAME_ATOL, BF16_SAME_RTOL, RTOL
-from jaxscale.train import step as st
 
 B, T = 8, 16  # batch rows and sequence length; T divides every tensor size (sequence mode)
 TCFG = TrainConfig(global_batch=B, seq_len=T)
@@ -52,7 +51,7 @@ def _reference(cfg):
     """(params, batch, (loss, grads)) of the single-device reference, once per config."""
     if cfg not in _REFERENCE:
         params, batch = state.init_params(cfg, 0), _batch(cfg)
-        ref = jax.jit(lambda p, b: st.loss_and_grads(p, b, cfg))(params, batch)
+        ref = jax.jit(lambda p, b: auto.loss_and_grads(p, b, cfg))(params, batch)
         _REFERENCE[cfg] = params, batch, ref
     return _REFERENCE[cfg]
 
@@ -108,11 +107,12 @@ def _pieces_with_mlp_reduction(reduce):
             # the attention keeps its psum (pc.leave); the MLP's output goes through `reduce`
             return reduce(pieces.mlp(h_BTD, p, cfg, pc_), axis)
 
-        def block(x_BTD, p, positions_T, cfg, pc_):
+        def block(x_BTD, p, positions_T, cfg, pc_, kv=None):
             h_BTD = pc_.enter(pieces.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps))
-            x_BTD = x_BTD + pc_.leave(pieces.attention(h_BTD, p, positions_T, cfg, pc_))
+            a_BTD, kv = pieces.attention(h_BTD, p, positions_T, cfg, pc_, kv)
+            x_BTD = x_BTD + pc_.leave(a_BTD)
             h_BTD = pc_.enter(pieces.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps))
-            return x_BTD + mlp(h_BTD, p, cfg, pc_), {}
+            return x_BTD + mlp(h_BTD, p, cfg, pc_), {}, kv
 
         return pc.replace(block=block)
 
@@ -121,7 +121,7 @@ def _pieces_with_mlp_reduction(reduce):
 
 def test_a_wrong_or_missing_mlp_all_reduce_is_caught(monkeypatch):
     """The checks can fail. Averaging the partial sums (pmean for psum: what seed 002's
-    `w2 /= tp_size` init hack hides, shared/seeds/002 L4852) type-checks but fails equivalence;
+    `w2 /= tp_size` init hack hides, ch6 tp_mlp.py) type-checks but fails equivalence;
     dropping the all-reduce leaves a device-varying residual, which check_vma rejects at trace."""
     cfg = CASES["dp=2,tp=4"][0]
     params, batch, ref = _reference(cfg)

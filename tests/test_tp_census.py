@@ -9,12 +9,12 @@ body once. Every expected count and size below is a prediction from the shapes:
             + 1 for the vocab-parallel embedding; the cross-entropy adds one all-reduce (max) of
             [B_l, T] and one (sum) of two [B_l, T] arrays. Backward: 2 more per layer (Megatron f
             at the attention and MLP inputs) + 1 at the unembedding input.
-            Per layer: 2 forward, 4 forward+backward (shared/seeds/002 L4123, L4299).
+            Per layer: 2 forward, 4 forward+backward (seed 002 ch6).
   sequence  the all-reduces of ACT become all-gathers + reduce-scatters of ACT (the embedding
             reduce-scatters, the final norm's output is all-gathered before the unembedding).
   gather_output  megatron's all-reduces plus, per layer, one all-gather of the fused QKV output
             (B_l*T*(H+2G)*K*4 bytes) and one of the MLP activation (B_l*T*F*4 bytes): seed 004's
-            "2 AllGather + 2 AllReduce per layer" (shared/seeds/004 L1003-1009).
+            "2 AllGather + 2 AllReduce per layer" (seed 004 §7).
 XLA:CPU may print a reduce-scatter as all-reduce + dynamic-slice; `hlo.normalize` folds it back.
 """
 

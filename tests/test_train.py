@@ -13,10 +13,10 @@ from jaxscale.cli import main as cli_main
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
 from jaxscale.model import pieces
+from jaxscale.parallel import auto
 from jaxscale.sharding import Sharder
 from jaxscale.tolerances import ATOL, RTOL
 from jaxscale.train import data
-from jaxscale.train import step as st
 from jaxscale.train.loop import NonFiniteLoss, RunSetup, train
 
 MARKOV_MARGIN = 0.05  # nats above the entropy rate that counts as "near the optimum"
@@ -60,7 +60,7 @@ def test_rows_are_a_pure_function_of_seed_step_and_row():
 
 def test_global_batch_is_sharded_over_data_like_axes():
     mesh = build_mesh("dp=2,fsdp=2,tp=2")
-    sharding = st.batch_sharding(Sharder(mesh))
+    sharding = auto.batch_sharding(Sharder(mesh))
     batch = data.global_batch(data.MarkovData(), sharding, 0, 5, 8, 16)
     assert batch.shape == (8, 17) and batch.sharding.spec == jax.P(("data", "fsdp"), None)
     np.testing.assert_array_equal(np.asarray(batch), data.MarkovData().rows(0, 5, range(8), 16))
@@ -68,10 +68,10 @@ def test_global_batch_is_sharded_over_data_like_axes():
 
 def test_gradient_accumulation_equals_full_batch():
     tcfg = TrainConfig(global_batch=8, seq_len=16)
-    params = st.init_state(CFG, tcfg)["params"]
+    params = auto.init_state(CFG, tcfg)["params"]
     batch = data.MarkovData().rows(0, 0, range(8), 16)
-    full = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG))(params, batch)
-    accum = jax.jit(lambda p, b: st.loss_and_grads(p, b, CFG, grad_accum=4))(params, batch)
+    full = jax.jit(lambda p, b: auto.loss_and_grads(p, b, CFG))(params, batch)
+    accum = jax.jit(lambda p, b: auto.loss_and_grads(p, b, CFG, grad_accum=4))(params, batch)
     chex.assert_trees_all_close(accum, full, rtol=RTOL, atol=ATOL)
 
 
@@ -246,9 +246,9 @@ def test_copy_task_is_learned_only_with_attention(monkeypatch):
     learned = train(cfg, tcfg, setup).evals[-1]["eval_loss"]
     assert floor < learned < blind - 0.6, (floor, learned, blind)
     monkeypatch.setattr(pieces, "DENSE", pieces.DENSE.replace(attend=_self_only_attend))
-    st.jit_train_step.cache_clear()  # the compiled step is cached per config: retrace it
+    auto.jit_train_step.cache_clear()  # the compiled step is cached per config: retrace it
     try:
         ablated = train(cfg, tcfg, setup).evals[-1]["eval_loss"]
     finally:
-        st.jit_train_step.cache_clear()  # and never leave the ablated step to later tests
+        auto.jit_train_step.cache_clear()  # and never leave the ablated step to later tests
     assert ablated > blind - 0.05, (ablated, blind)

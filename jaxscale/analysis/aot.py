@@ -8,7 +8,7 @@ arguments sharded on it and `jit(f).lower(...).compile()` give the TPU compiler'
 v4 is described in megacore mode (one device per chip, as jax shows a real v4), so tpu:v4:2x2x1
 and tpu:v5p:2x2x1 have 4 devices and tpu:v5e:2x4, tpu:v6e:2x4, tpu:v5p:2x2x2 have 8.
 
-libtpu on a CPU host (jax-ecosystem-notes §10 item 16): run with JAX_PLATFORMS=cpu. The first
+libtpu on a CPU host: run with JAX_PLATFORMS=cpu. The first
 topology request loads libtpu, which asks the cloud metadata server for this host's TPU type and
 workers and, finding none, prints a warning trace to stderr; it also holds /tmp/libtpu_lockfile
 for the life of the process, so a second process fails ("Internal error when accessing libtpu
@@ -150,9 +150,9 @@ def compile_for_target(
     """(compiled, report) of `jitted` for `target` from abstract args (ShapeDtypeStructs) sharded
     on a mesh built on `target_devices(target)`; lowered inside `jax.set_mesh` of that mesh.
 
-    Build the shardings (e.g. `train.step.state_shardings`) *outside* a TPU mesh context: an eager
-    op there (optax's `jnp.zeros([])` inside `jax.eval_shape`) tries to run on the compile-only
-    devices: "'Executable' object has no attribute 'local_devices'"."""
+    Build the shardings (e.g. `parallel.auto.state_shardings`) *outside* a TPU mesh context: an
+    eager op there (optax's `jnp.zeros([])` inside `jax.eval_shape`) tries to run on the
+    compile-only devices: "'Executable' object has no attribute 'local_devices'"."""
     target = _as_target(target)
     allowed = set(target_devices(target))
     shardings = [getattr(x, "sharding", None) for x in jax.tree.leaves(abstract_args)]

@@ -27,7 +27,7 @@ without one counts once and sets `unknown_trips`). `census` and `summarize` coun
 a scanned layer stack or a pipeline's scanned steady state moves what the unrolled program moves.
 A collective in a conditional's branch is counted once per branch (the branch taken is data).
 
-Two CPU habits are recognised rather than hidden (jax-ecosystem-notes §10 item 11):
+Two CPU habits are recognised rather than hidden (XLA:CPU's collectives differ from XLA:TPU's):
   * XLA:CPU computes bf16 collectives in f32: `upcast_from` names the narrow type when the operand
     comes straight from a convert, or the result goes straight into one.
   * XLA:CPU (and TPU, inside a fusion) may emit all-reduce + dynamic-slice for a reduce-scatter:

@@ -6,7 +6,7 @@ Every field is reported as the compiler gives it (bytes, per device). The peak i
 
 (aliased bytes are outputs written in place over donated arguments, so they are counted once).
 The backend's own `peak_memory_in_bytes`, where it exists, is reported beside it but not trusted
-alone: on CPU it can be smaller than the temporaries (jax-ecosystem-notes §6).
+alone: on CPU it can be smaller than the temporaries.
 """
 
 from __future__ import annotations

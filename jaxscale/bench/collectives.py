@@ -1,10 +1,10 @@
 """`jaxscale bench collectives`: latency and bus bandwidth of jitted collectives over message
 sizes, an alpha-beta fit, and the census check that each variant moves the bytes it should
-(seed 002 ch4 benchmark_algorithms.py, shared/seeds/002_7edd1202589f894b.txt L2897-3160).
+(seed 002 ch4 benchmark_algorithms.py).
 
 Message size D is one device's buffer in the census convention (`jaxscale.analysis.hlo`): the
 psum operand, the all_gather OUTPUT, the psum_scatter INPUT. Bus bandwidth follows NCCL
-(`jaxscale.calc.comm.bus_bandwidth`; all-reduce 2(N-1)/N, seed L3013-3015). The fit is
+(`jaxscale.calc.comm.bus_bandwidth`; all-reduce 2(N-1)/N, as the seed's script). The fit is
 t = alpha + bus_bytes / busbw per variant, least squares on relative error so small and large
 messages count alike.
 

@@ -5,7 +5,7 @@ trajectory checked against one device) on an MoE model, printed with the all-to-
 count and bytes per device from the HLO census against `ep.predict_comm` (4 per MoE layer:
 dispatch and combine, forward and backward, each E x B_l x C x D values).
 
-The seed's EP-vs-TP table (shared/seeds/002 L5236-5252: TP 2S, EP 2kS/N) is then measured on the
+The seed's EP-vs-TP table (seed 002 ch7 "EP vs TP": TP 2S, EP 2kS/N) is then measured on the
 compiled forward programs: the bytes one MoE layer adds (a 2-layer model minus a 1-layer one) on
 tp=8 (TP of experts: the attention's and the MoE's all-reduce) and on ep=8 with E = 16 experts,
 against both readings of N, EP ranks and experts. Capacity factor 1 there, so C = T k / E.

@@ -29,9 +29,9 @@ from jaxscale.bench import predict
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import parse_mesh
 from jaxscale.model import counts
+from jaxscale.parallel import auto
 from jaxscale.parallel.compose import Strategy, build, check
 from jaxscale.tolerances import MEMORY_RTOL
-from jaxscale.train import step as train_step
 
 DEFAULT_TIMED = 2  # timed steps per row: the checked trajectory's steps after its first
 
@@ -252,13 +252,13 @@ def remat_report(cfg: ModelConfig, tcfg: TrainConfig) -> dict:
     from jaxscale.calc.memory import activation_bytes_simple
 
     args = (
-        jax.eval_shape(lambda: train_step.init_state(cfg, tcfg)),
+        jax.eval_shape(lambda: auto.init_state(cfg, tcfg)),
         jax.ShapeDtypeStruct((tcfg.global_batch, tcfg.seq_len + 1), np.int32),
     )
     temps = {}
     for remat in (False, True):
         c = cfg.replace(remat=remat)
-        compiled = train_step.jit_train_step(c, tcfg).lower(*args).compile()
+        compiled = auto.jit_train_step(c, tcfg).lower(*args).compile()
         temps[remat] = memory_report(compiled).temp  # one device: no census to take
     L = cfg.n_layers
     seed = [

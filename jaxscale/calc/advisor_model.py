@@ -11,15 +11,15 @@ ep and sharded over the dp/ep replicas of each expert) plus activations. Activat
 micro-batch follow Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 2) without
 the attention-score term, which flash attention does not store: s*b*h*(10 + (8 + 16k)/tp) bytes in
 16-bit (k = experts per token; 8 of the TP-sharded 24 are attention, 16 the MLP). 1F1B keeps
-min(pp, m) micro-batches in flight on stage 0 (S2 L5190). With full recomputation a layer keeps
+min(pp, m) micro-batches in flight on stage 0 (seed 002 ch7). With full recomputation a layer keeps
 only its 16-bit input, plus one layer's working set. Embedding and logits are not counted: they
 are what the `usable_fraction` headroom is for.
 
 Communication per GPU per step, each over the link its group spans, with no overlap assumed:
-- TP: 4 all-reduces per layer per micro-batch (2 forward, 2 backward; S2 L4123, L4299; +2 for the
+- TP: 4 all-reduces per layer per micro-batch (2 forward, 2 backward; seed 002 ch6; +2 for the
   recomputed forward), ring traffic 2(t-1)/t of the activation;
 - PP: the activation forward and its gradient backward per micro-batch, plus the bubble
-  (P-1)/(M+P-1) of the compute time (S2 L5167);
+  (P-1)/(M+P-1) of the compute time (seed 002 ch7);
 - DP: ZeRO 0/1 all-reduce the gradients, ZeRO-2 reduce-scatters them and all-gathers the weights,
   ZeRO-3 all-gathers the weights twice (forward, backward) and reduce-scatters the gradients
   (1.5x); each moves (d-1)/d of the GPU's shard per pass;
@@ -34,12 +34,13 @@ from jaxscale.calc.memory import TrainingMemory, training_memory_per_device
 from jaxscale.hardware import get_device
 
 # Defaults: nodes of H100 SXM. The per-GPU figures (dense bf16 peak, memory, NVLink 450 GB/s each
-# way) are jaxscale/hardware.py's. Seed 002's calculator (S2 L5781-5787) has the same links, NVLink
-# "900" (both ways) and InfiniBand "50" -- a figure of the cluster, not of the GPU -- and no FLOP/s.
+# way) are jaxscale/hardware.py's. Seed 002's calculator (its HardwareConfig) has the same links,
+# NVLink "900" (both ways) and InfiniBand "50" -- a figure of the cluster, not of the GPU -- and no
+# FLOP/s.
 GPU = get_device("h100")
 INTER_NODE_BYTES_PER_S = 50e9  # one 400 Gb/s InfiniBand NIC per GPU (the seed's "50")
 ASSUMED_MFU = 0.4  # fraction of peak the compute reaches; only converts FLOPs into bubble time
-USABLE_FRACTION = 0.9  # seed 002 keeps 10% headroom (S2 L5932)
+USABLE_FRACTION = 0.9  # seed 002 keeps 10% headroom
 ASPECT_RATIO = 128  # hidden / layers of LLaMA-7B and GPT-3 (4096/32, 12288/96)
 TP_ALL_REDUCES_PER_LAYER = 4
 EP_ALL_TO_ALLS_PER_LAYER = 4

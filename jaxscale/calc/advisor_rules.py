@@ -2,11 +2,11 @@
 in `advisor_seed002.py`).
 
 - seed 000 exercise 4: the decision tree "DP -> ZeRO 1/2/3 -> TP x PP x DP", 12 B/param
-  (shared/seeds/000_*.txt L1111-1224);
+  (Exercise 4 "Parallelism Strategy Advisor", its `recommend_parallelism`);
 - seed 001 `recommend_parallelism`: a size rule of thumb, TP in node, PP across nodes
-  (shared/seeds/001_*.txt L936-998);
-- seed 004 `get_parallelism_config`: fixed size bands (shared/seeds/004_*.txt L1155-1206) and the
-  strategy matrix (L151-156).
+  (§8 "Parallelism Trade-offs and Best Practices");
+- seed 004 `get_parallelism_config`: fixed size bands (§8 "Hybrid Parallelism") and the
+  strategy matrix (§3 "Parallelism Strategies").
 
 Each returns a `RuleAdvice` with the layout exactly as the seed computes it, even where that
 layout leaves GPUs idle or has a zero degree. The seed's mistakes on a given input are listed in
@@ -27,7 +27,7 @@ class RuleAdvice:
     """One rule set's answer. Degrees are None where the rule gives no layout."""
 
     rule: str  # short name for tables, e.g. "seed 000 tree"
-    source: str  # seed file and lines
+    source: str  # seed and section
     strategy: str  # the seed's own wording
     tp: int | None
     pp: int | None
@@ -59,15 +59,15 @@ def _idle_note(advice_gpus: int, num_gpus: int) -> tuple[str, ...]:
 
 # --- seed 000, exercise 4 ------------------------------------------------------------------------
 
-SEED000_BYTES_PER_PARAM = 12  # bf16 weights + bf16 grads + fp32 Adam m, v (000 L1113-1116)
+SEED000_BYTES_PER_PARAM = 12  # bf16 weights + bf16 grads + fp32 Adam m, v (seed 000)
 _ZERO_NAMES = {1: "optimizer states", 2: "optimizer + gradients", 3: "everything"}
 
 
 def seed000_decision_tree(n_params: float, num_gpus: int, gpu_memory_gb: float) -> RuleAdvice:
-    """Seed 000 `recommend_parallelism` (L1111-1224): the first of DP, ZeRO-1, -2, -3 that fits,
+    """Seed 000 `recommend_parallelism` (Exercise 4): the first of DP, ZeRO-1, -2, -3 that fits,
     else its TP x PP x DP search, else "INSUFFICIENT RESOURCES"."""
     _check(n_params, num_gpus)
-    common = {"rule": "seed 000 tree", "source": "shared/seeds/000_*.txt L1111-1224"}
+    common = {"rule": "seed 000 tree", "source": "seed 000 Exercise 4"}
     total_bytes = n_params * SEED000_BYTES_PER_PARAM
     gpu_bytes = gpu_memory_gb * GB
     if total_bytes <= gpu_bytes:
@@ -96,7 +96,7 @@ def seed000_decision_tree(n_params: float, num_gpus: int, gpu_memory_gb: float) 
                 per_gpu_bytes=mem.total,
                 reason=reason,
             )
-    # Next the seed searches tp in (1,2,4,8) x pp in (1,2,4,8,16) with dp = rest (L1176-1205). It
+    # Next the seed searches tp in (1,2,4,8) x pp in (1,2,4,8,16) with dp = rest. It
     # calls that layout "ZeRO Stage 3" but divides only the optimizer state by dp (weights and
     # gradients by tp*pp): ZeRO-1. Its per-GPU memory, 4N/(tp*pp) + 8N/G bytes, is never below
     # ZeRO-3's 12N/G, which has just failed -- so the search never finds a layout and the seed
@@ -116,16 +116,16 @@ def seed000_decision_tree(n_params: float, num_gpus: int, gpu_memory_gb: float) 
 
 # --- seed 001, recommend_parallelism --------------------------------------------------------------
 
-SEED001_MEMORY_FACTOR = 20  # "params_gb * 20 < gpu_memory" rule of thumb (001 L947-950)
+SEED001_MEMORY_FACTOR = 20  # "params_gb * 20 < gpu_memory" rule of thumb (seed 001 §8)
 
 
 def seed001_recommend(
     n_params: float, num_gpus: int, gpus_per_node: int = 8, gpu_memory_gb: float = 80
 ) -> RuleAdvice:
-    """Seed 001 `recommend_parallelism` (L936-998) as written: pure DP + ZeRO-2 when 2 B/param x 20
+    """Seed 001 `recommend_parallelism` (§8) as written: pure DP + ZeRO-2 when 2 B/param x 20
     fits one GPU; on one node TP = node size; else TP = node, PP by size band, DP = the rest."""
     _check(n_params, num_gpus)
-    common = {"rule": "seed 001 rule", "source": "shared/seeds/001_*.txt L936-998"}
+    common = {"rule": "seed 001 rule", "source": "seed 001 §8 recommend_parallelism"}
     params_b = n_params / 1e9
     num_nodes = num_gpus // gpus_per_node
     notes: list[str] = []
@@ -180,7 +180,7 @@ def seed001_recommend(
 
 
 def seed004_strategy_matrix(n_params: float) -> tuple[str, str]:
-    """The 'Strategy Selection Matrix' (004 L151-156): (best, secondary) strategy by model size."""
+    """Seed 004's 'Strategy Selection Matrix' (§3): (best, secondary) strategy by model size."""
     if n_params < 1e9:
         return "Data Parallelism", "None needed"
     if n_params < 10e9:
@@ -191,12 +191,12 @@ def seed004_strategy_matrix(n_params: float) -> tuple[str, str]:
 
 
 def seed004_config(n_params: float, num_gpus: int) -> RuleAdvice:
-    """Seed 004 `get_parallelism_config` (L1155-1206) as written. Its bands (<1B, <10B, <100B, else)
+    """Seed 004 `get_parallelism_config` (§8) as written. Its bands (<1B, <10B, <100B, else)
     compare with '<', so exactly 1e9 is already 'medium' (TP 8). ZeRO stays at its default 0."""
     _check(n_params, num_gpus)
-    common = {"rule": "seed 004 config", "source": "shared/seeds/004_*.txt L1155-1206"}
+    common = {"rule": "seed 004 config", "source": "seed 004 §8 get_parallelism_config"}
     best, secondary = seed004_strategy_matrix(n_params)
-    reason = f"strategy matrix (L151-156): {best}; secondary: {secondary}"
+    reason = f"strategy matrix (seed 004 §3): {best}; secondary: {secondary}"
     notes: list[str] = []
     if n_params < 1e9:
         tp, pp, dp = 1, 1, num_gpus

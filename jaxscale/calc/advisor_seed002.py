@@ -1,8 +1,9 @@
-"""Seed 002 ch7 `parallel_strategy_calculator.py` (shared/seeds/002_*.txt L5743-6092), two modes.
+"""Seed 002 ch7 `parallel_strategy_calculator.py` (ML Systems Infrastructure Tutorial), two modes.
 
 seed-faithful reproduces the seed's printout (65.5B "actual"; 130.9 / 130.9 / 523.8 / 785.7 GB;
 recommends TP2 PP16 DP2 at 43.2 GB and 421.07 GB of communication per step), defects included:
-- `batch_per_gpu = B // (B // pp)` (L5838) is ~pp, not a batch per GPU (seed-spec §0.1 defect 6);
+- `batch_per_gpu = B // (B // pp)` (estimate_activation_memory) is ~pp, not a batch per GPU
+  (defect 6, docs/seed-notes.md "The parallelism advisor");
 - the parameter count comes from the fixed shape (hidden 8192, 80 layers, vocab 128000), so
   `--params` changes only the DP communication, never the memory (defect 6);
 - the volumes use the global batch and every parameter of a stage, as if one GPU did all the work;
@@ -11,10 +12,10 @@ corrected fixes them: the parameter count is `--params`, and the shape behind th
 the TP/PP volumes is the model's (hidden and layers as given, else derived from `--params` as the
 advisor does), not the seed's fixed 8192 x 80; a GPU holds the activations of one micro-batch per
 layer of its stage for min(pp, microbatches) microbatches in flight (1F1B keeps P microbatches,
-S2 L5190); volumes are per GPU (batch B/dp, DP over the GPU's own 1/(tp*pp) of the parameters);
-TP counts the backward's two all-reduces per layer as well as the forward's (the seed counts the
-forward only); a layout without a pipeline (pp=1) has no stage boundary, hence no PP traffic;
-layouts that leave GPUs idle or give a replica no data are skipped.
+seed 002 ch7 "Memory in Pipeline Parallelism"); volumes are per GPU (batch B/dp, DP over the GPU's
+own 1/(tp*pp) of the parameters); TP counts the backward's two all-reduces per layer as well as the
+forward's (the seed counts the forward only); a layout without a pipeline (pp=1) has no stage
+boundary, hence no PP traffic; layouts that leave GPUs idle or give a replica no data are skipped.
 Both keep the seed's search (tp in 1,2,4,8 within a node; pp in 1..16), its 90% fit threshold,
 its "ZeRO-3" memory (optimizer divided by tp*pp*dp; weights and gradients by tp*pp -- which is
 really ZeRO-1) and its ranking (TP inside a node first, then total volume).
@@ -26,26 +27,26 @@ from dataclasses import dataclass, replace
 from jaxscale.calc.advisor_rules import GB, RuleAdvice
 from jaxscale.checks import positive, positive_ints
 
-SEED002_TP = (1, 2, 4, 8)  # L5897
-SEED002_PP = (1, 2, 4, 8, 16)  # L5901
-SEED002_FIT_FRACTION = 0.9  # "90% threshold" (L5932)
-SEED002_EP_DEGREE = 8  # its MoE advice always assumes 8-way EP (L6078)
+SEED002_TP = (1, 2, 4, 8)  # find_optimal_strategy's search
+SEED002_PP = (1, 2, 4, 8, 16)  # same
+SEED002_FIT_FRACTION = 0.9  # "90% threshold" (same)
+SEED002_EP_DEGREE = 8  # its MoE advice always assumes 8-way EP (its main)
 
 
 @dataclass(frozen=True)
 class Seed002Shape:
-    """The seed's fixed model shape (ModelConfig, L5766-5777)."""
+    """The seed's fixed model shape (its ModelConfig)."""
 
     hidden: int = 8192
     layers: int = 80
     vocab: int = 128000
     ffn_ratio: float = 4.0
     num_experts: int = 1  # the seed multiplies every FFN by this under --moe
-    dtype_bytes: int = 2  # bf16 weights, gradients, activations (L5795)
+    dtype_bytes: int = 2  # bf16 weights, gradients, activations (TrainingConfig)
 
     @property
     def param_count(self) -> int:
-        """vocab*h + layers*(4h^2 + 2*h*int(ratio*h)*experts) (L5798-5828)."""
+        """vocab*h + layers*(4h^2 + 2*h*int(ratio*h)*experts) (estimate_model_memory)."""
         h = self.hidden
         ffn = 2 * h * int(h * self.ffn_ratio) * self.num_experts
         return self.vocab * h + self.layers * (4 * h * h + ffn)
@@ -97,7 +98,7 @@ class Seed002Result:
 
 
 def _activations_gb(shape, batch, seq, tp, pp, dp, micro_batch, seed_faithful) -> float:
-    if seed_faithful:  # L5837-5849, integer arithmetic kept
+    if seed_faithful:  # estimate_activation_memory, integer arithmetic kept
         batch_per_gpu = batch // (batch // pp)
         per_layer = 10 * batch_per_gpu * seq * shape.hidden // tp
         return per_layer * (shape.layers // pp) * shape.dtype_bytes / GB
@@ -107,8 +108,8 @@ def _activations_gb(shape, batch, seq, tp, pp, dp, micro_batch, seed_faithful) -
 
 
 def _comm_gb(shape, params_b, batch, seq, tp, pp, dp, seed_faithful) -> tuple[float, float, float]:
-    """TP, PP, DP GB per step (L5867-5880); corrected: per GPU, batch B/dp, DP over 1/(tp*pp),
-    TP all-reduces of the backward too, no PP traffic without a pipeline."""
+    """TP, PP, DP GB per step (calculate_communication_volume); corrected: per GPU, batch B/dp, DP
+    over 1/(tp*pp), TP all-reduces of the backward too, no PP traffic without a pipeline."""
     b = batch if seed_faithful else batch / dp
     act_bytes = b * seq * shape.hidden * shape.dtype_bytes
     all_reduces = 2 if seed_faithful else 4  # per layer: forward 2 (the seed's), backward 2
@@ -199,7 +200,7 @@ def seed002_calculator(
         (r for r in rows if r.fits), key=lambda r: (not r.tp_intra_node, r.total_comm_gb)
     )
     moe_advice = ""
-    if moe:  # L6075-6088, verbatim numbers
+    if moe:  # the seed's main, verbatim numbers
         moe_advice = (
             f"With {num_experts} experts and {SEED002_EP_DEGREE}-way EP: "
             f"{num_experts // SEED002_EP_DEGREE} experts per GPU, 2 all-to-all per layer; "
@@ -225,7 +226,7 @@ def seed002_advice(result: Seed002Result) -> RuleAdvice:
     mode = "seed-faithful" if result.seed_faithful else "corrected"
     common = {
         "rule": f"seed 002 calc ({mode})",
-        "source": "shared/seeds/002_*.txt L5743-6092",
+        "source": "seed 002 ch7 parallel_strategy_calculator.py",
     }
     notes = []
     if result.seed_faithful:

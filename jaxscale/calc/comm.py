@@ -7,8 +7,8 @@ the all-gather OUTPUT, the reduce-scatter INPUT, the all-to-all operand), so a c
 census and this model talk about the same bytes.
 
 Algorithms (N ranks, L = ceil(log2 N)):
-  ring                 N-1 steps per phase of D/N (all-reduce: 2 phases, seed 002 L2306-2308)
-  tree                 binomial reduce up + broadcast down, the full buffer per step (L2330);
+  ring                 N-1 steps per phase of D/N (all-reduce: 2 phases, seed 002 ch4)
+  tree                 binomial reduce up + broadcast down, the full buffer per step (ch4);
                        for gathers/scatters: gather/scatter to a root plus a broadcast/reduce
   recursive_doubling   L steps (power-of-two N): doubling for all-reduce and all-gather, halving
                        for reduce-scatter, Bruck's D/2 per step for all-to-all
@@ -34,9 +34,9 @@ class Link:
 # Per-direction bandwidths. Headline figures are often bidirectional (NVLink 4: 900 GB/s), which
 # is twice what one rank can send: mixing the two conventions is the seed's 28x (seed-notes).
 LINKS = {
-    "nvlink3": Link("NVLink 3 (A100)", 300e9, 1e-6, "12 links x 25 GB/s, seed 002 L2353"),
-    "nvlink4": Link("NVLink 4 (H100)", 450e9, 1e-6, "18 links x 25 GB/s, seed 002 L2354"),
-    "pcie4": Link("PCIe 4.0 x16", 32e9, 2e-6, "~32 GB/s, seed 002 L2356; alpha assumed"),
+    "nvlink3": Link("NVLink 3 (A100)", 300e9, 1e-6, "12 links x 25 GB/s, seed 002 ch4"),
+    "nvlink4": Link("NVLink 4 (H100)", 450e9, 1e-6, "18 links x 25 GB/s, seed 002 ch4"),
+    "pcie4": Link("PCIe 4.0 x16", 32e9, 2e-6, "~32 GB/s, seed 002 ch4; alpha assumed"),
     "ib_ndr": Link("InfiniBand NDR", 50e9, 2e-6, "400 Gb/s per port; alpha seed 001 §7"),
     "eth100": Link("100 GbE", 12.5e9, 10e-6, "100 Gb/s; alpha seed 001 §7"),
     "tpu_v5e_ici": Link("TPU v5e ICI link", 50e9, 1e-6, "400 GB/s bidir over 4 ports"),
@@ -160,8 +160,8 @@ def crossover_bytes(
 def bus_bandwidth(collective: str, size_bytes: float, time_s: float, n_ranks: int) -> float:
     """NCCL's bus bandwidth: algbw = size / time, times the bytes-on-the-wire factor.
 
-    all-reduce 2(N-1)/N (seed 002 L3013-3015); all-gather, reduce-scatter, all-to-all (N-1)/N;
-    collective-permute (point-to-point) and broadcast 1.
+    all-reduce 2(N-1)/N (seed 002 ch4 benchmark_algorithms.py); all-gather, reduce-scatter,
+    all-to-all (N-1)/N; collective-permute (point-to-point) and broadcast 1.
     """
     _check(n_ranks, size_bytes)
     if time_s <= 0:
@@ -180,7 +180,7 @@ def bus_bandwidth(collective: str, size_bytes: float, time_s: float, n_ranks: in
 
 
 def seed_volume_per_process(op: str, data_bytes: float, n_ranks: int) -> float:
-    """Seed 002 L1609-1619, with ITS D: the data each process holds before the operation."""
+    """Seed 002 ch3 "Performance Intuition", with ITS D: the data each process holds first."""
     _check(n_ranks, data_bytes)
     volumes = {
         "broadcast": data_bytes,  # received
@@ -202,7 +202,7 @@ def seed004_allreduce_ms(
     seed_faithful: bool = False,
     latency_s: float = 0.0,
 ) -> float:
-    """Seed 004 `simulate_allreduce_time` (shared/seeds/004_7eeb8748191cda4b.txt L1492-1528).
+    """Seed 004 `simulate_allreduce_time` (§11 "Communication Patterns").
 
     seed_faithful=True reproduces its numbers (1.71 / 5.86 / 0.43 / 17.09 / 1.92 ms): the argument
     labelled Gbps is used as GB/s. Default: Gbps means gigabits/s (divide by 8); the size stays in
@@ -216,12 +216,12 @@ def seed004_allreduce_ms(
         size_bytes, bandwidth_Bps = tensor_size_mb / 1024 * 1e9, bandwidth_gbps * 1e9
     else:
         size_bytes, bandwidth_Bps = tensor_size_mb * 2**20, bandwidth_gbps * 1e9 / 8
-    link = Link("seed 004", bandwidth_Bps, latency_s, "seed 004 L1492")
+    link = Link("seed 004", bandwidth_Bps, latency_s, "seed 004 §11")
     return collective_cost("all-reduce", algorithm, n_gpus, size_bytes, link).total_s * 1e3
 
 
 def seed002_allreduce_intuition_s(size_bytes: float, headline_Bps: float) -> float:
-    """Seed 002 L2452-2460: time = size / (headline / 2) ("~450 GB/s effective" of 900 GB/s).
+    """Seed 002 ch4 "Performance Intuition": time = size / (headline / 2) ("~450 GB/s effective").
 
     Reproduces 2.2 ms (NVLink 4, 900 GB/s) and 62 ms (PCIe 4, 32 GB/s) for 1 GB. The headline
     figures mix conventions (NVLink's is bidirectional, PCIe's one-way); see `collective_cost`
@@ -238,7 +238,7 @@ def double_binary_tree(n_ranks: int) -> tuple[list[int | None], list[int | None]
     Tree A is the in-order tree on positions 1..N (a node's level is its lowest set bit), so even
     ranks are leaves and only odd ranks forward data. Tree B is tree A with every rank shifted by
     one, so its inner nodes are even ranks: no rank forwards in both trees, which is what lets the
-    pair use every link in both directions (seed 002 L2335-2346 draws the idea).
+    pair use every link in both directions (seed 002 ch4 "Double Binary Tree" draws the idea).
     """
     _check(n_ranks, 0)
 
@@ -261,7 +261,7 @@ def double_binary_tree(n_ranks: int) -> tuple[list[int | None], list[int | None]
 def moe_layer_volumes(
     tokens: int, hidden: int, top_k: int, n: int, dtype_bytes: int = 2
 ) -> dict[str, float]:
-    """Bytes one MoE layer moves (shared/seeds/002 L5236-5252): TP's 2 all-reduces of S =
+    """Bytes one MoE layer moves (seed 002 ch7 "EP vs TP"): TP's 2 all-reduces of S =
     tokens x hidden (2S, and 2S (n-1)/n on a ring) against EP's 2 all-to-alls of k/n of the
     tokens each (2kS/n). The seed leaves n ambiguous: EP ranks or experts; pass either."""
     if min(tokens, hidden, top_k, n, dtype_bytes) < 1:

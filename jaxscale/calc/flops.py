@@ -1,4 +1,4 @@
-"""Training FLOPs: the 6ND rule and a transformer's per-token count (shared/seeds/001_*.txt §5).
+"""Training FLOPs: the 6ND rule and a transformer's per-token count (seed 001 §5).
 
 A matmul [m, k] @ [k, n] costs 2*m*k*n FLOPs (a multiply and an add). Per token, a block of width
 D with an MLP of width F = 4D does:
@@ -18,12 +18,12 @@ FORWARD_FLOPS_PER_PARAM = 2
 BACKWARD_TO_FORWARD = 2  # dL/dx and dL/dW: two matmuls per forward matmul
 TRAINING_FLOPS_PER_PARAM = FORWARD_FLOPS_PER_PARAM * (1 + BACKWARD_TO_FORWARD)  # 6
 
-# shared/seeds/001_*.txt L401: the FLOPs function's default vocabulary.
+# Seed 001 §5: the default vocabulary of its calculate_transformer_flops.
 SEED_DEFAULT_VOCAB = 50000
 
 
 def training_flops(n_params: float, n_tokens: float) -> float:
-    """Total training FLOPs C = 6 * N * D (shared/seeds/001_*.txt L81-84, L222-231)."""
+    """Total training FLOPs C = 6 * N * D (seed 001 §2 and §4)."""
     positive(n_params=n_params, n_tokens=n_tokens)
     return TRAINING_FLOPS_PER_PARAM * n_params * n_tokens
 
@@ -66,12 +66,12 @@ def transformer_flops_per_token(
     d_ff: int | None = None,
     seed_faithful: bool = False,
 ) -> TransformerFlops:
-    """Per-token FLOPs of a decoder-only transformer (shared/seeds/001_*.txt L397-453).
+    """Per-token FLOPs of a decoder-only transformer (seed 001 §5, calculate_transformer_flops).
 
     include_attention counts the score and value matmuls: 4*T*D per token and layer, halved when
     `causal` (a token attends to (T+1)/2 keys on average, rounded to T/2). seed_faithful uses the
-    seed's 2*D*T^2 (L368, L422-425): the per-SEQUENCE cost of one of the two matmuls, added to
-    per-token FLOPs; for GPT-3 at T=2048 it overstates attention ~1000x.
+    seed's 2*D*T^2 (its "FLOPs Calculation"): the per-SEQUENCE cost of one of the two matmuls, added
+    to per-token FLOPs; for GPT-3 at T=2048 it overstates attention ~1000x.
     """
     positive(d_model=d_model, n_layers=n_layers, seq_len=seq_len, vocab_size=vocab_size)
     d_ff = 4 * d_model if d_ff is None else d_ff
@@ -103,7 +103,7 @@ class SixNCheck:
         return self.detailed_flops / self.six_n_flops
 
 
-# shared/seeds/001_*.txt L498-500: (name, nominal params, d_model, layers).
+# Seed 001 §5's verify_6n_rule models: (name, nominal params, d_model, layers).
 SIX_N_MODELS = (
     ("LLaMA-7B", 7e9, 4096, 32),
     ("LLaMA-70B", 70e9, 8192, 80),
@@ -114,6 +114,6 @@ SIX_N_MODELS = (
 def check_six_n(
     name: str, n_params: float, d_model: int, n_layers: int, vocab_size: int = SEED_DEFAULT_VOCAB
 ) -> SixNCheck:
-    """Compare the per-layer count at seq_len 1 (no attention scores) with 6N, as L478-494 does."""
+    """Compare the per-layer count at seq_len 1 (no attention scores) with 6N, as the seed does."""
     detailed = transformer_flops_per_token(d_model, n_layers, 1, vocab_size)
     return SixNCheck(name, n_params, detailed.step_total, TRAINING_FLOPS_PER_PARAM * n_params)

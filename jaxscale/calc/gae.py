@@ -1,4 +1,4 @@
-"""GAE by hand: the seed's `gae_visualizer.py` (seed 002 L10690-10982), pure Python, no jax.
+"""GAE by hand: the seed's `gae_visualizer.py` (seed 002 ch12), pure Python, no jax.
 
 The seed's trajectory (10 steps, terminal value 0), TD errors, advantages for several lambda, the
 (gamma·lambda)^k weights and the 3-step numerical example. The jitted GAE used for training is
@@ -16,7 +16,7 @@ SEED_REWARDS = (0.1, 0.1, 0.2, 0.1, 0.5, 0.1, 0.3, 0.1, 0.1, 1.0)
 SEED_VALUES = (0.8, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.3, 0.2, 0.1)
 SEED_LAMBDAS = (0.0, 0.5, 0.9, 0.95, 1.0)
 EXAMPLE_REWARDS, EXAMPLE_VALUES = (0.1, 0.2, 1.0), (0.5, 0.4, 0.2)
-# the seed's weighting text (L10864-10871), printed whatever gamma is
+# the seed's weighting text (analyze_bias_variance), printed whatever gamma is
 SEED_WEIGHT_TEXT = ((0, 1.00), (1, 0.94), (2, 0.88), (3, 0.83), (10, 0.53))
 WEIGHT_STEPS = (0, 1, 2, 3, 10)
 

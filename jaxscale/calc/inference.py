@@ -1,6 +1,6 @@
 """Inference latency: prefill and decode on a roofline, KV cache per sequence, serving memory.
 
-Seed: shared/seeds/001_*.txt section 9 (L1021-1174). The seed times prefill as compute only
+Seed: seed 001 §9 "Inference: Latency and Throughput". The seed times prefill as compute only
 (batch x prompt x 2N FLOPs / peak) and a decode step as a read of the weights only (2N bytes /
 bandwidth), and sizes the KV cache as 2 x layers x d_model x 2 B per token.
 
@@ -9,7 +9,8 @@ Corrected (default) model, each step on a roofline, time = max(FLOPs / peak, byt
   arithmetic intensity (~ batch x prompt FLOP/B) is below the ridge point (H100: 990e12 / 3.35e12
   = 296 FLOP/B), so it is memory-bound, not compute-bound as the seed says;
 - decode step t reads the weights plus every sequence's KV so far (prompt + t tokens), which the
-  seed's text names (L1037) but its formula drops; at large batch a step turns compute-bound;
+  seed's text names ("Decode Phase") but its formula drops; at large batch a step turns
+  compute-bound;
 - KV per token uses the K/V heads: 2 x layers x kv_heads x head_dim x 2 B (GQA; the seed's d_model
   form is 8x too large for LLaMA-2-70B, which has 8 K/V heads of 128 for 64 query heads).
 Tensor parallelism over `tp` GPUs is ideal here: peak and bandwidth scale by tp, communication is
@@ -22,30 +23,31 @@ from dataclasses import dataclass, replace
 from jaxscale.checks import positive, positive_ints
 from jaxscale.hardware import get_device
 
-# Seed 001 prices the H100 at 990 TFLOPS and 3.35 TB/s (L1065-1067); jaxscale/hardware.py has the
+# Seed 001 prices the H100 at 990 TFLOPS and 3.35 TB/s (§9); jaxscale/hardware.py has the
 # datasheet's 989.5 TFLOPS. The seed's tables are computed with its own figure, named here; an
 # explicit `--gpu h100` takes the hardware table's.
 SEED001_H100 = replace(get_device("h100"), bf16_tflops=990)
-SEED_WEIGHT_BYTES = 2.0  # BF16 (001 L1111)
-# (name, prompt tokens, generated tokens, batch) of the seed's table (001 L1146-1151).
+SEED_WEIGHT_BYTES = 2.0  # BF16 (seed 001 calculate_inference_latency)
+# (name, prompt tokens, generated tokens, batch) of the seed's table (seed 001 §9).
 SEED_SCENARIOS = (
     ("Short prompt, short gen", 100, 50, 1),
     ("Long prompt, short gen", 2000, 50, 1),
     ("Short prompt, long gen", 100, 500, 1),
     ("Batched (bs=8)", 100, 50, 8),
 )
-# Seed 002 ch8 memory table for a 70B server (S2 L6264-6271).
+# Seed 002 ch8 memory table for a 70B server ("Memory: The Inference Bottleneck").
 SEED_KV_PER_REQUEST_32K_BYTES = 2e9  # "~2 GB for 32K context" (seed defect 19; ch9 gives 10.24 GB)
 SEED_ACTIVATIONS_BYTES = 1e9  # "~1 GB"
 SEED_SERVING_CONTEXT = 32768
 SEED_SERVING_REQUESTS = 100
-# Seed 003's communication example: A100 compute vs NVLink (003 L17, L80).
-A100 = get_device("a100")  # 312 TFLOPS, 2 TB/s as seed 003 L17
+# Seed 003's communication example: A100 compute vs NVLink (its concepts and misconceptions
+# tables).
+A100 = get_device("a100")  # 312 TFLOPS, 2 TB/s as seed 003 says
 NVLINK_BYTES_PER_S = 600e9
 
 
 def seed_kv_bytes_per_token(num_layers: int, d_model: int, dtype_bytes: int = 2) -> int:
-    """The seed's 2 x layers x d_model x 2 B (001 L1045, L1121): counts every head as a K/V head."""
+    """The seed's 2 x layers x d_model x 2 B (seed 001 §9): counts every head as a K/V head."""
     return 2 * num_layers * d_model * dtype_bytes
 
 
@@ -99,7 +101,7 @@ def inference_latency(
     tp: int = 1,
     seed_faithful: bool = False,
 ) -> InferenceLatency:
-    """Prefill then `gen_len` decode steps for a batch of equal requests (001 L1070-1139)."""
+    """Prefill then `gen_len` decode steps for a batch of equal requests (seed 001 §9)."""
     positive(
         n_params=n_params,
         kv_bytes_per_token=kv_bytes_per_token,
@@ -156,8 +158,8 @@ def transfer_cost(
     link_bytes_per_s: float = NVLINK_BYTES_PER_S,
     flops_per_s: float = A100.flops_per_s,
 ) -> TransferCost:
-    """Seed 003 L80: 1 GB over 600 GB/s NVLink takes ~1.7 ms, ~530 GFLOP of A100 time (exactly
-    1.67 ms and 520 GFLOP; the seed rounds the time up first)."""
+    """Seed 003 (misconception 4): 1 GB over 600 GB/s NVLink takes ~1.7 ms, ~530 GFLOP of A100 time
+    (exactly 1.67 ms and 520 GFLOP; the seed rounds the time up first)."""
     positive(num_bytes=num_bytes, link_bytes_per_s=link_bytes_per_s, flops_per_s=flops_per_s)
     seconds = num_bytes / link_bytes_per_s
     return TransferCost(num_bytes, seconds, seconds * flops_per_s)
@@ -189,8 +191,8 @@ def serving_memory(
     activations_bytes: float = SEED_ACTIVATIONS_BYTES,
     seed_faithful: bool = False,
 ) -> ServingMemory:
-    """Weights + KV of every concurrent request + activations (S2 L6264-6271). The seed's table
-    says ~2 GB of KV per 32K request (100 requests -> 200 GB); by ch9's own formula (L6851-6854)
+    """Weights + KV of every concurrent request + activations (seed 002 ch8). The seed's table
+    says ~2 GB of KV per 32K request (100 requests -> 200 GB); by ch9's own formula
     it is 327,680 B x 32,768 = 10.74 GB (10.00 GiB) for LLaMA-70B (seed defect 19)."""
     positive(n_params=n_params, kv_bytes_per_token=kv_bytes_per_token)
     positive_ints(context_len=context_len, num_requests=num_requests)

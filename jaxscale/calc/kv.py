@@ -1,31 +1,34 @@
 """KV cache calculator: bytes per token and request, serving capacity, paging and fragmentation.
 
-Port of shared/seeds/002_*.txt ch9 `kv_cache_calculator.py` (L7104-7418):
-KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes (L7098, L7135).
+Port of seed 002 ch9 `kv_cache_calculator.py` (ML Systems Infrastructure Tutorial):
+KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes (its
+`kv_bytes_per_token`).
 
-Units. The seed divides KV bytes by 1024**3 and prints "GB" (L7198), while GPU memory and model
-sizes are quoted as "80 GB" and "14 GB"; its capacity arithmetic (L7186-7204) divides one by the
-other, i.e. it reads every "GB" as GiB. We keep that convention, so memory budgets here are GiB and
-the seed's capacity table is reproduced, and we label binary units honestly (KiB, GiB) in output.
+Units. The seed divides KV bytes by 1024**3 and prints "GB" (analyze_capacity), while GPU memory and
+model sizes are quoted as "80 GB" and "14 GB"; its capacity arithmetic (same function) divides one
+by the other, i.e. it reads every "GB" as GiB. We keep that convention, so memory budgets here are
+GiB and the seed's capacity table is reproduced, and we label binary units honestly (KiB, GiB) in
+output.
 
-Capacity. The seed only models one GPU (available = gpu - model - 2 GB), so its default,
-LLaMA-70B on one H100, "does not fit" at every context (seed defect 8). Its prose plans 70B on
-8 x H100 (L6989-7000), which `kv_capacity(..., num_gpus=8)` models: weights split by tensor
+Capacity. The seed only models one GPU (available = gpu - model - 2 GB), so its default, LLaMA-70B
+on one H100, "does not fit" at every context (seed defect 8). Its prose plans 70B on 8 x H100 (ch9
+"Memory Budget Planning"), which `kv_capacity(..., num_gpus=8)` models: weights split by tensor
 parallelism, overhead per GPU.
 """
 
 from dataclasses import dataclass
 
+from jaxscale.calc import models
 from jaxscale.checks import non_negative, positive, positive_ints
 
 GIB = 1024**3
-SEED_OVERHEAD_GB_PER_GPU = 2.0  # "CUDA kernels, activations, etc." (S2 L7188)
-UTILISATION_WITHOUT_PAGING = 0.5  # contiguous pre-allocation (S2 L7206-7208)
+SEED_OVERHEAD_GB_PER_GPU = 2.0  # "CUDA kernels, activations, etc." (analyze_capacity)
+UTILISATION_WITHOUT_PAGING = 0.5  # contiguous pre-allocation (analyze_capacity)
 UTILISATION_WITH_PAGING = 0.95  # PagedAttention
-SEED_CONTEXTS = (2048, 4096, 8192, 32768)  # capacity table (S2 L7304)
-COMPARISON_CONTEXTS = (8192, 32768)  # model comparison table columns (S2 L7253-7254)
-SEED_NODE_GPUS = 8  # the prose deploys 70B on one 8 x H100 node (S2 L6989)
-SEED_CUSTOM_MODEL_SIZE_GB = 14.0  # the seed's fallback for --custom (S2 L7298)
+SEED_CONTEXTS = (2048, 4096, 8192, 32768)  # capacity table (print_capacity_analysis)
+COMPARISON_CONTEXTS = (8192, 32768)  # print_model_comparison's columns
+SEED_NODE_GPUS = 8  # the prose deploys 70B on one 8 x H100 node
+SEED_CUSTOM_MODEL_SIZE_GB = 14.0  # the seed's fallback for --custom
 
 
 @dataclass(frozen=True)
@@ -34,20 +37,28 @@ class KvModel:
     num_layers: int
     num_kv_heads: int  # K/V heads (fewer than query heads under GQA)
     head_dim: int
-    model_size_gb: float  # FP16 weights (S2 L7288-7295)
+    model_size_gb: float  # FP16 weights (print_capacity_analysis's sizes)
 
 
-# The seed's six models (S2 L7139-7146) with its weight sizes (S2 L7288-7295).
-MODELS: dict[str, KvModel] = {
-    "llama-7b": KvModel("LLaMA-7B", 32, 32, 128, 14),
-    "llama-13b": KvModel("LLaMA-13B", 40, 40, 128, 26),
-    "llama-70b": KvModel("LLaMA-70B", 80, 8, 128, 140),
-    "mistral-7b": KvModel("Mistral-7B", 32, 8, 128, 14),
-    "qwen-72b": KvModel("Qwen-72B", 80, 8, 128, 144),
-    "deepseek-67b": KvModel("DeepSeek-67B", 95, 8, 128, 134),
-}
+def kv_model(preset: models.ModelPreset) -> KvModel:
+    """A preset of calc/models.py as the seed lists it: its name and FP16 weight size."""
+    if preset.fp16_weights_gb is None:
+        raise ValueError(f"{preset.name}: no FP16 weight size in the seed's KV calculator")
+    return KvModel(
+        preset.kv_name or preset.name,
+        preset.n_layers,
+        preset.n_kv_heads,
+        preset.head_dim,
+        preset.fp16_weights_gb,
+    )
 
-# Fragmentation scenarios: (requests, average context, max context, description) (S2 L7331-7336).
+
+# The seed's six models (its MODELS) with its weight sizes (print_capacity_analysis): models.py's
+# KV_PRESETS, in its order.
+MODELS: dict[str, KvModel] = {key: kv_model(models.MODELS[key]) for key in models.KV_PRESETS}
+
+# Fragmentation scenarios (print_fragmentation_analysis): (requests, average context, max context,
+# description).
 FRAGMENTATION_SCENARIOS = (
     (100, 512, 8192, "Short prompts, 8K max"),
     (50, 2048, 8192, "Medium prompts, 8K max"),
@@ -58,16 +69,13 @@ FRAGMENTATION_SCENARIOS = (
 
 def get_model(name: str) -> KvModel:
     """The seed model called `name` (case-insensitive); ValueError naming the valid choices."""
-    key = name.strip().lower()
-    if key not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
-    return MODELS[key]
+    return kv_model(models.get_model(name, models.KV_PRESETS))
 
 
 def custom_model(
     num_layers: int, num_kv_heads: int, head_dim: int, model_size_gb: float | None = None
 ) -> KvModel:
-    """A --custom model; without a weight size it takes the seed's fallback of 14 GB (L7298)."""
+    """A --custom model; without a weight size it takes the seed's fallback of 14 GB."""
     positive_ints(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim)
     size = SEED_CUSTOM_MODEL_SIZE_GB if model_size_gb is None else model_size_gb
     positive(model_size_gb=size)
@@ -77,7 +85,7 @@ def custom_model(
 def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2
 ) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x dtype bytes (S2 L6843, L7135)."""
+    """2 (K and V) x layers x kv_heads x head_dim x dtype bytes ("KV Cache Size Calculation")."""
     positive_ints(
         num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes
     )
@@ -132,7 +140,7 @@ def kv_capacity(
     overhead_gb_per_gpu: float = SEED_OVERHEAD_GB_PER_GPU,
     dtype_bytes: int = 2,
 ) -> KvCapacity:
-    """Concurrent full-context requests (S2 L7181-7222), for one GPU or a TP group of them."""
+    """Concurrent full-context requests (analyze_capacity), for one GPU or a TP group of them."""
     positive_ints(context_len=context_len)
     available = available_kv_gib(model.model_size_gb, gpu_memory_gb, num_gpus, overhead_gb_per_gpu)
     per_token = model_kv_bytes_per_token(model, dtype_bytes)
@@ -171,7 +179,7 @@ def deployment_gpus(
     overhead_gb_per_gpu: float = SEED_OVERHEAD_GB_PER_GPU,
 ) -> int:
     """The GPU count the corrected calculator assumes: one GPU if the model fits there (as the
-    script does), otherwise one 8-GPU node, as the seed's prose deploys 70B (S2 L6989)."""
+    script does), otherwise one 8-GPU node, as the seed's prose deploys 70B."""
     if available_kv_gib(model_size_gb, gpu_memory_gb, 1, overhead_gb_per_gpu) > 0:
         return 1
     return SEED_NODE_GPUS
@@ -191,7 +199,7 @@ class Fragmentation:
 
     @property
     def waste_fraction(self) -> float:
-        """1 - avg/max: the share of pre-allocated KV never used (S2 L7224-7245)."""
+        """1 - avg/max: the share of pre-allocated KV never used (compare_fragmentation)."""
         return self.wasted_bytes / self.bytes_without_paging
 
 

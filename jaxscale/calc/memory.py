@@ -1,12 +1,13 @@
 """Training memory per device: model state under ZeRO 0-3 and TP/PP/DP, plus activations.
 
 Mixed-precision Adam keeps, per parameter, bf16 weights (2 B), bf16 gradients (2 B) and fp32 Adam
-moments m and v (4 + 4 B) — 12 B/param (shared/seeds/000_*.txt L84-106). Some recipes also keep an
-fp32 master copy of the weights (+4 B, 16 B/param); it is sharded with the optimizer state.
+moments m and v (4 + 4 B) — 12 B/param (seed 000 Exercise 1, "Training Memory Calculator"). Some
+recipes also keep an fp32 master copy of the weights (+4 B, 16 B/param); it is sharded with the
+optimizer state.
 
 Tensor and pipeline parallelism split the model itself, so every model-state term is divided by
 tp*pp. ZeRO then shards over the data-parallel group: stage 1 the optimizer state (and master copy),
-stage 2 also the gradients, stage 3 also the weights (shared/seeds/000_*.txt L109-146).
+stage 2 also the gradients, stage 3 also the weights (the same exercise's `training_memory`).
 """
 
 import math
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from jaxscale.checks import non_negative, positive, positive_ints
 
-# Mixed-precision Adam, bytes per parameter (shared/seeds/000_*.txt L100-106).
+# Mixed-precision Adam, bytes per parameter (seed 000 Exercise 1).
 BF16_BYTES = 2
 FP32_BYTES = 4
 ADAM_OPTIMIZER_BYTES = 2 * FP32_BYTES  # m and v
@@ -97,7 +98,7 @@ def zero_stage_memories(
 ) -> list[TrainingMemory]:
     """Per-device memory for ZeRO stages 0, 1, 2, 3 (list index = stage), mixed-precision Adam.
 
-    seed_faithful reproduces shared/seeds/002_*.txt L3297, whose ZeRO-2 row (210 GB for 70B on 8
+    seed_faithful reproduces seed 002 ch5 "Memory Comparison", whose ZeRO-2 row (210 GB for 70B on 8
     GPUs) leaves the sharded gradients out: 140 + 560/8 = 210. Counting them gives 227.5.
     """
     rows = [
@@ -121,7 +122,7 @@ def zero_stage_memories(
 def activation_bytes_simple(
     batch_size: int, seq_len: int, hidden_size: int, n_layers: int, *, checkpointing: bool = False
 ) -> float:
-    """Activation memory as shared/seeds/004_*.txt L1585-1597 estimates it.
+    """Activation memory as seed 004 §12 `estimate_memory_per_gpu` estimates it.
 
     b*s*h values per layer, 4 bytes each (fp32), times 2 for the intermediates a layer keeps.
     Checkpointing keeps only ~sqrt(L) layers' activations (checkpoint every sqrt(L) layers, then
@@ -132,7 +133,7 @@ def activation_bytes_simple(
     return batch_size * seq_len * hidden_size * layers_kept * FP32_BYTES * 2
 
 
-# shared/seeds/001_*.txt L599-604: activations ~ 10x (3x with checkpointing) the per-device
+# Seed 001 §6 `calculate_memory_per_gpu`: activations ~ 10x (3x with checkpointing) the per-device
 # parameter count, in the compute dtype. A batch-independent rule of thumb, kept as the seed has it.
 PARAM_HEURISTIC_ACTIVATION_MULTIPLIER = 10
 PARAM_HEURISTIC_ACTIVATION_MULTIPLIER_CHECKPOINTED = 3
@@ -157,7 +158,7 @@ def activation_bytes_param_heuristic(
     return n_params / (tp * pp) * multiplier * dtype_bytes
 
 
-# Optimizer state bytes per parameter in shared/seeds/004_*.txt L1574-1583.
+# Optimizer state bytes per parameter in seed 004 §12 "Memory Requirements".
 OPTIMIZER_STATE_BYTES = {"adam": 2 * FP32_BYTES, "sgd": FP32_BYTES, "none": 0}
 
 
@@ -172,7 +173,7 @@ def single_gpu_memory(
     mixed_precision: bool = False,
     activation_checkpointing: bool = False,
 ) -> TrainingMemory:
-    """shared/seeds/004_*.txt L1551-1608 `estimate_memory_per_gpu`: one GPU, no sharding.
+    """Seed 004 §12 `estimate_memory_per_gpu`: one GPU, no sharding.
 
     Weights and gradients are 2 B/param with mixed precision, else 4; Adam keeps m and v in fp32
     (8 B), SGD with momentum one fp32 buffer (4 B); activations from `activation_bytes_simple`.

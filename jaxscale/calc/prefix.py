@@ -1,17 +1,19 @@
 """Prefix sharing (RadixCache): how much KV memory shared prompt prefixes save.
 
-Port of shared/seeds/002_*.txt ch9 `prefix_sharing_demo.py` (L7483-7782): a per-token trie demo
-over six requests, and closed-form savings for a shared system prompt and shared few-shot examples:
-savings = 1 - (S + n*U) / (n*(S + U)) for n requests sharing S tokens, each with U own tokens.
+Port of seed 002 ch9 `prefix_sharing_demo.py` (ML Systems Infrastructure Tutorial): a per-token trie
+demo over six requests, and closed-form savings for a shared system prompt and shared few-shot
+examples: savings = 1 - (S + n*U) / (n*(S + U)) for n requests sharing S tokens, each with U own
+tokens.
 
-The seed tokenizes with `hash(word) % 1000` (L7593-7595). Python salts str hashes per process, so
-its token ids change from run to run (the statistics do not, barring collisions). We give words ids
-in first-seen order instead: deterministic and collision-free, with the same trie statistics.
+The seed tokenizes with `hash(word) % 1000` (in demo_prefix_sharing). Python salts str hashes per
+process, so its token ids change from run to run (the statistics do not, barring collisions). We
+give words ids in first-seen order instead: deterministic and collision-free, with the same trie
+statistics.
 """
 
 from dataclasses import dataclass, field
 
-# The demo's six requests (S2 L7598-7605).
+# The demo's six requests (demo_prefix_sharing).
 SEED_REQUESTS = (
     "You are a helpful assistant. What is the capital of France?",
     "You are a helpful assistant. What is the capital of Germany?",
@@ -20,14 +22,14 @@ SEED_REQUESTS = (
     "You are a coding assistant. Write a Python function.",
     "You are a coding assistant. Explain recursion.",
 )
-SEED_TREE_DEPTH = 5  # levels below the root the seed draws (L7564)
-FEW_SHOT_EXAMPLES = 5  # few-shot analysis: 5 examples x 200 tokens, 50-token queries (L7742-7747)
+SEED_TREE_DEPTH = 5  # levels below the root the seed draws (visualize_tree)
+FEW_SHOT_EXAMPLES = 5  # few-shot analysis: 5 examples x 200 tokens, 50-token queries (its main)
 FEW_SHOT_EXAMPLE_LEN = 200
 FEW_SHOT_QUERY_LEN = 50
 
 
 class WordTokenizer:
-    """Lower-cased whitespace words -> ids in first-seen order (the seed's split, L7594)."""
+    """Lower-cased whitespace words -> ids in first-seen order (the seed's split)."""
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
@@ -52,7 +54,7 @@ class TrieNode:
 
 
 class TokenTrie:
-    """The seed's RadixTree (L7510-7560): one node per token, no edge compression, no eviction.
+    """The seed's RadixTree: one node per token, no edge compression, no eviction.
 
     Inserting a sequence reuses the nodes of its longest cached prefix and allocates a new KV slot
     for each remaining token."""
@@ -78,7 +80,7 @@ class TokenTrie:
 
 
 def render_trie(node: TrieNode, words: list[str], max_depth: int = SEED_TREE_DEPTH) -> list[str]:
-    """ASCII tree in the seed's layout (L7563-7583), with words in place of hashed ids."""
+    """ASCII tree in the seed's layout (visualize_tree), with words in place of hashed ids."""
     lines: list[str] = []
 
     def walk(n: TrieNode, prefix: str, is_last: bool, depth: int) -> None:
@@ -114,7 +116,7 @@ class RadixDemo:
 
 
 def radix_demo(requests: tuple[str, ...] = SEED_REQUESTS) -> RadixDemo:
-    """Insert every request into a fresh trie and count (S2 L7586-7645)."""
+    """Insert every request into a fresh trie and count (demo_prefix_sharing)."""
     if not requests or any(not r.split() for r in requests):
         raise ValueError("every request must contain at least one word")
     tokenizer, trie = WordTokenizer(), TokenTrie()
@@ -167,7 +169,8 @@ def _check_count(name: str, value: int, minimum: int) -> None:
 def shared_prefix_savings(
     num_requests: int, shared_len: int, unique_len: int, kv_bytes_per_token: int
 ) -> PrefixSavings:
-    """n requests of S shared + U own tokens (S2 L7648-7711): 1 - (S + n*U) / (n*(S + U))."""
+    """n requests of S shared + U own tokens (seed analyze_system_prompt_sharing): savings
+    1 - (S + n*U) / (n*(S + U))."""
     _check_count("number of requests", num_requests, 1)
     _check_count("shared prefix length", shared_len, 0)
     _check_count("per-request length", unique_len, 0)
@@ -181,7 +184,7 @@ def shared_prefix_savings(
 def prompt_savings(
     prompt_lengths: list[int], shared_len: int, kv_bytes_per_token: int
 ) -> PrefixSavings:
-    """Prompts of different lengths sharing their first `shared_len` tokens (prose L7439-7471)."""
+    """Prompts of different lengths sharing their first `shared_len` tokens (its "Run It" page)."""
     if not prompt_lengths:
         raise ValueError("need at least one prompt")
     _check_count("shared prefix length", shared_len, 0)

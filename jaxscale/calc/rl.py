@@ -1,13 +1,14 @@
 """RL training throughput: synchronous vs asynchronous generate / score / train iterations.
 
-Seed: shared/seeds/001_*.txt section 10 (L1277-1530). Sync runs generate -> score -> train in
-sequence on all GPUs; async overlaps generation (+ scoring) with training on split GPU sets:
-time = max(T_generate + T_score, T_train) (L1412; the prose's max(T_generate, T_train), L1312, drops
-scoring). Training costs 6N FLOPs per token per PPO epoch at 50% MFU on the training GPUs (L1402).
+Seed: seed 001 §10 "Reinforcement Learning Training". Sync runs generate -> score -> train in
+sequence on all GPUs; async overlaps generation (+ scoring) with training on split GPU sets: time =
+max(T_generate + T_score, T_train) (its `estimate_rl_throughput`; the prose's max(T_generate,
+T_train), "Throughput Calculation", drops scoring). Training costs 6N FLOPs per token per PPO epoch
+at 50% MFU on the training GPUs.
 
 The seed times generation and scoring on ONE GPU (`calculate_inference_latency` has no GPU count),
 while training gets all 256 (sync) or 128 (async) GPUs. Generation then dominates both modes and
-async gains only 1.10x, against its own summary's "1.5-2x" (L1570). The corrected (default) model
+async gains only 1.10x, against its own summary's "1.5-2x". The corrected (default) model
 runs generation on the generating GPUs: replicas of the fewest GPUs (power of two) that hold the
 weights, the batch split between replicas, each timed on the roofline of `inference.py`; the 10x
 smaller reward model scores on the same GPUs. Sync generates on all GPUs, async on `gen_gpus`
@@ -21,9 +22,9 @@ from jaxscale.calc.inference import SEED001_H100, SEED_WEIGHT_BYTES, inference_l
 from jaxscale.calc.serving import OVERHEAD_BYTES_PER_GPU
 from jaxscale.hardware import Device
 
-SEED_MFU = 0.5  # training at 50% MFU (001 L1402)
-SEED_REWARD_FRACTION = 0.1  # "Assume reward model is 10x smaller" (001 L1377-1380)
-SEED_BATCH_SIZES = (128, 256, 512, 1024)  # the seed's plot (001 L1477)
+SEED_MFU = 0.5  # training at 50% MFU (seed 001 §10)
+SEED_REWARD_FRACTION = 0.1  # "Assume reward model is 10x smaller" (seed 001 §10)
+SEED_BATCH_SIZES = (128, 256, 512, 1024)  # the seed's plot (seed 001 §10)
 MODES = ("sync", "async")
 
 
@@ -87,7 +88,7 @@ def rl_iteration(
     reward_fraction: float = SEED_REWARD_FRACTION,
     seed_faithful: bool = False,
 ) -> RlIteration:
-    """One generate / score / train iteration (001 L1335-1425)."""
+    """One generate / score / train iteration (seed 001 `estimate_rl_throughput`)."""
     if mode not in MODES:
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
     _check_count("PPO epochs", ppo_epochs)

@@ -1,9 +1,9 @@
 """RLHF memory: the four models (actor, critic, reward, reference) per phase, in GB (1e9 B).
 
-Two seed sources, both shared/seeds/002_*.txt:
-- ch13 table (L11143-11154): 7B in FP16, four models of 14 GB, optimizer states 56 GB, activations
-  ~20 GB, total ~130 GB (the rows sum to 132); "for 70B multiply by 10 -> ~1.3 TB".
-- ch14 `memory_timeline.py` (L12884-13197): per-phase totals, not divided by GPUs. Weights 2 B and
+Two seed sources, both in seed 002 (ML Systems Infrastructure Tutorial):
+- ch13 table ("Memory Requirements"): 7B in FP16, four models of 14 GB, optimizer states 56 GB,
+  activations ~20 GB, total ~130 GB (the rows sum to 132); "for 70B multiply by 10 -> ~1.3 TB".
+- ch14 `memory_timeline.py`: per-phase totals, not divided by GPUs. Weights 2 B and
   gradients 2 B per parameter, KV = batch x seq x 2 x layers x hidden x 2 B (no GQA), activations
   = batch x seq x hidden x 10 x 2 B x layers; scoring keeps 0.2 of the activations.
 
@@ -13,10 +13,10 @@ Whose Adam states (seed defect 22): both sources count 8 B/param for ONE model (
 the row ("Optimizer States (actor)"), and `adam_for="actor+critic"` counts both.
 
 Fixed vs scaling (seed defect 12): the script classifies by the substring "weights" or "optimizer"
-in the row name (L13068-13073), but the full-RLHF rows are named "Actor", "Critic", ..., so only
-the optimizer counts as fixed (560.0 GB vs 968.8 GB scaling). Here every row carries its own flag:
-weights, gradients and optimizer are fixed (independent of batch and sequence), KV and activations
-scale.
+in the row name (show_scaling_analysis), but the full-RLHF rows are named "Actor", "Critic", ..., so
+only the optimizer counts as fixed (560.0 GB vs 968.8 GB scaling). Here every row carries its own
+flag: weights, gradients and optimizer are fixed (independent of batch and sequence), KV and
+activations scale.
 """
 
 import math
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 ADAM_FOR = ("actor", "actor+critic")
 PHASES = ("generation", "scoring", "training", "full_rlhf")
-TIMELINE_PHASES = PHASES[:3]  # the phases the script draws (L13039)
-SEED_BATCH_SWEEP = (1, 2, 4, 8, 16, 32)  # L13082
+TIMELINE_PHASES = PHASES[:3]  # the phases the script draws (show_memory_timeline)
+SEED_BATCH_SWEEP = (1, 2, 4, 8, 16, 32)  # show_scaling_analysis
 SEED_SCALING_BATCH, SEED_SCALING_SEQ = 4, 2048  # the script's fixed scaling/recommend inputs
-SEED_MISC_GB = 2.0  # "Misc (buffers)" during generation (L12970)
-SEED_SCORING_ACTIVATION_SHARE = 0.2  # "Inference uses less" (L12977)
-SEED_TP_EFFICIENCY = 0.7  # recommend_setup's "70% efficiency" (L13114)
-SEED_ACTIVATIONS_GB_PER_7B = 20.0  # ch13 table "~20 GB" for 7B (L11151)
+SEED_MISC_GB = 2.0  # "Misc (buffers)" during generation (calculate_phase_memory)
+SEED_SCORING_ACTIVATION_SHARE = 0.2  # "Inference uses less" (calculate_phase_memory)
+SEED_TP_EFFICIENCY = 0.7  # recommend_setup's "70% efficiency"
+SEED_ACTIVATIONS_GB_PER_7B = 20.0  # ch13 table "~20 GB" for 7B
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class TimelineModel:
     num_layers: int
 
 
-TIMELINE_MODELS: dict[str, TimelineModel] = {  # L12911-12916
+TIMELINE_MODELS: dict[str, TimelineModel] = {  # the script's MODELS
     "7b": TimelineModel("7B", 7, 4096, 32),
     "13b": TimelineModel("13B", 13, 5120, 40),
     "70b": TimelineModel("70B", 70, 8192, 80),
@@ -74,7 +74,7 @@ class PhaseMemory:
         return self.total_gb - self.fixed_gb
 
     def seed_fixed_gb(self) -> float:
-        """The seed's substring classifier (L13068-13073), kept to reproduce its 560.0 / 968.8."""
+        """The seed's substring classifier (show_scaling_analysis), kept for its 560.0 / 968.8."""
         names = ("weights", "optimizer")
         return sum(i.gb for i in self.items if any(n in i.name.lower() for n in names))
 
@@ -103,7 +103,7 @@ def kv_cache_gb(
 
 
 def activations_gb(model: TimelineModel, batch_size: int, seq_len: int) -> float:
-    """The seed's rough "~10x hidden per layer per token" in 2-byte values (L12944-12950)."""
+    """The seed's rough "~10x hidden per layer per token", 2-byte values (estimate_activations)."""
     return batch_size * seq_len * model.hidden_size * 10 * 2 * model.num_layers / 1e9
 
 
@@ -119,8 +119,8 @@ def phase_memory(
     value_bytes: float = 2.0,
     misc_gb: float = SEED_MISC_GB,
 ) -> PhaseMemory:
-    """Rows of one phase (L12952-13000); with tp > 1, per GPU of a tensor-parallel group (every
-    row but the misc buffers divided by tp, as the script's prose example does, L12824-12852).
+    """Rows of one phase (calculate_phase_memory); with tp > 1, per GPU of a tensor-parallel group
+    (every row but the misc buffers divided by tp, as the script's "Run It" example does).
     `value_bytes` is the size of a weight, gradient, KV or activation value (the seed's FP16: 2;
     Adam's two f32 moments stay 8 B/param); `misc_gb` the generation phase's buffers."""
     if phase not in PHASES:
@@ -183,7 +183,7 @@ class Recommendation:
 def recommend(
     required_gb: float, gpu_memory_gb: float, num_gpus: int, *, seed_faithful: bool = False
 ) -> Recommendation:
-    """The script's recommend_setup (L13091-13130). The seed prints the GPU count with `:.0f`
+    """The script's recommend_setup. The seed prints the GPU count with `:.0f`
     (1528.8 / 80 = 19.1 -> "19", which holds 1520 GB) and sizes TP as int(required / gpu x 0.7),
     shrinking the group below what holds the model; corrected: ceil, and required / (0.7 x gpu)
     rounded up to a power of two, capped at the GPUs given and at 8."""
@@ -220,8 +220,8 @@ class RlhfModelMemory:
 def rlhf_model_memory(
     params_b: float = 7, activations_gb: float | None = None, adam_for: str = "actor"
 ) -> RlhfModelMemory:
-    """The ch13 table (L11143-11154): four FP16 models, Adam 8 B/param, activations ~20 GB per 7B
-    (scaled with size, as "70B: multiply by 10" does)."""
+    """The ch13 table ("Memory Requirements"): four FP16 models, Adam 8 B/param, activations ~20 GB
+    per 7B (scaled with size, as "70B: multiply by 10" does)."""
     if not params_b > 0:
         raise ValueError(f"parameter count must be > 0 billion, got {params_b!r}")
     act = SEED_ACTIVATIONS_GB_PER_7B * params_b / 7 if activations_gb is None else activations_gb

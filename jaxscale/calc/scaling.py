@@ -1,4 +1,4 @@
-"""Scaling efficiency, Amdahl's law and naive model parallelism (shared/seeds/004_*.txt).
+"""Scaling efficiency, Amdahl's law and naive model parallelism (seed 004).
 
 Strong scaling: fixed problem, ideal t_N = t_1 / N, efficiency = (t_1 / N) / t_N.
 Weak scaling: per-GPU batch fixed, ideal t_N = t_1, efficiency = t_1 / t_N.
@@ -32,7 +32,7 @@ def strong_scaling(
     """Speedup and efficiency against the first point (or an explicit single-GPU time).
 
     The baseline is taken as a 1-GPU time: efficiency = (baseline / N) / t_N
-    (004 L377-387, L1400-1402).
+    (seed 004 §4 `calculate_scaling_efficiency`, §10 `measure_scaling_efficiency`).
     """
     _check_series(gpus, times_s)
     base = times_s[0] if baseline_time_s is None else baseline_time_s
@@ -42,13 +42,13 @@ def strong_scaling(
 
 
 def weak_scaling(gpus: list[int], times_s: list[float]) -> list[ScalingPoint]:
-    """Efficiency t_1 / t_N (004 L1410-1425); speedup in work per second is N * efficiency."""
+    """Efficiency t_1 / t_N (seed 004 §10); speedup in work per second is N * efficiency."""
     _check_series(gpus, times_s)
     base = times_s[0]
     return [ScalingPoint(n, t, n * base / t, base / t) for n, t in zip(gpus, times_s, strict=True)]
 
 
-# shared/seeds/004_*.txt L1394-1397, L1413-1417, L388-396.
+# Seed 004 §10 "Strong Scaling vs Weak Scaling" (strong, weak) and §4 (ResNet).
 SEED_STRONG = ([1, 2, 4, 8, 16, 32], [1000, 520, 270, 145, 80, 50])
 SEED_WEAK = ([1, 2, 4, 8, 16, 32], [1000, 1020, 1050, 1100, 1180, 1300])
 SEED_WEAK_BATCH_PER_GPU = 32
@@ -56,7 +56,7 @@ SEED_RESNET = ([2, 4, 8, 16, 32], [52, 27, 15, 9, 6])
 SEED_RESNET_SINGLE_GPU_S = 100
 
 
-# shared/seeds/004_*.txt L1461: the warning threshold on the communication fraction.
+# Seed 004 §10 analyze_scaling_bottlenecks: the warning threshold on the communication fraction.
 COMM_WARNING_FRACTION = 0.3
 
 
@@ -89,14 +89,14 @@ class AmdahlAnalysis:
 
 
 def amdahl(compute_s: float, comm_s: float, num_gpus: int) -> AmdahlAnalysis:
-    """shared/seeds/004_*.txt L1428-1482 `analyze_scaling_bottlenecks`."""
+    """Seed 004 §10 `analyze_scaling_bottlenecks`."""
     if not compute_s >= 0 or not comm_s >= 0 or not compute_s + comm_s > 0:
         raise ValueError("compute and communication times must be >= 0 and not both 0")
     positive_ints(num_gpus=num_gpus)
     return AmdahlAnalysis(compute_s, comm_s, num_gpus)
 
 
-# shared/seeds/004_*.txt L1470-1482: (name, compute s, communication s, GPUs).
+# The same function's scenarios: (name, compute s, communication s, GPUs).
 SEED_AMDAHL_SCENARIOS = (
     ("Small model, fast network", 90.0, 10.0, 8),
     ("Large model, slow network", 60.0, 40.0, 8),
@@ -125,7 +125,7 @@ def naive_model_parallel(
     *,
     seed_faithful: bool = False,
 ) -> NaiveModelParallel:
-    """shared/seeds/004_*.txt L519-564: layers split over GPUs that run one after another.
+    """Seed 004 §5 `simulate_naive_model_parallel_time`: layers split over GPUs run in turn.
 
     Only one GPU works at a time, so utilisation = busy GPU-time / (n_gpus * total) =
     2*L*t / (n_gpus * total). The seed gives every GPU L // n_gpus layers, so with 13 layers on

@@ -1,4 +1,4 @@
-"""Chinchilla compute-optimal tokens and MoE parameter counts (shared/seeds/001_*.txt §2-§3).
+"""Chinchilla compute-optimal tokens and MoE parameter counts (seed 001 §2-§3).
 
 Chinchilla (Hoffmann et al., 2022): for a fixed compute budget, train on ~20 tokens per parameter.
 For a mixture of experts only the routed top-k experts run per token, so compute (and the Chinchilla
@@ -17,7 +17,7 @@ ZETTA = 1e21
 def chinchilla_optimal_tokens(
     n_params: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM
 ) -> float:
-    """Compute-optimal training tokens = 20 * N (shared/seeds/001_*.txt L40-44, L59-69)."""
+    """Compute-optimal training tokens = 20 * N (seed 001 §2, "Key Finding")."""
     positive(n_params=n_params, tokens_per_param=tokens_per_param)
     return tokens_per_param * n_params
 
@@ -42,12 +42,12 @@ def chinchilla_row(
 
 
 def tokens_per_param(n_params: float, n_tokens: float) -> float:
-    """Actual tokens per parameter: GPT-3 300B / 175B = 1.7 (shared/seeds/001_*.txt L104-106)."""
+    """Actual tokens per parameter: GPT-3 300B / 175B = 1.7 (seed 001 §2's examples)."""
     positive(n_params=n_params)
     return n_tokens / n_params
 
 
-# shared/seeds/001_*.txt L88-94 (parameters) and L104-112 (tokens actually trained on).
+# Seed 001 §2's example calculations: parameters, and the tokens actually trained on.
 CHINCHILLA_MODELS = (
     ("GPT-3", 175e9),
     ("Chinchilla", 70e9),
@@ -60,7 +60,7 @@ ACTUAL_TRAINING_TOKENS = (("GPT-3", 175e9, 300e9), ("LLaMA-2-70B", 70e9, 2000e9)
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """A mixture-of-experts model by parameter groups (shared/seeds/001_*.txt L156-197)."""
+    """A mixture-of-experts model by parameter groups (seed 001 §3, `MoEConfig`)."""
 
     shared_params: float  # attention, embeddings, router: run for every token
     num_experts: int
@@ -112,11 +112,11 @@ class MoEConfig:
 
 
 B = 1e9
-# shared/seeds/001_*.txt L200-204, as the seed's code has them (its prose at L161-164 describes
+# Seed 001 §3's example configurations, as its code has them (its prose, "Example: GPT-4", has
 # GPT-4 without the shared 100B: 8 x 220B = 1.76T total, 220B active; see the seed notes).
-# DeepSeek-V3: 671B total / 37B active (shared/seeds/002_*.txt L5211); the split is solved for its
+# DeepSeek-V3: 671B total / 37B active (seed 002 ch7, "Why MoE?"); the split is solved for its
 # published routing, 256 routed experts with top-8. Mixtral as seed 003 has it (~47B total,
-# ~13B active, shared/seeds/003_*.txt L25), solved for 8 experts, top-2: the seed 001 preset
+# ~13B active, in its concepts table), solved for 8 experts, top-2: the seed 001 preset
 # (5B + 8 x 7B) counts each expert as a whole 7B model.
 MOE_MODELS: dict[str, MoEConfig] = {
     "GPT-4 (rumored)": MoEConfig(100 * B, 8, 220 * B, 1),

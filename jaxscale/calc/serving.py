@@ -1,9 +1,9 @@
 """How many GPUs serve a load: requests per second at a latency target.
 
-Seed: shared/seeds/001_*.txt L1176-1275 (`estimate_serving_gpus`). It divides the load by the
+Seed: seed 001 §9 (`estimate_serving_gpus`). It divides the load by the
 throughput of ONE unbatched request on ONE GPU (23.8 tokens/s -> 0.48 requests/s for LLaMA-2-70B),
 although 140 GB of weights do not fit in that GPU's 80 GB, and the latency target and KV memory it
-computes are never used (its weight memory is also off by 1e9: `model_params_b * 2 / 1e9`, L1214).
+computes are never used (its weight memory is also off by 1e9: `model_params_b * 2 / 1e9`).
 
 Corrected (default) plan: a replica is a tensor-parallel group of tp GPUs (1, 2, 4 or 8) that must
 hold the weights plus the KV of its batch; it serves static batches of B requests, each finishing
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from jaxscale.calc.inference import SEED001_H100, SEED_WEIGHT_BYTES, inference_latency
 
-# (name, users, requests per second per user) (001 L1247-1251), prompt 100, gen 50, 1 s target.
+# (name, users, requests per second per user) (seed 001 §9's example), prompt 100, gen 50,
+# 1 s target.
 SEED_LOAD_SCENARIOS = (
     ("Low load", 1000, 0.01),
     ("Medium load", 5000, 0.02),
@@ -27,7 +28,7 @@ SEED_PROMPT_LEN = 100
 SEED_GEN_LEN = 50
 SEED_TARGET_LATENCY_S = 1.0
 TP_DEGREES = (1, 2, 4, 8)  # one node at most
-OVERHEAD_BYTES_PER_GPU = 2e9  # CUDA context and buffers, as the KV calculator assumes (S2 L7188)
+OVERHEAD_BYTES_PER_GPU = 2e9  # CUDA context and buffers, as seed 002's KV calculator assumes
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class SeedServingEstimate:
     requests_per_gpu: float  # one unbatched request's tokens/s / generated tokens
     gpus_needed: int
     single_request_latency_s: float
-    max_concurrent_requests: float  # computed by the seed (L1214-1225) but never used
+    max_concurrent_requests: float  # computed by the seed but never used
 
 
 def seed_serving_estimate(
@@ -51,7 +52,7 @@ def seed_serving_estimate(
     flops_per_s: float = SEED001_H100.flops_per_s,
     hbm_bytes_per_s: float = SEED001_H100.hbm_bytes_per_s,
 ) -> SeedServingEstimate:
-    """The seed's arithmetic, slips included (001 L1178-1240)."""
+    """The seed's arithmetic, slips included (seed 001 `estimate_serving_gpus`)."""
     if not total_rps > 0 or not target_latency_s > 0:
         raise ValueError("requests per second and target latency must be > 0")
     single = inference_latency(

@@ -1,7 +1,7 @@
 """GPU topology from `nvidia-smi topo -m`: parser, pair classification and the seed's advice
-(topology_inspector.py, shared/seeds/002_7edd1202589f894b.txt L2528-2840). Pure Python.
+(seed 002 ch4 topology_inspector.py). Pure Python.
 
-Without GPUs the seed shows a simulated DGX-A100 (8 GPUs, every pair NV12, L2685-2693); so do we.
+Without GPUs the seed shows a simulated DGX-A100 (8 GPUs, every pair NV12); so do we.
 TPU devices have no such matrix; `jaxscale.analysis.topology_devices` lists their coordinates.
 """
 
@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-# Legend, seed 002 L2370-2378 / L2696-2702.
+# Legend, seed 002 ch4 "GPU Topology" and print_simulated_topology.
 LEGEND = {
     "X": "self",
     "NV#": "NVLink with # links",
@@ -21,13 +21,13 @@ LEGEND = {
     "PIX": "at most one PCIe bridge (same switch)",
 }
 PCIE_TOKENS = ("SYS", "NODE", "PHB", "PXB", "PIX")
-NVLINK_GBps_PER_LINK = 25.0  # NVLink 2-4 link, per direction (seed 002 L2350-2354)
-SYS_GBps = 12.0  # "PCIe 4.0 x16 through CPU", seed 002 L2706
+NVLINK_GBps_PER_LINK = 25.0  # NVLink 2-4 link, per direction (seed 002 ch4's NVLink table)
+SYS_GBps = 12.0  # "PCIe 4.0 x16 through CPU", seed 002 ch4
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DEVICE_COL = re.compile(r"^(GPU\d+|NIC\d+|mlx\S*)$")
 
-# The seed's simulated matrix (L2685-2693): 8 GPUs, every pair NV12, no affinity columns.
+# The seed's simulated matrix (print_simulated_topology): 8 GPUs, all pairs NV12, no affinity.
 SIMULATED_DGX_A100 = "\n".join(
     ["        " + "".join(f"GPU{j:<5}" for j in range(8)).rstrip()]
     + [
@@ -36,7 +36,7 @@ SIMULATED_DGX_A100 = "\n".join(
     ]
 )
 
-# The seed's 4-GPU sample (L2364-2368).
+# The seed's 4-GPU sample (ch4 "GPU Topology").
 SAMPLE_4_GPU_NV4 = """\
         GPU0    GPU1    GPU2    GPU3    CPU Affinity
 GPU0     X      NV4     NV4     NV4     0-31
@@ -97,7 +97,7 @@ def parse_topo_matrix(text: str) -> Topology:
 
 
 def analyze(topo: Topology) -> TopologyReport:
-    """The seed's analysis (L2712-2756): NVLink pairs, PCIe-only pairs, recommendation."""
+    """The seed's analysis (analyze_topology): NVLink pairs, PCIe-only pairs, recommendation."""
     nv = tuple(
         (i, j, t) for (i, j), t in sorted(topo.links.items()) if i < j and t.startswith("NV")
     )
@@ -140,7 +140,7 @@ def analyze(topo: Topology) -> TopologyReport:
 
 
 def link_bandwidth_GBps(token: str) -> float | None:
-    """Nominal one-way bandwidth of a link token: NV# x 25 GB/s; SYS ~12 GB/s (seed L2705-2706)."""
+    """Nominal one-way bandwidth of a link token: NV# x 25 GB/s; SYS ~12 GB/s (as the seed)."""
     if re.fullmatch(r"NV\d+", token):
         return int(token[2:]) * NVLINK_GBps_PER_LINK
     return SYS_GBps if token == "SYS" else None

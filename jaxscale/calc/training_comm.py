@@ -1,9 +1,10 @@
 """Communication of training parallelism: TP all-reduces, ZeRO/FSDP per stage, tp_mlp volumes.
 
-Sources: shared/seeds/001_*.txt §7 (L647-884), shared/seeds/002_*.txt L3316-3326 (DDP/ZeRO volume
-table) and L4148-4160, L4980-5050 (tp_mlp analysis). Volumes are bytes SENT PER GPU with ring
-algorithms over N ranks: all-reduce 2(N-1)/N * size, all-gather and reduce-scatter (N-1)/N * size.
-Time = latency + bytes / bandwidth per collective (the alpha-beta model, 001 L683-735).
+Sources: seed 001 §7 "Communication Patterns", seed 002 ch5 "Communication Volume Comparison"
+(DDP/ZeRO volume table) and ch6 "Communication Analysis" and tp_mlp.py's `analyze_communication`.
+Volumes are bytes SENT PER GPU with ring algorithms over N ranks: all-reduce 2(N-1)/N * size,
+all-gather and reduce-scatter (N-1)/N * size. Time = latency + bytes / bandwidth per collective (the
+alpha-beta model, seed 001 §7).
 """
 
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ class Link:
     latency_us: float
 
 
-# shared/seeds/001_*.txt L695-705 as written: all three labelled GB/s. InfiniBand NDR and 100GbE
+# Seed 001 §7's NetworkSpecs as written: all three labelled GB/s. InfiniBand NDR and 100GbE
 # are 400 and 100 Gbit/s, i.e. 50 and 12.5 GB/s, so the seed's IB and Ethernet are 8x too fast.
 SEED_LINKS = {
     "nvlink": Link("NVLink", 600.0, 1.0),
@@ -39,7 +40,7 @@ def links(seed_faithful: bool = False) -> dict[str, Link]:
 
 
 def collective_time_ms(message_bytes: float, link: Link) -> float:
-    """latency + bytes / bandwidth, in milliseconds (001 L707-735)."""
+    """latency + bytes / bandwidth, in milliseconds (seed 001 §7 `estimate_communication_time`)."""
     non_negative(message_bytes=message_bytes)
     return (link.latency_us * 1e-6 + message_bytes / (link.bandwidth_gb_s * GB)) * 1e3
 
@@ -82,8 +83,8 @@ def tp_layer_comm(
     bytes_per_value: float = 2,
     seed_faithful: bool = False,
 ) -> TPLayerComm:
-    """shared/seeds/001_*.txt L737-765. The seed moves 2x the tensor per all-reduce whatever the TP
-    degree ("2(N-1)/N ~ 2"); corrected uses 2(T-1)/T (1.75 at T=8)."""
+    """Seed 001 §7 `analyze_tp_communication`. The seed moves 2x the tensor per all-reduce whatever
+    the TP degree ("2(N-1)/N ~ 2"); corrected uses 2(T-1)/T (1.75 at T=8)."""
     positive_ints(tp=tp)
     positive(d_model=d_model, batch_size=batch_size, seq_len=seq_len)
     activation = batch_size * seq_len * d_model * bytes_per_value
@@ -117,7 +118,7 @@ def zero_step_comm(
     bytes_per_param: float = 2,
     seed_faithful: bool = False,
 ) -> ZeroStepComm:
-    """FSDP/ZeRO communication per step (shared/seeds/001_*.txt L795-855).
+    """FSDP/ZeRO communication per step (seed 001 §7 `analyze_fsdp_communication`).
 
     Corrected (ring volumes, as in the ZeRO paper): DDP all-reduces the gradients, 2(N-1)/N * G;
     ZeRO-1/2 reduce-scatter the gradients and all-gather the updated parameters, the same 2(N-1)/N;
@@ -151,7 +152,7 @@ def zero_step_comm(
     return ZeroStepComm(zero_stage, name, sum(sizes), time_ms, n_layers)
 
 
-# shared/seeds/002_*.txt L3318-3322: per-GPU volume in units of the model size D,
+# Seed 002 ch5 "Communication Volume Comparison": per-GPU volume in units of the model size D,
 # (forward, backward, optimizer step).
 SEED_ZERO_VOLUME_D = {0: (0, 2, 0), 1: (0, 2, 1), 2: (0, 1, 1), 3: (2, 2, 1)}
 # ZeRO paper (Rajbhandari et al., 2020, §7): 2Ψ for DDP, ZeRO-1 and ZeRO-2; 3Ψ for ZeRO-3.
@@ -178,7 +179,7 @@ def zero_volume_table() -> list[ZeroVolumeRow]:
 
 @dataclass(frozen=True)
 class TPMLPComm:
-    """shared/seeds/002_*.txt L4980-5019 `analyze_communication`: one all-reduce per MLP forward."""
+    """Seed 002 ch6 tp_mlp.py `analyze_communication`: one all-reduce per MLP forward."""
 
     elements_per_allreduce: int  # [B, T, H]
     bytes_per_allreduce: float
@@ -188,8 +189,8 @@ class TPMLPComm:
     @property
     def layer_fwd_bwd_bytes_per_gpu(self) -> float:
         """4 all-reduces per layer (attention and MLP, forward and backward): 8*B*T*H*(T-1)/T
-        values. The seed's table (L4150-4158) writes each row as 2*B*T*H/T; the ring volume is
-        2*B*T*H*(T-1)/T, which its own total line uses."""
+        values. The seed's table (ch6 "Communication Analysis") writes each row as 2*B*T*H/T; the
+        ring volume is 2*B*T*H*(T-1)/T, which its own total line uses."""
         return 4 * self.ring_bytes_per_gpu
 
 
@@ -205,7 +206,7 @@ def tp_mlp_comm(
 
 
 def mlp_params_per_gpu(hidden_size: int, tp: int = 1) -> float:
-    """W1 [H, 4H/T] + W2 [4H/T, H] = 8H^2/T (shared/seeds/002_*.txt L5022-5047)."""
+    """W1 [H, 4H/T] + W2 [4H/T, H] = 8H^2/T (seed 002 ch6 tp_mlp.py `compare_scaling`)."""
     positive_ints(tp=tp)
     positive(hidden_size=hidden_size)
     return 8 * hidden_size * hidden_size / tp

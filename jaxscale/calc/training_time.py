@@ -1,7 +1,8 @@
-"""Training time, GPU-hours and cost (shared/seeds/001_*.txt §4; shared/seeds/004_*.txt L76-121).
+"""Training time, GPU-hours and cost (seed 001 §4; seed 004 §2 "Why Distributed Training?").
 
 time = 6*N*D / (num_gpus * peak_flops * MFU). MFU (model FLOPs utilisation) is the fraction of the
-peak the training step actually achieves; 40-50% is good, 60%+ rare (001 L238-242).
+peak the training step actually achieves; 40-50% is good, 60%+ rare (seed 001 §4, "Typical
+Utilization").
 """
 
 from dataclasses import dataclass
@@ -14,9 +15,9 @@ SECONDS_PER_HOUR = 3600
 HOURS_PER_DAY = 24
 DAYS_PER_YEAR = 365
 
-# shared/seeds/004_*.txt L117: on-demand price of one A100.
+# Seed 004 §2, "Cost Efficiency": on-demand price of one A100.
 SEED_USD_PER_GPU_HOUR = 3.0
-# shared/seeds/001_*.txt L245-253: the peaks seed 001's training-time tables were computed with.
+# Seed 001 §4's GPUSpecs: the peaks seed 001's training-time tables were computed with.
 # Its H100 figure is the datasheet's 989.5 rounded to 990; jaxscale/hardware.py keeps 989.5, so a
 # command reproducing the seed's table passes these explicitly (docs/seed-notes.md).
 SEED001_PEAK_TFLOPS = {"a100": 312, "h100": 990}
@@ -58,7 +59,7 @@ class TrainingTime:
 def estimate_training_time(
     n_params: float, n_tokens: float, num_gpus: int, gpu_tflops: float, mfu: float = 0.5
 ) -> TrainingTime:
-    """shared/seeds/001_*.txt L255-297: wall-clock time of 6*N*D FLOPs on num_gpus at `mfu`."""
+    """Seed 001 §4 `estimate_training_time`: wall-clock time of 6*N*D FLOPs on num_gpus at `mfu`."""
     positive_ints(num_gpus=num_gpus)
     positive(gpu_tflops=gpu_tflops)
     if not 0 < mfu <= 1:
@@ -71,10 +72,10 @@ def estimate_training_time(
 def throughput_training_hours(
     dataset_size: float, batch_size: float, epochs: float, samples_per_second: float
 ) -> float:
-    """shared/seeds/004_*.txt L82-109: hours to push dataset_size*epochs samples at a throughput.
+    """Seed 004 §2 `estimate_training_time`: hours to push dataset_size*epochs samples.
 
     The batch size cancels (batches * batch_size / throughput). With 300e9 tokens at 1000 tokens/s
-    this is 83,333 hours; the seed's comment (L110) says ~20,833, 4x too few (see the seed notes).
+    this is 83,333 hours; the seed's comment says ~20,833, 4x too few (see the seed notes).
     """
     positive(
         dataset_size=dataset_size,
@@ -90,7 +91,7 @@ def throughput_training_hours(
 def cluster_cost_usd(
     num_gpus: int, hours: float, usd_per_gpu_hour: float = SEED_USD_PER_GPU_HOUR
 ) -> float:
-    """GPUs x hours x price (shared/seeds/004_*.txt L117-119: $26,280 and $27,648)."""
+    """GPUs x hours x price (seed 004 §2 "Cost Efficiency": $26,280 and $27,648)."""
     if num_gpus < 1 or not hours > 0 or not usd_per_gpu_hour >= 0:
         raise ValueError("need num_gpus >= 1, hours > 0 and usd_per_gpu_hour >= 0")
     return num_gpus * hours * usd_per_gpu_hour
@@ -101,7 +102,7 @@ def implied_scaling_efficiency(
 ) -> float:
     """Strong-scaling efficiency that makes num_gpus finish the single-GPU job in cluster_hours.
 
-    1 A100-year on 256 A100s in 1.5 days (004 L117-121) means 8760 / (256 * 36) = 95% efficiency,
+    1 A100-year on 256 A100s in 1.5 days (seed 004 §2) means 8760 / (256 * 36) = 95% efficiency,
     consistent with the seed's ">90%" remark.
     """
     if not single_gpu_hours > 0 or num_gpus < 1 or not cluster_hours > 0:

@@ -1,26 +1,27 @@
 """RLHF weight updates: how long moving trained weights to the inference engine takes.
 
-Port of shared/seeds/002_*.txt ch14 `weight_update_demo.py` (L12476-12803): time = size / bandwidth
-+ setup (CUDA IPC: setup only, zero copy), for six methods and three architectures, and the
-iteration timeline generation -> transfer -> training -> transfer.
+Port of seed 002 ch14 `weight_update_demo.py` (ML Systems Infrastructure Tutorial): time = size /
+bandwidth + setup (CUDA IPC: setup only, zero copy), for six methods and three architectures, and
+the iteration timeline generation -> transfer -> training -> transfer.
 
 Which methods apply (seed defect 13). The seed filters co-located (one GPU) with
 `not method.works_same_gpu`, but every method says True, so it lists NCCL too, and it never filters
-disaggregated-same-node, so it lists CUDA IPC, which its own table calls "Same GPU only!" (L12554).
+disaggregated-same-node, so it lists CUDA IPC, which its own table calls "Same GPU only!".
 Corrected: co-located needs a method that works within one GPU (disk, CUDA IPC; NCCL refuses two
 ranks on one device), same-node needs one between GPUs (disk, NCCL), cross-node one between nodes.
 
-Transfers per iteration. The seed's timeline moves the weights twice per iteration (L12736; both
-arrows of its diagram, L12752-12756, point train -> infer). Only the trained weights travel, once,
-from the trainer to the generator per iteration; the rollouts going the other way are small. The
-corrected timeline counts one transfer; `transfers=2` reproduces the seed (50.00 s; 55.70 s, 10.2%).
+Transfers per iteration. The seed's timeline moves the weights twice per iteration
+(calculate_rlhf_timeline; both arrows of its diagram point train -> infer). Only the trained weights
+travel, once, from the trainer to the generator per iteration; the rollouts going the other way are
+small. The corrected timeline counts one transfer; `transfers=2` reproduces the seed (50.00 s;
+55.70 s, 10.2%).
 """
 
 from dataclasses import dataclass
 
 ARCHITECTURES = ("co-located", "disaggregated-same-node", "disaggregated-cross-node")
-SEED_MODEL_SIZE_GB = 140.0  # 70B in FP16 (L12767)
-SEED_GENERATION_S, SEED_TRAINING_S = 30.0, 20.0  # the timeline example (L12787-12799)
+SEED_MODEL_SIZE_GB = 140.0  # 70B in FP16 (the seed's main)
+SEED_GENERATION_S, SEED_TRAINING_S = 30.0, 20.0  # the timeline example (same)
 SEED_TIMELINE_METHODS = ("cuda_ipc", "nccl_ib")
 SEED_TRANSFERS_PER_ITERATION = 2
 
@@ -35,7 +36,7 @@ class TransferMethod:
     within_gpu: bool  # source and destination processes on the same GPU
 
 
-# The seed's table (L12507-12556); between_gpus / within_gpu replace its all-True works_same_gpu.
+# The seed's methods table; between_gpus / within_gpu replace its all-True works_same_gpu.
 TRANSFER_METHODS: dict[str, TransferMethod] = {
     "disk_ssd": TransferMethod("Disk (NVMe SSD)", 7.0, 100, True, True, True),
     "disk_hdd": TransferMethod("Disk (HDD/NFS)", 0.2, 500, True, True, True),
@@ -47,7 +48,7 @@ TRANSFER_METHODS: dict[str, TransferMethod] = {
 
 
 def transfer_time_s(method: TransferMethod, size_gb: float) -> float:
-    """size / bandwidth + setup; zero copy costs the setup only (L12559-12566)."""
+    """size / bandwidth + setup; zero copy costs the setup only (calculate_transfer_time)."""
     if not size_gb > 0:
         raise ValueError(f"model size must be > 0 GB, got {size_gb!r}")
     if method.bandwidth_gb_s == float("inf"):
@@ -71,7 +72,7 @@ def applicable_methods(architecture: str, *, seed_faithful: bool = False) -> lis
 
 
 def format_duration(seconds: float) -> str:
-    """The seed's units: ms below 100 ms, s below a minute, else min (L12590-12595)."""
+    """The seed's units: ms below 100 ms, s below a minute, else min (compare_methods)."""
     ms = seconds * 1000
     if ms < 100:
         return f"{ms:.1f} ms"
@@ -81,7 +82,7 @@ def format_duration(seconds: float) -> str:
 
 
 def rating(method: TransferMethod, seconds: float) -> str:
-    """The seed's notes column (L12597-12607)."""
+    """The seed's notes column (compare_methods)."""
     if method.bandwidth_gb_s == float("inf"):
         return "Zero copy!"
     for limit_s, label in ((1, "Excellent"), (10, "Good"), (60, "Acceptable")):
@@ -116,7 +117,7 @@ def rlhf_timeline(
     training_s: float = SEED_TRAINING_S,
     transfers: int = 1,
 ) -> RlhfTimeline:
-    """One RLHF iteration with weight transfers (L12729-12762)."""
+    """One RLHF iteration with weight transfers (calculate_rlhf_timeline)."""
     if method not in TRANSFER_METHODS:
         raise ValueError(f"unknown method {method!r}; choose: {', '.join(TRANSFER_METHODS)}")
     if not generation_s >= 0 or not training_s >= 0:

@@ -1,6 +1,6 @@
 """Seed 002 ch3 demonstrations: the collective cheatsheet, distributed and weighted means,
 gradient sync, distributed argmax and a vocab-parallel softmax
-(shared/seeds/002_7edd1202589f894b.txt L1674-2241, exercises L1579-1599).
+(its collective_cheatsheet.py and distributed_mean.py, and the "Try It Yourself" exercises).
 
 Each cheatsheet operation runs twice, with the `jax.lax` built-in and with the ppermute version
 from `jaxscale.parallel.collectives`; both must give the seed's AFTER rows.
@@ -30,7 +30,8 @@ CHEATSHEET_OPS = (
 def cheatsheet_before(op: str, world_size: int) -> np.ndarray:
     """The seed's data per rank ([W, ...]; rows of non-root ranks are zeros where the seed's are).
 
-    reduce_scatter: the seed uses [1, 2, 3, 4] x (r + 1), which only works for W <= 4 (L1879);
+    reduce_scatter: the seed uses [1, 2, 3, 4] x (r + 1), which only works for W <= 4
+    (demo_reduce_scatter);
     here the vector is [1 .. W] x (r + 1), the same for W = 4.
     """
     w, r = world_size, np.arange(world_size, dtype=np.float32)
@@ -139,7 +140,7 @@ def distributed_mean(mesh, data_size: int = 100, seed: int = 42, weighted: bool 
 
 
 def mean_of_values(mesh, values_W) -> float:
-    """Ex1: each rank holds one number; all_reduce(SUM) / W (seed prose: 1..4 -> 2.5, L1985)."""
+    """Ex1: each rank holds one number; all_reduce(SUM) / W (the seed's 1..4 -> 2.5)."""
     w = mesh.shape[AXIS]
     f = jax.jit(
         jax.shard_map(

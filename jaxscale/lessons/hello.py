@@ -1,4 +1,4 @@
-"""`jaxscale hello`: the seed ch1 program (shared/seeds/002_7edd1202589f894b.txt L584-767), an
+"""`jaxscale hello`: the seed ch1 program (seed 002 ch1 hello_distributed.py), an
 all_gather of [10r, 10r+1] and a psum of the ranks, on one process or across `jaxscale launch`'s.
 """
 

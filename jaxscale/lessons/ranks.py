@@ -1,5 +1,6 @@
 """Seed 002 ch1-2 demonstrations in SPMD form: hello, the relay chain, the ring, the even<->odd swap
-and a forward-only pipeline (shared/seeds/002_7edd1202589f894b.txt L584-767, L993-1459).
+and a forward-only pipeline (hello_distributed.py; ch2's send_recv_basic.py and
+pipeline_simulation.py).
 
 torch's rank-conditional programs (`if rank == 0: send … else: recv …`) become one program on every
 device: a `ppermute` names all (source, target) pairs at once and `jnp.where(axis_index == k, …)`
@@ -56,8 +57,8 @@ class Hello:
 
 
 def hello(mesh) -> Hello:
-    """all_gather of [10r, 10r+1] and psum of r (seed 002 L666-705). Works across processes: the
-    outputs are replicated, so every process can read them."""
+    """all_gather of [10r, 10r+1] and psum of r (seed 002 ch1 hello_distributed.py). Works across
+    processes: the outputs are replicated, so every process can read them."""
 
     def body():
         r = jax.lax.axis_index(AXIS)

@@ -1,11 +1,12 @@
 """Seed 002 ch6 demonstrations (tp_linear.py, tp_mlp.py) and a per-layer census of one
 tensor-parallel block (the model's block with parallel/tp.py's pieces).
 
-shared/seeds/002_*.txt L4367-4724 (tp_linear.py) and L4792-5119 (tp_mlp.py), in SPMD form on a
-1-D mesh whose one axis is `tensor`. Unlike the seed, every check compares with a dense product
-of the very weights the parallel layers hold: the seed's tp_linear compares with a weight it
-rebuilt from the shards themselves, and tp_mlp's reference crashes (seed-spec §0.1 #2). Full
-weights are drawn once and then split, so no `w2 /= tp_size` rescaling is needed or wanted.
+Both scripts (ML Systems Infrastructure Tutorial, ch6 "Tensor Parallelism from Scratch") in SPMD
+form on a 1-D mesh whose one axis is `tensor`. Unlike the seed, every check compares with a dense
+product of the very weights the parallel layers hold: the seed's tp_linear compares with a weight it
+rebuilt from the shards themselves, and tp_mlp's reference crashes (defect 2, docs/seed-notes.md
+"tp_mlp.py's correctness check crashes"). Full weights are drawn once and then split, so no
+`w2 /= tp_size` rescaling is needed or wanted.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def row_parallel(mesh, batch=4, d_in=8, d_out=8, seed=42, input_seed=123) -> Lin
 
 @dataclass(frozen=True)
 class BiasCheck:
-    rank0_only: bool  # seed 004's placement (L919-953) instead of every rank
+    rank0_only: bool  # seed 004's placement (§7 RowParallelLinear) instead of every rank
     max_abs_diff_per_rank: tuple[float, ...]  # each device's output against x @ W + b
     ranks_identical: bool  # bit-identical outputs on every device
 
@@ -110,7 +111,8 @@ class BiasCheck:
 def row_parallel_bias(mesh, rank0_only=False, batch=4, d_in=8, d_out=8, seed=42) -> BiasCheck:
     """RowParallelLinear with a bias: replicated and added after the all-reduce on EVERY device
     (then all devices hold x @ W + b). `rank0_only` reproduces seed 004, which keeps the bias on
-    rank 0 alone: the other ranks end without it and the replicas diverge (seed-spec §0.1 #18)."""
+    rank 0 alone: the other ranks end without it and the replicas diverge (defect 18,
+    docs/seed-notes.md "Seed 004's RowParallelLinear adds its bias on rank 0 only")."""
     tp = mesh.shape[AXIS]
     _split_check("in_features", d_in, tp)
     w_IO, x_BI = _normal(seed, (d_in, d_out), d_in), _normal(seed + 1, (batch, d_in))

@@ -9,12 +9,15 @@ always rewritten before it becomes visible.
 
 `forward` is the one cached pass: tokens [B, T] at positions [B, T] (T = the prompt for a
 prefill, a chunk of it for chunked prefill, 1 for a decode step). It returns logits [B, T, V]
-float32 and the updated cache.
+float32 and the updated cache. It is the model's trunk (`pieces.trunk`) with the cache's layout,
+contiguous or paged, as the `cache` piece, so any pieces run cached: an MoE model's, a
+strategy's. (Capacity-based MoE routing depends on how many tokens a call holds, so a
+token-at-a-time decode equals the uncached forward where no token is dropped: dropless, or a
+capacity large enough.)
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from jaxscale.config import ModelConfig
@@ -42,14 +45,6 @@ def init_cache(
     return cache
 
 
-def _check(cfg: ModelConfig) -> None:
-    if cfg.n_experts:
-        raise ValueError(
-            "the KV-cache forward covers dense models; an MoE model's cached "
-            "decode is not implemented yet"
-        )
-
-
 def init_paged(cfg: ModelConfig, n_pages: int, page_size: int, dtype=None) -> dict:
     """A zeroed page pool {"k", "v"}: [L, n_pages, page_size, G, K]. A paged cache is the pool
     plus a block table [B, N] of page ids (row b's positions t live in page
@@ -66,82 +61,51 @@ def paged(pool: dict, block_table_BN) -> dict:
     return {**pool, "block_table": jnp.asarray(block_table_BN, jnp.int32)}
 
 
-def _write_read(cache: dict):
-    """(write, read) for one layer's arrays of this cache's layout. write(k, v, kn, vn, pos)
-    stores the new keys/values at their positions; read(k, v) gives [B, S, G, K] in position
-    order, S = the cache length (contiguous) or N x page_size (paged: one gather of the row's
-    pages, so both layouts attend over the same values in the same order)."""
-    if "block_table" not in cache:
+def contiguous(kv, kn_BTGK, vn_BTGK, positions_BT):
+    """The contiguous layout (`Pieces.cache`): one layer's (k, v) [B, S, G, K], slot s of a row
+    at position s. Writes the new keys and values at their positions: (kv, k, v)."""
+    k_BSGK, v_BSGK = kv
+    rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
+    k_BSGK = k_BSGK.at[rows_B1, positions_BT].set(kn_BTGK.astype(k_BSGK.dtype))
+    v_BSGK = v_BSGK.at[rows_B1, positions_BT].set(vn_BTGK.astype(v_BSGK.dtype))
+    return (k_BSGK, v_BSGK), k_BSGK, v_BSGK
 
-        def write(k_BSGK, v_BSGK, kn_BTGK, vn_BTGK, positions_BT):
-            rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
-            return (
-                k_BSGK.at[rows_B1, positions_BT].set(kn_BTGK.astype(k_BSGK.dtype)),
-                v_BSGK.at[rows_B1, positions_BT].set(vn_BTGK.astype(v_BSGK.dtype)),
-            )
 
-        return write, lambda k, v: (k, v)
+def paged_layout(block_table_BN):
+    """The paged layout (`Pieces.cache`) of a block table [B, N]: one layer's (k, v) page pool
+    [n_pages, page_size, G, K]; row b's position t lives in page table[b, t // page_size] at
+    offset t % page_size. Reading gathers each row's N pages in order, [B, N x page_size, G, K]:
+    the same keys in the same order as the contiguous layout."""
 
-    table_BN = cache["block_table"]
-
-    def write_paged(k_PsGK, v_PsGK, kn_BTGK, vn_BTGK, positions_BT):
-        ps, N = k_PsGK.shape[1], table_BN.shape[1]
-        page_BT = jnp.take_along_axis(table_BN, jnp.minimum(positions_BT // ps, N - 1), axis=1)
+    def cache(kv, kn_BTGK, vn_BTGK, positions_BT):
+        k_PsGK, v_PsGK = kv
+        ps, N = k_PsGK.shape[1], block_table_BN.shape[1]
+        idx_BT = jnp.minimum(positions_BT // ps, N - 1)
+        page_BT = jnp.take_along_axis(block_table_BN, idx_BT, axis=1)
         # a position beyond the row's table (a padding token's) writes to page 0, never read
         page_BT = jnp.where(positions_BT < N * ps, page_BT, 0)
         slot_BT = positions_BT % ps
-        return (
-            k_PsGK.at[page_BT, slot_BT].set(kn_BTGK.astype(k_PsGK.dtype)),
-            v_PsGK.at[page_BT, slot_BT].set(vn_BTGK.astype(v_PsGK.dtype)),
-        )
+        k_PsGK = k_PsGK.at[page_BT, slot_BT].set(kn_BTGK.astype(k_PsGK.dtype))
+        v_PsGK = v_PsGK.at[page_BT, slot_BT].set(vn_BTGK.astype(v_PsGK.dtype))
+        B, (G, K) = block_table_BN.shape[0], k_PsGK.shape[2:]
+        k_BSGK = k_PsGK[block_table_BN].reshape(B, N * ps, G, K)
+        v_BSGK = v_PsGK[block_table_BN].reshape(B, N * ps, G, K)
+        return (k_PsGK, v_PsGK), k_BSGK, v_BSGK
 
-    def read_paged(k_PsGK, v_PsGK):
-        B, N = table_BN.shape
-        ps, G, K = k_PsGK.shape[1:]
-        return (
-            k_PsGK[table_BN].reshape(B, N * ps, G, K),
-            v_PsGK[table_BN].reshape(B, N * ps, G, K),
-        )
-
-    return write_paged, read_paged
+    return cache
 
 
-def _layer(x_BTD, p, k, v, positions_BT, cfg: ModelConfig, write, read):
-    """One block with its cache: write this step's K/V at their positions, attend over the
-    cache, then the MLP. Returns (x, k, v)."""
-    h_BTD = pieces.rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps)
-    q_BTHK, kn_BTGK, vn_BTGK = pieces.qkv(h_BTD, p, positions_BT, cfg, DENSE)
-    k, v = write(k, v, kn_BTGK, vn_BTGK, positions_BT)
-    k_BSGK, v_BSGK = read(k, v)
-    out_BTHK = pieces.attend(
-        q_BTHK,
-        k_BSGK.astype(q_BTHK.dtype),
-        v_BSGK.astype(q_BTHK.dtype),
-        positions_BT,
-        jnp.arange(k_BSGK.shape[1]),
-    )
-    x_BTD = x_BTD + pieces.out_proj(out_BTHK, p)
-    h_BTD = pieces.rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps)
-    return x_BTD + pieces.mlp(h_BTD, p, cfg, DENSE), k, v
-
-
-def forward(params, tokens_BT, positions_BT, cache: dict, cfg: ModelConfig):
+def forward(params, tokens_BT, positions_BT, cache: dict, cfg: ModelConfig, pc=DENSE):
     """Logits [B, T, V] float32 of tokens at positions (each inside the cache), and the cache
-    (contiguous, or paged: the same keys) with their keys and values written."""
-    _check(cfg)
-    top, layers = pieces.split_params(params)
-    x_BTD = pieces.embed(top, tokens_BT, cfg, DENSE)
-    write, read = _write_read(cache)
-
-    def body(x_BTD, xs):
-        p, k, v = xs
-        x_BTD, k, v = _layer(x_BTD, p, k, v, positions_BT, cfg, write, read)
-        return x_BTD, (k, v)
-
-    unroll = cfg.n_layers if cfg.unroll_layers else 1  # unrolled: one fused program, no loop
-    x_BTD, (k, v) = jax.lax.scan(body, x_BTD, (layers, cache["k"], cache["v"]), unroll=unroll)
-    logits_BTV = pieces.head(top, x_BTD, cfg, DENSE).astype(jnp.float32)
-    return logits_BTV, {**cache, "k": k, "v": v}
+    (contiguous, or paged: the same keys) with their keys and values written: the model's trunk
+    with the cache's layout as its `cache` piece."""
+    table = cache.get("block_table")
+    layout = contiguous if table is None else paged_layout(table)
+    pc = pc.replace(cache=layout)
+    kv = {"k": cache["k"], "v": cache["v"]}
+    top, x_BTD, _, kv = pieces.trunk(params, tokens_BT, positions_BT, cfg, pc, kv)
+    logits_BTV = pc.head(top, x_BTD, cfg, pc).astype(jnp.float32)
+    return logits_BTV, {**cache, **kv}
 
 
 def prefill(params, tokens_BT, lengths_B, cache: dict, cfg: ModelConfig, start_B=None):

@@ -112,20 +112,33 @@ def out_proj(out_BTHK, p):
     return jnp.einsum("bthk,hkd->btd", out_BTHK, p["wo_HKD"].astype(out_BTHK.dtype))
 
 
-def attention(h_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
-    """Q/K/V projections, RoPE, `pc.attend`, output projection. Under tensor parallelism the
-    heads are local shards: no collective until the caller's `pc.leave` (Megatron g)."""
-    q_BTHK, k_BTGK, v_BTGK = qkv(h_BTD, p, positions_T, cfg, pc)
-    if cfg.attention_impl != "jaxscale" and pc.attend is attend:
+def attention(h_BTD, p, positions, cfg: ModelConfig, pc: Pieces, kv=None):
+    """Q/K/V projections, RoPE, `pc.attend`, output projection: (out [B, T, D], kv). Under
+    tensor parallelism the heads are local shards: no collective until the caller's `pc.leave`
+    (Megatron g). With one layer's cache `kv`, `pc.cache` (its layout: contiguous or paged)
+    writes the new keys and values at their positions and gives every slot's, which the queries
+    attend over at key positions 0..S-1; the updated `kv` is returned."""
+    q_BTHK, k_BTGK, v_BTGK = qkv(h_BTD, p, positions, cfg, pc)
+    if kv is not None:
+        kv, k_BSGK, v_BSGK = pc.cache(kv, k_BTGK, v_BTGK, positions)
+        k_positions_S = jnp.arange(k_BSGK.shape[1])
+        out_BTHK = pc.attend(
+            q_BTHK,
+            k_BSGK.astype(q_BTHK.dtype),
+            v_BSGK.astype(q_BTHK.dtype),
+            positions,
+            k_positions_S,
+        )
+    elif cfg.attention_impl != "jaxscale" and pc.attend is attend:
         # The fused kernels know the causal pattern only: queries and keys at the same positions,
-        # true here (both are positions_T). A strategy that substitutes the core (sequence
+        # true here (both are `positions`). A strategy that substitutes the core (sequence
         # parallelism's gathered keys) keeps its own.
         out_BTHK = jax.nn.dot_product_attention(
             q_BTHK, k_BTGK, v_BTGK, is_causal=True, implementation=cfg.attention_impl
         )
     else:
-        out_BTHK = pc.attend(q_BTHK, k_BTGK, v_BTGK, positions_T, positions_T)
-    return out_proj(out_BTHK, p)
+        out_BTHK = pc.attend(q_BTHK, k_BTGK, v_BTGK, positions, positions)
+    return out_proj(out_BTHK, p), kv
 
 
 def mlp(h_BTD, p, cfg: ModelConfig, pc: Pieces):
@@ -157,17 +170,19 @@ def head(top, x_BTD, cfg: ModelConfig, pc: Pieces):
     return pc.constrain(logits_BTV, ("batch", "seq", "act_vocab"))
 
 
-def block(x_BTD, p, positions_T, cfg: ModelConfig, pc: Pieces):
-    """One pre-norm transformer block on one layer's arrays `p`: (x, statistics), where the
-    statistics are an MoE layer's (jaxscale/model/moe.py) and empty for a dense layer."""
+def block(x_BTD, p, positions, cfg: ModelConfig, pc: Pieces, kv=None):
+    """One pre-norm transformer block on one layer's arrays `p`: (x, statistics, kv), where the
+    statistics are an MoE layer's (jaxscale/model/moe.py) and empty for a dense layer, and `kv`
+    is this layer's cache after the block wrote its keys and values (None without a cache)."""
     h_BTD = pc.enter(rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps))
-    x_BTD = pc.constrain(x_BTD + pc.leave(attention(h_BTD, p, positions_T, cfg, pc)), ACT)
+    a_BTD, kv = attention(h_BTD, p, positions, cfg, pc, kv)
+    x_BTD = pc.constrain(x_BTD + pc.leave(a_BTD), ACT)
     h_BTD = pc.enter(rms_norm(x_BTD, p["mlp_norm_D"], cfg.norm_eps))
     if moe_lib.is_moe_layer(p):
         y_BTD, aux = pc.moe(h_BTD, p, cfg, pc)
     else:
         y_BTD, aux = pc.mlp(h_BTD, p, cfg, pc), {}
-    return pc.constrain(x_BTD + pc.leave(y_BTD), ACT), aux
+    return pc.constrain(x_BTD + pc.leave(y_BTD), ACT), aux, kv
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,9 @@ class Pieces:
     layer_hook(layer)       runs inside the layer loop before a layer is used (ZeRO-3 gathers
                             that layer's shards there, so only one layer is ever whole)
     top_hook(top)           the same for the embedding, final norm and unembedding
+    cache(kv, k, v, pos)    a KV cache's layout (model/kv_cache.py: contiguous or paged): write
+                            one layer's new keys and values at their positions, return
+                            (kv, every slot's keys [B, S, G, K], values); None: no cache
     """
 
     constrain: Callable = _identity
@@ -203,6 +221,7 @@ class Pieces:
     loss: Callable = cross_entropy
     layer_hook: Callable = _identity
     top_hook: Callable = _identity
+    cache: Callable | None = None
 
     def replace(self, **changes) -> Pieces:
         return replace(self, **changes)
@@ -211,40 +230,61 @@ class Pieces:
 DENSE = Pieces()
 
 
-def run_layers(x_BTD, layers, positions_T, cfg: ModelConfig, pc: Pieces = DENSE):
+def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, cache=None):
     """Scan `pc.block` over the stacked `layers` (leading axis: this slice of the stack).
 
     With experts the scan runs over groups of n = moe_every layers, the last of each MoE: a key
     stacked over all layers gives each layer of the group its slice, the dense MLP's keys (L - L/n
-    layers) the first n - 1, the router's and experts' (L/n) the last. Returns (x, statistics of
-    the MoE layers stacked [L/n, ...]; empty for a dense model)."""
+    layers) the first n - 1, the router's and experts' (L/n) the last. `cache` ({"k", "v"}, each
+    [L, ...] in `pc.cache`'s layout) is scanned beside the layers, one layer's slice per block.
+    Returns (x, statistics of the MoE layers stacked [L/n, ...] (empty for a dense model), the
+    updated cache or None)."""
     n = cfg.moe_every if cfg.n_experts else 1
     groups = layers["attn_norm_D"].shape[0] // n  # attention and norms stack every layer
-    grouped = {k: v.reshape(groups, v.shape[0] // groups, *v.shape[1:]) for k, v in layers.items()}
 
-    def layer_fn(x_BTD, layer):
-        return pc.block(x_BTD, pc.layer_hook(layer), positions_T, cfg, pc)
+    def by_group(tree):
+        return {k: v.reshape(groups, v.shape[0] // groups, *v.shape[1:]) for k, v in tree.items()}
+
+    def layer_fn(x_BTD, layer, kv):
+        return pc.block(x_BTD, pc.layer_hook(layer), positions, cfg, pc, kv)
 
     if cfg.remat:  # keep only the block inputs; recompute the insides (and their collectives)
         layer_fn = jax.checkpoint(layer_fn, policy=jax.checkpoint_policies.nothing_saveable)
 
-    def body(x_BTD, group):
-        stats = {}
+    def body(x_BTD, xs):
+        group, kv_group = xs
+        stats, new_kv = {}, []
         for i in range(n):
-            moe_layer = bool(cfg.n_experts) and i == n - 1
-            layer = {}
-            for k, v in group.items():
-                if k in moe_lib.MOE_KEYS:
-                    if moe_layer:
-                        layer[k] = v[0]
-                elif k not in MLP_KEYS or not moe_layer:
-                    layer[k] = v[i]
-            x_BTD, aux = layer_fn(x_BTD, layer)
+            kv = None if kv_group is None else (kv_group["k"][i], kv_group["v"][i])
+            x_BTD, aux, kv = layer_fn(x_BTD, _group_layer(group, i, n, cfg), kv)
             stats = aux or stats
-        return x_BTD, stats
+            new_kv.append(kv)
+        if kv_group is None:
+            return x_BTD, (stats, None)
+        return x_BTD, (
+            stats,
+            {"k": jnp.stack([k for k, _ in new_kv]), "v": jnp.stack([v for _, v in new_kv])},
+        )
 
-    x_BTD, stats = jax.lax.scan(body, x_BTD, grouped, unroll=groups if cfg.unroll_layers else 1)
-    return x_BTD, stats
+    xs = (by_group(layers), None if cache is None else by_group(cache))
+    unroll = groups if cfg.unroll_layers else 1
+    x_BTD, (stats, kv) = jax.lax.scan(body, x_BTD, xs, unroll=unroll)
+    if kv is not None:
+        kv = {k: v.reshape(v.shape[0] * v.shape[1], *v.shape[2:]) for k, v in kv.items()}
+    return x_BTD, stats, kv
+
+
+def _group_layer(group, i, n, cfg: ModelConfig):
+    """Layer i of a group of n (the last an MoE layer when the model has experts)."""
+    moe_layer = bool(cfg.n_experts) and i == n - 1
+    layer = {}
+    for k, v in group.items():
+        if k in moe_lib.MOE_KEYS:
+            if moe_layer:
+                layer[k] = v[0]
+        elif k not in MLP_KEYS or not moe_layer:
+            layer[k] = v[i]
+    return layer
 
 
 MLP_KEYS = ("w_up_DF", "w_gate_DF", "w_down_FD")  # a dense layer's MLP (absent in MoE layers)
@@ -255,12 +295,21 @@ def split_params(params):
     return {k: v for k, v in params.items() if k != "blocks"}, params["blocks"]
 
 
-def logits(params, tokens_BT, cfg: ModelConfig, pc: Pieces = DENSE):
-    """The whole model: tokens [B, T] -> logits [B, T, V] float32."""
+def trunk(params, tokens_BT, positions, cfg: ModelConfig, pc: Pieces = DENSE, cache=None):
+    """The model's one skeleton, embed -> layers: (top after `pc.top_hook`, the residual stream
+    [B, T, D] after the last layer (before the final norm), MoE statistics, cache). Training,
+    evaluation, RLHF's scalar heads, prefill and decode all run it; they differ in what reads
+    the stream (`pc.head` and `pc.loss`, a scalar head) and in the pieces and cache they pass."""
     top, layers = split_params(params)
     top = pc.top_hook(top)
     x_BTD = pc.embed(top, tokens_BT, cfg, pc)
-    x_BTD, _ = run_layers(x_BTD, layers, jnp.arange(tokens_BT.shape[1]), cfg, pc)
+    x_BTD, stats, cache = run_layers(x_BTD, layers, positions, cfg, pc, cache)
+    return top, x_BTD, stats, cache
+
+
+def logits(params, tokens_BT, cfg: ModelConfig, pc: Pieces = DENSE):
+    """The whole model: tokens [B, T] -> logits [B, T, V] float32."""
+    top, x_BTD, _, _ = trunk(params, tokens_BT, jnp.arange(tokens_BT.shape[1]), cfg, pc)
     return pc.head(top, x_BTD, cfg, pc).astype(jnp.float32)
 
 
@@ -270,10 +319,8 @@ def loss_terms(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
     The loss is the mean next-token cross-entropy plus, with experts, aux_loss_weight x the
     load-balancing loss and z_loss_weight x the router z-loss (each a mean over MoE layers).
     Terms: ce; with experts also aux_loss, z_loss, drop_fraction and expert_load [L/n, E]."""
-    top, layers = split_params(params)
-    top = pc.top_hook(top)
-    x_BTD = pc.embed(top, batch_BT1[:, :-1], cfg, pc)
-    x_BTD, stats = run_layers(x_BTD, layers, jnp.arange(batch_BT1.shape[1] - 1), cfg, pc)
+    inputs_BT = batch_BT1[:, :-1]
+    top, x_BTD, stats, _ = trunk(params, inputs_BT, jnp.arange(inputs_BT.shape[1]), cfg, pc)
     ce = pc.loss(pc.head(top, x_BTD, cfg, pc), batch_BT1[:, 1:])
     if not stats:
         return ce, {"ce": ce}

@@ -1,8 +1,8 @@
 """Collectives built from point-to-point sends: `jax.lax.ppermute` inside `jax.shard_map`.
 
-Seed 002 ch3 Ex3 and ch4 (shared/seeds/002_7edd1202589f894b.txt L1591-1599, L2279-2333) build
-all-reduce from send/recv. Here every function runs *inside* a shard_map body on the local block
-of one device along one mesh axis `axis` (N = the axis size); other mesh axes are untouched, so the
+Seed 002 ch3 "Exercise 3: Ring All-Reduce" and ch4 "The Ring Algorithm" / "The Tree Algorithm" build
+all-reduce from send/recv. Here every function runs *inside* a shard_map body on the local block of
+one device along one mesh axis `axis` (N = the axis size); other mesh axes are untouched, so the
 same code reduces over one axis of a 2-D mesh. Each one equals a `jax.lax` built-in:
 
     ring_all_reduce, tree_all_reduce, recursive_doubling_all_reduce  ==  psum(x, axis)
@@ -104,7 +104,7 @@ def ring_all_gather(x: jax.Array, axis: str) -> jax.Array:
 
 
 def ring_all_reduce(x: jax.Array, axis: str) -> jax.Array:
-    """Reduce-scatter + all-gather: 2(N-1) steps of D/N bytes (seed 002 L2291-2310).
+    """Reduce-scatter + all-gather: 2(N-1) steps of D/N bytes (seed 002 ch4, "The Ring Algorithm").
 
     Any shape: the block is flattened and zero-padded to a multiple of N, then restored.
     """
@@ -159,7 +159,7 @@ def tree_broadcast(x: jax.Array, axis: str, root: int = 0) -> jax.Array:
 
 
 def tree_all_reduce(x: jax.Array, axis: str) -> jax.Array:
-    """Reduce up a binomial tree, broadcast down: 2*ceil(log2 N) steps (seed 002 L2330)."""
+    """Reduce up a binomial tree, broadcast down: 2*ceil(log2 N) steps (seed 002 ch4)."""
     return tree_broadcast(tree_reduce(x, axis), axis)
 
 

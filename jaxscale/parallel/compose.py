@@ -3,7 +3,7 @@
     Strategy.parse("manual:zero3+tp", "fsdp=4,tp=2")   ZeRO-3 over fsdp, Megatron TP over tensor
     Strategy.parse("auto", "dp=2,fsdp=2,tp=2")        jit + the rules table (GSPMD's collectives)
 
-The auto path is `jaxscale.train.step` with shardings from `jaxscale.sharding.RULES`. The manual
+The auto path is `jaxscale.parallel.auto` with shardings from `jaxscale.sharding.RULES`. The manual
 path is one `jax.shard_map` over the whole mesh, composed in a fixed order as picotron composes
 `apply_tensor_parallel -> PipelineParallel -> DataParallel`: the tensor axis substitutes model
 pieces (parallel/tp.py), then the data axes wrap the loss in their gradient reduction and
@@ -30,15 +30,14 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import MeshSpec, build_mesh, parse_mesh
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
-from jaxscale.parallel import common, ep, pp, tp, zero
+from jaxscale.parallel import auto, common, ep, optim, pp, tp, zero
 from jaxscale.sharding import REPLICATED_RULES, ZERO_RULES, Sharder
-from jaxscale.train import step as train_step
 
 # manual strategy names: data part (ZeRO stage) and tensor part (tp mode)
 _DATA = {"dp": 0, "zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _TENSOR = {"tp": "megatron", "tp_sp": "sequence", "tp_gather": "gather_output"}
 _TENSOR_NAME = {mode: name for name, mode in _TENSOR.items()}
-_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")  # manual, pipe axis (parallel/pp.py)
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")  # manual, pipe axis (parallel/pp/)
 _EXPERT = "ep"  # manual, expert axis (parallel/ep.py): optional, the axis has one use
 
 
@@ -280,8 +279,8 @@ def check_model(strategy: Strategy, cfg: ModelConfig, ways: dict) -> None:
 
 def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
     sharder = Sharder(mesh)
-    state_sh = train_step.state_shardings(cfg, tcfg, sharder)
-    batch_sh = train_step.batch_sharding(sharder)
+    state_sh = auto.state_shardings(cfg, tcfg, sharder)
+    batch_sh = auto.batch_sharding(sharder)
     plain = ways["fsdp"] == 1 and ways["tensor"] == 1 and ways["expert"] == 1
     why = "GSPMD chooses its own collectives here; the manual row states the schedule"
 
@@ -292,7 +291,7 @@ def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         return zero.predict_comm(shape, n=ways["data"], stage=0), None
 
     def terms(params, batch_BT1):
-        return pieces.loss_terms(params, batch_BT1, cfg, train_step.auto_pieces(sharder))[1]
+        return pieces.loss_terms(params, batch_BT1, cfg, auto.auto_pieces(sharder))[1]
 
     return Built(
         strategy,
@@ -302,21 +301,21 @@ def _auto(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         zero_ways=ways["fsdp"],
         tensor_ways=ways["tensor"],
         zero_stage=3 if ways["fsdp"] > 1 else 0,
-        init=lambda: train_step.init_state(cfg, tcfg, sharder),
-        step=train_step.jit_train_step(cfg, tcfg, sharder, with_grads=with_grads),
+        init=lambda: auto.init_state(cfg, tcfg, sharder),
+        step=auto.jit_train_step(cfg, tcfg, sharder, with_grads=with_grads),
         loss_and_grads=jax.jit(
-            lambda p, b: train_step.loss_and_grads(p, b, cfg, sharder, tcfg.grad_accum),
+            lambda p, b: auto.loss_and_grads(p, b, cfg, sharder, tcfg.grad_accum),
             in_shardings=(state_sh["params"], batch_sh),
         ),
         loss=jax.jit(
-            lambda p, b: train_step.loss_fn(p, b, cfg, sharder),
+            lambda p, b: auto.loss_fn(p, b, cfg, sharder),
             in_shardings=(state_sh["params"], batch_sh),
         ),
         terms=jax.jit(terms, in_shardings=(state_sh["params"], batch_sh)),
         state_shardings=state_sh,
         grad_shardings=state_sh["params"],
         batch_sharding=batch_sh,
-        abstract_state=jax.eval_shape(lambda: train_step.init_state(cfg, tcfg)),
+        abstract_state=jax.eval_shape(lambda: auto.init_state(cfg, tcfg)),
         predict_comm=predict,
     )
 
@@ -332,11 +331,11 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         tp.check_tp_layout(cfg, t, mode=mode, seq_len=tcfg.seq_len)
     dp_specs = common.param_specs(cfg, Sharder(mesh, REPLICATED_RULES))
     z_specs = common.param_specs(cfg, Sharder(mesh, ZERO_RULES))
-    tx = train_step.make_optimizer(tcfg, cfg)
+    tx = optim.make_optimizer(tcfg, cfg)
     state_specs = {
         "step": P(),
         "params": z_specs if stage == 3 else dp_specs,
-        "opt_state": train_step.opt_layout(tx, cfg, dp_specs if stage == 0 else z_specs, P()),
+        "opt_state": optim.opt_layout(tx, cfg, dp_specs if stage == 0 else z_specs, P()),
     }
     batch_spec = P(batch_axes if batch_axes else None, None)
     grad_specs = dp_specs if stage in (0, 1) else z_specs  # the layout the update sees
@@ -393,7 +392,7 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
             local=local_grads,
         )
 
-    schedule = train_step.lr_schedule(tcfg)
+    schedule = optim.lr_schedule(tcfg)
     metric_specs = {"loss": P(), "grad_norm": P(), "lr": P()}
     if with_grads:
         metric_specs["grads"] = grad_specs
@@ -402,7 +401,7 @@ def _manual(strategy, label, mesh, ways, cfg, tcfg, with_grads) -> Built:
         params = state["params"]
         loss, grads = loss_and_grads(params, batch_BT1)
         g_norm = jnp.sqrt(common.global_sq_norm(grads, grad_specs))  # psums of per-leaf sums
-        clipped = train_step.clip_by_global_norm(grads, g_norm, tcfg.grad_clip)
+        clipped = optim.clip_by_global_norm(grads, g_norm, tcfg.grad_clip)
         new_params, opt_state = zero.update(
             stage, tx, clipped, state["opt_state"], params, z_specs, axes
         )

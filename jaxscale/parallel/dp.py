@@ -1,10 +1,10 @@
 """Data parallelism by hand: replicated params, batch split over the data axes, one gradient
 all-reduce per step.
 
-The check_vma subtlety (jax-ecosystem-notes §4.4). Inside shard_map, a replicated parameter is
-"invariant" over the data axes; when a varying (per-shard) loss is differentiated with respect to
-it, autodiff transposes the implicit broadcast into a psum -- the gradient comes back ALREADY
-SUMMED over the shards. So there are two correct forms and one classic bug:
+The check_vma subtlety (JAX's shard_map documentation, on check_vma). Inside shard_map, a replicated
+parameter is "invariant" over the data axes; when a varying (per-shard) loss is differentiated with
+respect to it, autodiff transposes the implicit broadcast into a psum -- the gradient comes back
+ALREADY SUMMED over the shards. So there are two correct forms and one classic bug:
 
   * "mean_in_loss": pmean the loss, differentiate -> the mean gradient, no gradient collective
     written (autodiff inserts the all-reduce);

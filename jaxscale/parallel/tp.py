@@ -17,12 +17,13 @@ Three modes, forward collectives per layer (B_l = local batch rows):
                  slice; all-gather along T before the column matmuls, reduce-scatter along T after
                  the row matmuls: 2 all-gathers + 2 reduce-scatters, the same bytes on a ring as 2
                  all-reduces, but activations and norm work are 1/t per device between blocks.
-  gather_output  seed 004's ColumnParallelLinear(gather_output=True) composed correctly (seed-spec
-                 §0.1 #18): the fused Q/K/V output and the MLP activation are all-gathered, and
-                 the row-parallel layers (Megatron's input_is_parallel=False) keep their own slice
-                 before the psum. 2 all-gathers + 2 all-reduces, as seed 004's docstring counts;
-                 the gathers add B_l*T*(H+2G)*K + B_l*T*F values that megatron never sends, and
-                 every device computes the attention of all H heads (t x the attention FLOPs).
+  gather_output  seed 004's ColumnParallelLinear(gather_output=True) composed correctly (defect 18,
+                 docs/seed-notes.md "Seed 004's layer feeds a gathered column output..."): the fused
+                 Q/K/V output and the MLP activation are all-gathered, and the row-parallel layers
+                 (Megatron's input_is_parallel=False) keep their own slice before the psum. 2
+                 all-gathers + 2 all-reduces, as seed 004's docstring counts; the gathers add
+                 B_l*T*(H+2G)*K + B_l*T*F values that megatron never sends, and every device
+                 computes the attention of all H heads (t x the attention FLOPs).
 """
 
 from __future__ import annotations

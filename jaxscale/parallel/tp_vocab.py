@@ -46,7 +46,7 @@ def vocab_parallel_embed(embed_local_VD, tokens_BT, axis: str, *, dtype=None, sc
 
 def vocab_parallel_cross_entropy(logits_local_BTV, targets_BT, axis: str):
     """Mean next-token cross-entropy (f32 nats) from logits split along V: equals
-    `jaxscale.train.step.cross_entropy` on the gathered [B, T, V] logits.
+    `jaxscale.model.pieces.cross_entropy` on the gathered [B, T, V] logits.
 
     nll = log sum_v exp(z_v - m) + m - z_target, with m the global row maximum."""
     logits_BTV = logits_local_BTV.astype(jnp.float32)

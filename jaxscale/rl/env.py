@@ -5,11 +5,11 @@ Anderson 1983 equations; reward 1 on every step including the terminal one; term
 2.4 or |theta| > 12 degrees; truncated, not terminated, at 500 steps, so a learner can bootstrap
 there). tests/test_rl_env.py checks it against gymnasium transition by transition.
 
-`SEED_CARTPOLE` is seed 002's `SimulatedCartPole` (L10443-10472), kept for `--seed-faithful`: not
-CartPole physics (theta_dot is pushed by 0.05·F·sign(theta) whatever the cart does, noise N(0, 0.01)
-on both velocities), reward 0 on the final step, done after 201 steps, truncation treated as
-termination. Its pole cannot be balanced for long, so returns stay near 10-20 (seed defect 10's
-run).
+`SEED_CARTPOLE` is seed 002's `SimulatedCartPole` (ch12 ppo_cartpole.py), kept for
+`--seed-faithful`: not CartPole physics (theta_dot is pushed by 0.05·F·sign(theta) whatever the cart
+does, noise N(0, 0.01) on both velocities), reward 0 on the final step, done after 201 steps,
+truncation treated as termination. Its pole cannot be balanced for long, so returns stay near 10-20
+(seed defect 10's run).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Generalized advantage estimation as one reverse `lax.scan` (Schulman et al. 2016; seed 002
-L10018-10033):
+ch12, "Generalized Advantage Estimation (GAE)"):
 
     delta_t = r_t + gamma * (1 - terminated_t) * V(s_{t+1}) - V(s_t)
     A_t     = m_t * (delta_t + gamma * lambda * (1 - done_t) * A_{t+1})

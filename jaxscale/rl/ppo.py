@@ -4,7 +4,7 @@
     reinforce-baseline  -log pi(a|s) * (G_t - V(s)), V fit to G_t
     actor-critic        -log pi(a|s) * A_t, A_t from GAE(lambda), V fit to the GAE returns
     ppo                 -min(r A, clip(r, 1-eps, 1+eps) A), r = pi(a|s) / pi_old(a|s)  (seed 002
-                        L10043-10045), epochs x shuffled minibatches, value loss optionally clipped
+                        ch12 "PPO"), epochs x shuffled minibatches, value loss optionally clipped
 
 G_t is the discounted return inside the rollout window (cut at episode ends; REINFORCE has no critic
 to bootstrap with, so a window's last unfinished episode is cut short: use a long --num-steps).
@@ -55,7 +55,7 @@ def clip_ratio(ratio, eps: float):
 
 def clipped_objective(ratio: float, advantage: float, eps: float = 0.2) -> tuple[float, bool]:
     """min(r A, clip(r) A) for one sample, and whether the clipped term is the one chosen (so
-    the gradient with respect to r is zero). Pure Python: the seed's Try-It table (L10117-10123)."""
+    the gradient with respect to r is zero). Pure Python: the seed's ch12 Try-It 3 table."""
     clipped = min(max(ratio, 1.0 - eps), 1.0 + eps)
     a, b = ratio * advantage, clipped * advantage
     return min(a, b), b < a

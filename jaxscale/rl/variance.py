@@ -1,4 +1,4 @@
-"""Does a baseline reduce the policy gradient's variance? (seed 002 L9996, Try-It 2, L10100-10115)
+"""Does a baseline reduce the policy gradient's variance? (seed 002 ch12 Try-It 2, "Add a Baseline")
 
 The single-episode REINFORCE estimate g = sum_t grad log pi(a_t|s_t) (G_t - b(s_t)) is unbiased for
 any b that does not depend on a_t; with b = V(s) its variance should drop. We train

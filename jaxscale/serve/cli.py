@@ -4,7 +4,6 @@ with a warning)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from jaxscale.cliutil import positive_int
 
@@ -44,34 +43,12 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def load_model(ckpt_dir: str | None):
-    """(cfg, params): a checkpoint's, or a random tiny model's with a warning."""
-    from jaxscale.config import ModelConfig
-    from jaxscale.model import state as ms
-    from jaxscale.train import checkpoint
-
-    if ckpt_dir is None:
-        print(
-            "jaxscale serve: warning: no --ckpt-dir; serving a random tiny model (its "
-            "completions are noise). Train one with `jaxscale train --run-dir runs/a`.",
-            file=sys.stderr,
-        )
-        cfg = ModelConfig(max_seq=256)
-        return cfg, ms.init_params(cfg, 0)
-    path = Path(ckpt_dir)
-    if (path / "checkpoints").is_dir():  # a `jaxscale train --run-dir` directory
-        path = path / "checkpoints"
-    if not path.is_dir():
-        raise checkpoint.CheckpointError(f"--ckpt-dir {ckpt_dir}: no such directory")
-    return checkpoint.load_params(path)
-
-
 def main(args) -> int:
     import uvicorn
 
     from jaxscale.serve.engine import Engine, EngineConfig
     from jaxscale.serve.server import make_app
-    from jaxscale.train.checkpoint import CheckpointError
+    from jaxscale.train.checkpoint import CheckpointError, load_model
 
     try:
         cfg, params = load_model(args.ckpt_dir)

@@ -1,6 +1,6 @@
 """Static vs continuous batching on a step clock (one step = one token for every busy slot).
 
-Follows seed 000's exercise 3 (shared/seeds/000 L661-1021): the same 50-request workload
+Follows seed 000's Exercise 3 ("Continuous Batching Simulator"): the same 50-request workload
 (np.random.seed(42); lengths N(80, 60) cast to int and clipped to [10, 300]), the same slot
 semantics, and its metrics — total steps, utilisation per step (busy slots / batch size),
 "latency" as the notebook defines it (steps from the start of service: the batch's longest
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# shared/seeds/003 L93: the lesson's 8-request static-batch example.
+# Seed 003 (lesson plan), "Examples Planned": the lesson's 8-request static-batch example.
 SEED_003_LENGTHS = (20, 45, 200, 15, 80, 150, 30, 200)
 
 
@@ -27,7 +27,7 @@ class Workload:
     max_length: int = 300
 
     def lengths(self) -> np.ndarray:
-        """Token counts per request, drawn exactly as the notebook does (L667-677)."""
+        """Token counts per request, drawn exactly as the notebook's Exercise 3 does."""
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.std_length < 0:
@@ -99,7 +99,7 @@ def _check(lengths, batch_size: int) -> np.ndarray:
 
 
 def simulate_static(lengths, batch_size: int) -> BatchingResult:
-    """Fixed batches in queue order; each runs until its longest request is done (L694-737)."""
+    """Fixed batches in queue order; run to the longest (seed simulate_static_batching)."""
     lengths = _check(lengths, batch_size)
     utilization, latency, completion = [], [], []
     clock = 0
@@ -122,7 +122,7 @@ def simulate_static(lengths, batch_size: int) -> BatchingResult:
 
 
 def simulate_continuous(lengths, batch_size: int) -> BatchingResult:
-    """A finished request's slot takes the next queued request at the next step (L880-930)."""
+    """A finished request's slot takes the next in queue (simulate_continuous_batching)."""
     lengths = _check(lengths, batch_size)
     n = len(lengths)
     start = [0] * n
@@ -158,8 +158,8 @@ def simulate_continuous(lengths, batch_size: int) -> BatchingResult:
 
 
 def seed_003_claimed_waste() -> float:
-    """shared/seeds/003 L112's "2 finish at 20 = 22.5% wasted": 2*(200-20)/(8*200), which counts
-    only two requests (defect 21; the full static waste is 860/1600 = 53.75%)."""
+    """Seed 003's "2 finish at 20 = 22.5% wasted" ("Modalities Planned"): 2*(200-20)/(8*200),
+    which counts only two requests (defect 21; the full static waste is 860/1600 = 53.75%)."""
     longest = max(SEED_003_LENGTHS)
     return 2 * (longest - 20) / (len(SEED_003_LENGTHS) * longest)
 

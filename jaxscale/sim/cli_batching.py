@@ -1,10 +1,10 @@
-"""`jaxscale simulate batching`: static vs continuous batching (seed 000 ex. 3, seed 003 L93)."""
+"""`jaxscale simulate batching`: static vs continuous batching (seed 000 ex. 3, seed 003)."""
 
 import numpy as np
 
 from jaxscale.checks import at_most
-from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     comma_list,
     finite_float,
@@ -17,13 +17,13 @@ from jaxscale.cliutil import (
 from jaxscale.render import Col, Report
 from jaxscale.sim import batching as bt
 
-FAITHFUL_WHAT = "seed 003 L112's 22.5% static-batch waste for its 8-request example"
+FAITHFUL_WHAT = "seed 003's 22.5% static-batch waste for its 8-request example"
 MAX_TOKENS = 400_000  # ~2 s, plot included
 WHY = "every token is a simulated step: a larger workload is slow"
 
 
-def add_command(sim_sub) -> None:
-    p = add_command_parser(
+def add_parser(sim_sub) -> None:
+    p = add_command(
         sim_sub,
         "batching",
         help="static vs continuous batching: steps, utilisation, waste, latency",
@@ -170,14 +170,14 @@ def run(args) -> int:
         f"  static     |{bt.sparkline(static.utilization)}|",
         f"  continuous |{bt.sparkline(cont.utilization)}|",
         "",
-        f"seed 003 L93 example: {len(bt.SEED_003_LENGTHS)} requests {list(bt.SEED_003_LENGTHS)} "
+        f"seed 003 example: {len(bt.SEED_003_LENGTHS)} requests {list(bt.SEED_003_LENGTHS)} "
         "in one static batch",
         f"  {example.total_steps} steps x {example.batch_size} slots = {example.slot_steps} "
         f"slot-steps; useful {example.useful_tokens}; wasted {example.wasted_slot_steps}",
         f"  waste (seed's figure): {example_waste:.2%} = 2 x (200 - 20) / 1600, counting only "
         f"two finished requests; the full waste is {example.waste_fraction:.2%}"
         if args.seed_faithful
-        else f"  waste: {example_waste:.2%} (seed 003 L112 says 22.5%, counting only the two "
+        else f"  waste: {example_waste:.2%} (seed 003 says 22.5%, counting only the two "
         "requests that finish near step 20)",
     )
     r.put(

@@ -2,8 +2,7 @@
 
 import random
 
-from jaxscale.cliutil import add_command as add_command_parser
-from jaxscale.cliutil import add_output_flags, guarded, non_negative_int, positive_int
+from jaxscale.cliutil import add_command, add_output_flags, guarded, non_negative_int, positive_int
 from jaxscale.render import Col, Report
 from jaxscale.sim import json_demo as jd
 
@@ -13,8 +12,8 @@ FAITHFUL_WHAT = (
 )
 
 
-def add_command(sim_sub) -> None:
-    p = add_command_parser(
+def add_parser(sim_sub) -> None:
+    p = add_command(
         sim_sub,
         "json",
         help="constrained decoding: seed 002's 17-token JSON automaton, masking trace, fuzz",

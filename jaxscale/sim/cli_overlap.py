@@ -3,14 +3,20 @@
 from dataclasses import asdict
 
 from jaxscale.checks import at_most
-from jaxscale.cliutil import add_command as add_command_parser
-from jaxscale.cliutil import add_output_flags, guarded, overrides, positive_float, positive_int
+from jaxscale.cliutil import (
+    add_command,
+    add_output_flags,
+    guarded,
+    overrides,
+    positive_float,
+    positive_int,
+)
 from jaxscale.render import Col, Report
 from jaxscale.sim import overlap as ov
 from jaxscale.sim import timeline
 
-BAR_BATCHES = 4  # batches drawn in the timeline bars (seed 002 L8713-8714)
-BAR_CHARS_PER_MS = 2  # L8603
+BAR_BATCHES = 4  # timeline bars (seed 002 ch10 scheduling_overhead_benchmark.py)
+BAR_CHARS_PER_MS = 2  # its visualize_timeline
 LAUNCH_BAR_ITERATIONS = 2
 MAX_BAR_CHARS = 160  # a longer bar is drawn at a coarser scale
 # Every op is simulated, in each of the three modes; the per-batch and per-iteration figures
@@ -28,8 +34,8 @@ DESCRIBE = {
 }
 
 
-def add_command(sim_sub) -> None:
-    p = add_command_parser(
+def add_parser(sim_sub) -> None:
+    p = add_command(
         sim_sub,
         "overlap",
         help="scheduling-overhead and kernel-launch models on a virtual clock (no sleeping)",

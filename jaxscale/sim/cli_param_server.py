@@ -4,8 +4,8 @@ import math
 from dataclasses import asdict
 
 from jaxscale.checks import at_most
-from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     comma_list,
     guarded,
@@ -29,8 +29,8 @@ MAX_SWEEP = 8
 MAX_STALENESS = 64
 
 
-def add_command(sim_sub) -> None:
-    p = add_command_parser(
+def add_parser(sim_sub) -> None:
+    p = add_command(
         sim_sub,
         "param-server",
         help="asynchronous parameter server with stale gradients vs synchronous updates",

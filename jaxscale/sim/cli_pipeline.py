@@ -1,8 +1,8 @@
 """`jaxscale simulate pipeline`: GPipe, 1F1B and interleaved schedules (seed 002 ch7, 004 §6)."""
 
 from jaxscale.checks import at_most
-from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     guarded,
     hidden_alias,
@@ -15,9 +15,9 @@ from jaxscale.sim import pipeline_seed
 
 FAITHFUL_WHAT = (
     "pipeline_schedule_viz.py's printout: naive bubble (P-1)M/(PM+P-1) (68.6% for P4 M8) and its "
-    "formula-placed 1F1B grid (seed 002 L5437-5548)"
+    "formula-placed 1F1B grid (seed 002 ch7)"
 )
-SEED_BUBBLE_TABLE_STAGES = 4  # the seed's table ignores --pp (L5614)
+SEED_BUBBLE_TABLE_STAGES = 4  # the seed's bubble table ignores --pp
 # A run simulates every (stage, microbatch, chunk) op of each schedule, and the bubble table up to
 # 64 microbatches on every stage: these bounds keep it to a few seconds.
 MAX_STAGES = 256
@@ -25,8 +25,8 @@ MAX_STAGE_MICROBATCHES = 16384
 WHY = "a larger pipeline is slow to simulate and too large to read"
 
 
-def add_command(sim_sub) -> None:
-    p = add_command_parser(
+def add_parser(sim_sub) -> None:
+    p = add_command(
         sim_sub,
         "pipeline",
         help="pipeline schedules: makespan, bubble (both conventions), peak activations, grids",
@@ -205,8 +205,8 @@ def run(args) -> int:
     else:
         schedules = r.table("schedules", SCHEDULE_COLS, [_summary(res) for res in results])
         r.say(
-            "s2 = idle / total time, (P-1)/(v*M+P-1) (seed 002 L5167); s4 = idle / ideal time, "
-            "(P-1)/(v*M) (seed 004 L603).",
+            "s2 = idle / total time, (P-1)/(v*M+P-1) (seed 002 ch7); s4 = idle / ideal time, "
+            "(P-1)/(v*M) (seed 004 §6).",
             "peak activations: microbatches of one stage's activations held at once (from F start "
             "to B end); interleaved chunks count 1/v.",
             *notes,

@@ -1,7 +1,7 @@
 """`jaxscale simulate server`: seed 002's minimal_inference_server.py on a virtual clock."""
 
-from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     guarded,
     non_negative_int,
@@ -14,8 +14,8 @@ from jaxscale.sim import inference_server as srv
 FAITHFUL_WHAT = "the seed's times, which sleep latency_ms as seconds (10 s per decode step)"
 
 
-def add_command(sim_sub) -> None:
-    p = add_command_parser(
+def add_parser(sim_sub) -> None:
+    p = add_command(
         sim_sub,
         "server",
         help="the seed's minimal inference server: queue, one prefill at a time, decode batches",

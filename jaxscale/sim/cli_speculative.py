@@ -1,8 +1,8 @@
 """`jaxscale simulate speculative`: closed forms, seed 000's sweeps, seed 002's speculative_demo."""
 
 from jaxscale.checks import at_most
-from jaxscale.cliutil import add_command as add_command_parser
 from jaxscale.cliutil import (
+    add_command,
     add_output_flags,
     guarded,
     non_negative_float,
@@ -19,7 +19,7 @@ FAITHFUL_WHAT = (
     "seed 002's 3.36 tokens/pass and speculative_demo's per-call draft cost without a bonus "
     "token (3.50x), and seed 000's k*T/(k*d+T) perfect-draft speedup"
 )
-SEED_EXAMPLE = "seed 002 L8834-8838 example"  # the row whose printed value is defect 9
+SEED_EXAMPLE = "seed 002 ch11 example"  # the row whose printed value is defect 9
 # Bounds that keep a run to seconds: the sweeps draw up to trials x tokens x K numbers at each of
 # six settings (the default: 160,000, under a second); the demo draws per token.
 MAX_DRAWS = 400_000
@@ -28,8 +28,8 @@ MAX_TARGET_LENGTH = 100_000
 WHY = "a larger run is slow"
 
 
-def add_command(sim_sub) -> None:
-    p = add_command_parser(
+def add_parser(sim_sub) -> None:
+    p = add_command(
         sim_sub,
         "speculative",
         help="speculative decoding: closed forms, Monte-Carlo draft/verify, speculative_demo",
@@ -248,9 +248,9 @@ def run(args) -> int:
         f"{args.match_prob ** ks[-1]:.3f}.",
         f"a perfect draft (match_prob 1) at K={best.k} would give {perfect:.2f}x "
         + (
-            "(seed 000 L636: k*T/(k*d+T), without the target's own token)"
+            "(seed 000 Exercise 2: k*T/(k*d+T), without the target's own token)"
             if args.seed_faithful
-            else "= (K+1)*T/(K*d+T) (seed 000 L636 prints K*T/(K*d+T))"
+            else "= (K+1)*T/(K*d+T) (seed 000 Exercise 2 prints K*T/(K*d+T))"
         ),
         "",
         "speedup by match probability (same model, one generator for the whole grid):",

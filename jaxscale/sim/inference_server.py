@@ -1,4 +1,4 @@
-"""Seed 002's minimal_inference_server.py (shared/seeds/002_*.txt L6437-6798) on a virtual clock:
+"""Seed 002's minimal_inference_server.py (ch8) on a virtual clock:
 a FIFO queue, a running batch of at most `batch_size` requests, one prefill at a time whenever a
 slot is free, otherwise one decode step for the whole running batch; a mock model whose tokens
 come from Python's `random` (EOS with probability 0.1 per decode).
@@ -16,7 +16,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
-PROMPTS = (  # the seed's run_demo prompts (L6713-6722)
+PROMPTS = (  # the seed's run_demo prompts
     "What is the capital of France?",
     "Explain quantum computing in simple terms.",
     "Write a haiku about programming.",

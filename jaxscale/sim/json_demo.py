@@ -1,4 +1,4 @@
-"""Seed 002's json_constraint_demo.py (shared/seeds/002_*.txt L9483-9879): a 17-token JSON
+"""Seed 002's json_constraint_demo.py (ch11): a 17-token JSON
 vocabulary, a pushdown automaton (state + stack) that lists the valid next tokens, and Python's
 `random` choosing among them.
 
@@ -59,7 +59,7 @@ class State:
 
 
 def valid_tokens(s: State) -> set[int]:
-    """The seed's get_valid_tokens (L9580-9618)."""
+    """The seed's get_valid_tokens."""
     return {
         START: {0, 2},
         OBJ_START: {1} | KEYS,
@@ -80,7 +80,7 @@ def _after_close(stack) -> State:
 
 
 def advance(s: State, tok: int) -> State:
-    """The seed's advance (L9620-9667)."""
+    """The seed's advance."""
     text, stack = VOCAB[tok], s.stack
     if text == "{":
         return State(OBJ_START, stack + ("object",))

@@ -1,6 +1,6 @@
-"""CPU overhead vs GPU work on a virtual clock (shared/seeds/002 ch10), no sleeping.
+"""CPU overhead vs GPU work on a virtual clock (seed 002 ch10, scheduling and CUDA graphs).
 
-Scheduling overhead (`scheduling_overhead_benchmark.py`, L8428-8746): each batch needs CPU
+Scheduling overhead (`scheduling_overhead_benchmark.py`): each batch needs CPU
 scheduling S, GPU compute C and CPU postprocessing P. The seed sleeps and measures (271 vs 233 ms
 in its run); its ideal figures are sequential N(S+C+P) = 260 ms and overlapped
 (S+C+P) + (N-1)(max(C, S)+P) = 222 ms for N=20, S=2, C=10, P=1. Here each is an event
@@ -9,12 +9,12 @@ simulation on `jaxscale.sim.timeline` with one CPU and one GPU:
   overlap     S_{n+1} runs during C_n, but C_{n+1} waits for P_n (the next batch's inputs are
               the previous batch's sampled tokens): the seed's model, 222 ms
   futuremap   C_{n+1} needs only S_{n+1}: outputs stay on the device as placeholders that the
-              next batch reads (SGLang's FutureMap, L7879-7945), so P_n also overlaps: 203 ms
-              (S + N*C + P whenever C >= S + P)
+              next batch reads (SGLang's FutureMap, ch10 "Zero-Overhead Scheduling"), so P_n
+              also overlaps: 203 ms (S + N*C + P whenever C >= S + P)
 The "overlap" simulation reproduces the seed's formula for every S, C, P and N.
 
-Launch overhead (`cuda_graph_simple.py --force-cpu`, L8278-8321): K kernels per iteration, each
-launched by the CPU (L ms) before it runs. The seed's model adds launch and compute:
+Launch overhead (`cuda_graph_simple.py --force-cpu`, its `run_simulation`): K kernels per
+iteration, each launched by the CPU (L ms) before it runs. The seed's model adds launch and compute:
 1000 x (5 x 0.05 + 0.5) = 750 ms normally, 1000 x (0.05 + 0.5) = 550 ms replaying one graph
 (1.36x). "async" is an extra row: launches that don't wait for the previous kernel (JAX's async
 dispatch), which hide launch cost whenever a kernel outlasts a launch.
@@ -68,7 +68,7 @@ def scheduling_orders(cfg: SchedulingConfig, mode: str) -> dict[str, list[Op]]:
     if mode == "sequential":
         cpu = [op for i in range(n) for op in (sched[i], post[i])]
     else:
-        # The seed's overlap loop (L7926-7945): schedule next, launch it, process previous.
+        # The seed's "Complete Overlap Scheduler": schedule next, launch it, process previous.
         cpu = [sched[0]]
         for i in range(n):
             cpu += ([sched[i + 1]] if i + 1 < n else []) + [post[i]]
@@ -86,7 +86,7 @@ def seed_ideal_ms(cfg: SchedulingConfig) -> dict[str, float]:
 
 
 def scheduling_analysis(cfg: SchedulingConfig) -> dict[str, float]:
-    """The seed's ANALYSIS block (L8720-8733): 23.1% overhead, 1.0 ms effective, 67% reduction."""
+    """The seed's ANALYSIS block (its main): 23.1% overhead, 1.0 ms effective, 67% reduction."""
     s, c, p = cfg.scheduling_ms, cfg.compute_ms, cfg.postprocess_ms
     return {
         "overhead_fraction": (s + p) / (s + c + p),
@@ -124,7 +124,7 @@ def launch_overhead_per_iteration_ms(cfg: LaunchConfig, mode: str) -> float:
 
 
 def bars(spans: dict, end: float, chars_per_ms: float) -> dict[str, str]:
-    """CPU and GPU bars up to `end` ms (2 chars/ms in the seed, L8603)."""
+    """CPU and GPU bars up to `end` ms (2 chars/ms in the seed's visualize_timeline)."""
     rows = timeline.by_resource(spans)
     return {
         r: timeline.render_bars([s for s in rows[r] if s.start < end], end, chars_per_ms)

@@ -1,5 +1,6 @@
 """Point-to-point message passing between rank programs: a small simulator that finds deadlocks
-and hangs (seed 002 ch2, shared/seeds/002_7edd1202589f894b.txt L802-900).
+and hangs (seed 002 ch2, "Point-to-Point Communication": "The Blocking vs Non-Blocking Dance"
+and "Common Pitfalls").
 
 `jax.lax.ppermute` names every (source, target) pair at once, so an SPMD program can neither
 deadlock nor leave a receive unmatched. torch's send/recv can; this simulator shows how.
@@ -242,7 +243,7 @@ def _stuck(programs, pc, handles, env_r, trace, reads) -> P2PResult:
 
 
 def chain(world_size: int, init: float = 42.0, add: float = 10.0):
-    """send_recv_basic.py (S2 L1020-1079): 0 sends; 1..W-2 receive, add, forward; W-1 receives."""
+    """Seed 002 ch2 send_recv_basic.py: 0 sends; 1..W-2 receive, add, forward; W-1 receives."""
     if world_size < 2:
         raise ValueError("the chain needs at least 2 ranks")
     last = world_size - 1
@@ -265,12 +266,12 @@ def ring(world_size: int, init: float = 0.0, add: float = 10.0):
 
 
 def both_send_first():
-    """S2 L814-819: both ranks send, then receive. Rendezvous: deadlock. Eager: completes."""
+    """Ch2's blocking example: both send, then receive. Rendezvous: deadlock. Eager: completes."""
     return [[Send(1), Recv(1, "y")], [Send(0), Recv(0, "y")]], [{"x": 0.0}, {"x": 1.0}]
 
 
 def interleaved():
-    """S2 L823-826: the fix: rank 0 sends then receives, rank 1 receives then sends."""
+    """The same section's fix: rank 0 sends then receives, rank 1 receives then sends."""
     return [[Send(1), Recv(1, "y")], [Recv(0, "y"), Send(0)]], [{"x": 0.0}, {"x": 1.0}]
 
 
@@ -284,12 +285,12 @@ def nonblocking_swap(world_size: int = 4):
 
 
 def mismatched():
-    """Pitfall 1 (S2 L876-884): rank 0 sends to 1, but rank 1 receives from 2, which is idle."""
+    """Ch2 "Pitfall 1": rank 0 sends to 1, but rank 1 receives from 2, which is idle."""
     return [[Send(1)], [Recv(2)], []], [{"x": 7.0}, {}, {}]
 
 
 def forgot_wait():
-    """Pitfall 3 (S2 L894-900): reading an irecv buffer before wait sees the old contents."""
+    """Ch2 "Pitfall 3": reading an irecv buffer before wait sees the old contents."""
     programs = [
         [Send(1)],
         [Irecv(0, "x", "h"), Read("x", "before wait"), Wait("h"), Read("x", "after wait")],

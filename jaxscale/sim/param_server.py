@@ -1,4 +1,4 @@
-"""Asynchronous parameter server with stale gradients vs synchronous updates (shared/seeds/004 §9).
+"""Asynchronous parameter server with stale gradients vs synchronous updates (seed 004 §9).
 
 Toy problem: least squares f(x) = |A x - b|^2 / (2n), A an n x d Gaussian matrix (seeded),
 rescaled so that the Hessian H = A^T A / n has largest eigenvalue 1 (then `lr` is lr * lambda_max);
@@ -6,10 +6,10 @@ b = A x_true + noise. Reported: the optimality gap f(x) - f(x_ls).
 
 sync   every round all W workers compute a gradient at the current x; the server averages them
        and applies one update. A round lasts as long as its slowest worker.
-async  the seed's ParameterServer (L1255-1312): a worker pulls x, computes a gradient for its
-       compute time and pushes; the server applies x -= lr * g at once. The gradient is stale
-       by tau = the updates other workers applied in between. Equal compute times settle into
-       round-robin with tau = W - 1.
+async  the seed's ParameterServer ("Synchronous vs Asynchronous Training"): a worker pulls x,
+       computes a gradient for its compute time and pushes; the server applies x -= lr * g at once.
+       The gradient is stale by tau = the updates other workers applied in between. Equal compute
+       times settle into round-robin with tau = W - 1.
 
 Delayed gradient descent on a quadratic, e_{t+1} = e_t - lr * lambda * e_{t-tau}, is stable iff
 lr * lambda < 2 sin(pi / (2 (2 tau + 1))): 2 for tau = 0, 1 for tau = 1, 0.445 for tau = 3.

@@ -1,5 +1,5 @@
 """Pipeline-parallel schedules (GPipe, 1F1B, interleaved 1F1B, ZB-H1) as dependency-driven
-simulations, and the schedule grid the executor (jaxscale/parallel/pp.py) runs.
+simulations, and the schedule grid the executor (jaxscale/parallel/pp/) runs.
 
 P devices (stages), M microbatches, t_F and t_B per stage and microbatch. Each device runs its
 ops in the schedule's order; an op starts when its inputs exist and its device is free
@@ -8,9 +8,9 @@ F(j, m), over the virtual stages j = chunk * P + device (one chunk per device un
 ZB-H1 (zero bubble, Qi et al. 2023) splits each backward into B (input gradient, needs B(j+1, m))
 and W (weight gradient, needs B(j, m)), each half of t_B, and defers W to fill the bubble.
 
-Two bubble conventions are in use (seed-spec §0.2) and both are exposed:
-  "s2": idle / total time        = (P-1) / (v*M + P-1)   shared/seeds/002 L5167
-  "s4": idle / ideal (busy) time = (P-1) / (v*M)         shared/seeds/004 L603, L722-744
+Two bubble conventions are in use (one per seed) and both are exposed:
+  "s2": idle / total time        = (P-1) / (v*M + P-1)   seed 002 ch7, "The Pipeline Bubble Problem"
+  "s4": idle / ideal (busy) time = (P-1) / (v*M)         seed 004 §6, "Pipeline Parallelism"
 with v = 1 except for the interleaved schedule (v model chunks per device, Megatron-LM).
 """
 
@@ -24,7 +24,7 @@ from jaxscale.sim.timeline import Op, Span
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 CONVENTIONS = ("s2", "s4")
 COUNTS = ("stages", "microbatches", "virtual_stages")
-BUBBLE_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # the seed's bubble table (shared/seeds/002 L5619)
+BUBBLE_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)  # seed 002 ch7's bubble table
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def pipeline_efficiency(
     """1 - bubble, as a fraction.
 
     "s2" gives the exact busy fraction M/(M+P-1) (v=1). "s4" is seed 004's 1 - (P-1)/M
-    (shared/seeds/004 L722-744: 25.0 / 62.5 / 81.25 / 90.625 % for P=4, M=4/8/16/32): a
+    (its pipeline_efficiency: 25.0 / 62.5 / 81.25 / 90.625 % for P=4, M=4/8/16/32): a
     first-order approximation of the same quantity, negative when M < P-1.
     """
     return 1.0 - bubble_fraction(stages, microbatches, convention, virtual_stages)
@@ -227,7 +227,8 @@ def _label(kind: str, j: int, m: int, cfg: PipelineConfig) -> str:
 
 def _one_f_one_b(stage: int, cfg: PipelineConfig) -> list[Op]:
     # Warm-up of P-s-1 forwards, then alternate F, B; then drain the remaining backwards
-    # (the per-stage orders of shared/seeds/002 L5175-5179 and L5402-5405).
+    # (the per-stage orders of seed 002 ch7, "1F1B Scheduling: The Solution", and of
+    # pipeline_schedule_viz.py's "Run It" page).
     p, m = cfg.stages, cfg.microbatches
     warmup = min(p - stage - 1, m)
     ops = [_forward(stage, i, cfg) for i in range(warmup)]
@@ -318,7 +319,7 @@ def stage_orders(cfg: PipelineConfig) -> dict[int, list[Op]]:
     p, m = cfg.stages, cfg.microbatches
     if cfg.schedule == "gpipe":
         # Fill-drain: all forwards, then all backwards, backwards in microbatch order as in
-        # shared/seeds/002 L5465-5468.
+        # seed 002 ch7's visualize_naive_schedule.
         return {
             s: [_forward(s, i, cfg) for i in range(m)] + [_backward(s, i, cfg) for i in range(m)]
             for s in range(p)

@@ -1,27 +1,27 @@
-"""Seed-faithful port of shared/seeds/002 `pipeline_schedule_viz.py` (L5437-5548), defects kept.
+"""Seed-faithful port of seed 002 ch7's `pipeline_schedule_viz.py`, defects kept.
 
 Used only under `--seed-faithful`, so users can compare with the seed's printout:
-- the naive bubble is (P-1)*M / (P*M + P-1) (L5475; 68.6% for P4 M8, defect 3), where the
+- the naive bubble is (P-1)*M / (P*M + P-1) (68.6% for P4 M8, defect 3), where the
   schedule's own grid gives (P-1)/(M+P-1) = 27.3%;
 - the 1F1B grid places ops by formula, not by dependencies, so cells overwrite each other and
-  B0/B1 vanish (L5489-5531, defect 4); its bubble and peak memory are printed from formulas
+  B0/B1 vanish (defect 4); its bubble and peak memory are printed from formulas
   ((P-1)/(M+P-1) and P for every stage).
 The corrected values come from `jaxscale.sim.pipeline.simulate`.
 """
 
 from jaxscale.sim.pipeline import _check_counts
 
-SEED_GRID_MAX_CELLS = 25  # the seed truncates the 1F1B grid to 25 time slots (L5541-5546)
+SEED_GRID_MAX_CELLS = 25  # the seed truncates the 1F1B grid to 25 time slots
 
 
 def naive_bubble(stages: int, microbatches: int) -> float:
-    """The seed's naive bubble formula (L5475), wrong: it should be (P-1)/(M+P-1)."""
+    """The seed's naive bubble (visualize_naive_schedule), wrong: it should be (P-1)/(M+P-1)."""
     _check_counts(stages, microbatches, 1)
     return (stages - 1) * microbatches / (stages * microbatches + (stages - 1))
 
 
 def naive_cells(stages: int, microbatches: int) -> list[list[str]]:
-    """The seed's fill-drain grid (L5457-5471): forwards at s+m, backwards after all forwards."""
+    """The seed's fill-drain grid (visualize_naive_schedule): forwards at s+m, then backwards."""
     _check_counts(stages, microbatches, 1)
     fwd_time = microbatches + stages - 1
     rows = []
@@ -35,7 +35,7 @@ def naive_cells(stages: int, microbatches: int) -> list[list[str]]:
 
 
 def one_f_one_b_cells(stages: int, microbatches: int) -> list[list[str]]:
-    """The seed's formula-placed 1F1B grid (L5499-5533), including its overwrites."""
+    """The seed's formula-placed 1F1B grid (visualize_1f1b_schedule), including its overwrites."""
     _check_counts(stages, microbatches, 1)
     total = 2 * microbatches + 2 * (stages - 1)
     rows = []

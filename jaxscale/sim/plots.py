@@ -5,7 +5,7 @@ from jaxscale.render import figure
 
 
 def batching(static, continuous, path: str) -> str:
-    """Utilisation over time for both strategies (shared/seeds/000 L943-981)."""
+    """Utilisation over time for both strategies (seed 000 Exercise 3's utilisation plot)."""
     with figure(path, 2, 1, figsize=(12, 7)) as (fig, axes):
         for ax, res, color in zip(axes, (static, continuous), ("#d62728", "#2ca02c"), strict=True):
             steps = range(len(res.utilization))
@@ -27,7 +27,7 @@ def batching(static, continuous, path: str) -> str:
 
 
 def speculative(k_points, mp_sweep, path: str) -> str:
-    """Speedup and tokens per round vs K, and the match-probability sweep (L546-637)."""
+    """Speedup and tokens per round vs K, and the match-probability sweep (seed 000 Exercise 2)."""
     with figure(path, 1, 3, figsize=(18, 5)) as (fig, (ax1, ax2, ax3)):
         ks = [p.k for p in k_points]
         speedups = [p.speedup for p in k_points]

@@ -1,15 +1,16 @@
 """Speculative decoding: closed forms and seed 000's draft/verify Monte-Carlo.
 
-Model (shared/seeds/000 L444-506): each of K drafted tokens matches the target independently with
-probability gamma (match_prob); the target verifies all K in one pass and keeps the drafts up to
-the first mismatch, plus one token of its own (the correction at the mismatch, or the next token
-when all K match). Hence tokens per target pass = accepted + 1 and
+Model (seed 000, the Training & Serving at Scale notebook, Exercise 2 "Speculative Decoding
+Simulator", its reference `simulate_speculative_decoding`): each of K drafted tokens matches the
+target independently with probability gamma (match_prob); the target verifies all K in one pass and
+keeps the drafts up to the first mismatch, plus one token of its own (the correction at the
+mismatch, or the next token when all K match). Hence tokens per target pass = accepted + 1 and
 
     E[tokens per pass] = 1 + gamma + ... + gamma^K = (1 - gamma^(K+1)) / (1 - gamma).
 
-shared/seeds/002 L8834-8838 states this formula but prints 3.36 for gamma=0.8, K=5; the formula
-gives 3.68928, and 3.36 is (1 - gamma^K) / (1 - gamma) (defect 9), which is what a scheme without
-the extra target token achieves (see `speculative_demo`).
+Seed 002 ch11 ("Speedup Analysis") states this formula but prints 3.36 for gamma=0.8, K=5; the
+formula gives 3.68928, and 3.36 is (1 - gamma^K) / (1 - gamma) (defect 9), which is what a scheme
+without the extra target token achieves (see `speculative_demo`).
 """
 
 from collections.abc import Sequence
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MATCH_PROBS = (0.5, 0.6, 0.7, 0.8, 0.9)  # shared/seeds/000 L603
-DRAFT_LENGTHS = tuple(range(1, 9))  # shared/seeds/000 L522
+MATCH_PROBS = (0.5, 0.6, 0.7, 0.8, 0.9)  # seed 000 Exercise 2, the match-probability sweep
+DRAFT_LENGTHS = tuple(range(1, 9))  # seed 000 Exercise 2, the K sweep
 
 
 def _check_gamma_k(gamma: float, k: int) -> None:
@@ -47,7 +48,7 @@ def seed_expected_tokens_per_pass(gamma: float, k: int) -> float:
 def speedup_with_draft_cost(gamma: float, k: int, draft_cost: float) -> float:
     """E[tokens] / (1 + k*c): c = cost of one drafted token relative to one target pass.
 
-    shared/seeds/002 Ex1 (L8943-8954): gamma 0.75, k 4, c 0.05 -> 3.0508 / 1.2 = 2.54x.
+    Seed 002 ch11, "Exercise 1: Calculate Speedup": gamma 0.75, k 4, c 0.05 -> 3.0508 / 1.2 = 2.54x.
     """
     if draft_cost < 0:
         raise ValueError(f"draft cost must be >= 0, got {draft_cost}")
@@ -69,8 +70,8 @@ def perfect_draft_speedup(
 ) -> float:
     """Speedup with match_prob = 1: every round yields k + 1 tokens.
 
-    shared/seeds/000 L636-637 prints k*T/(k*d + T), dropping the +1 token its own simulator
-    counts; `seed_faithful=True` returns that value.
+    Seed 000 Exercise 2 (the match-probability cell's closing text) gives k*T/(k*d + T), dropping
+    the +1 token its own simulator counts; `seed_faithful=True` returns that value.
     """
     tokens = k if seed_faithful else k + 1
     return tokens * target_time_ms / (k * draft_time_ms + target_time_ms)
@@ -78,12 +79,12 @@ def perfect_draft_speedup(
 
 @dataclass(frozen=True)
 class SweepConfig:
-    total_tokens: int = 100  # tokens to generate per trial (L517)
-    match_prob: float = 0.70  # L518
-    draft_time_ms: float = 10.0  # per drafted token (L519)
-    target_time_ms: float = 50.0  # per target pass, whatever K (L520)
-    num_trials: int = 200  # L463
-    seed: int = 42  # np.random.seed(42) before each sweep (L515, L601)
+    total_tokens: int = 100  # tokens to generate per trial (the K-sweep cell's constants)
+    match_prob: float = 0.70  # same cell
+    draft_time_ms: float = 10.0  # per drafted token (same cell)
+    target_time_ms: float = 50.0  # per target pass, whatever K (same cell)
+    num_trials: int = 200  # simulate_speculative_decoding's default
+    seed: int = 42  # np.random.seed(42) before each sweep (both sweep cells)
 
     def validate(self) -> None:
         if self.total_tokens < 1 or self.num_trials < 1:
@@ -112,7 +113,7 @@ class SweepPoint:
 
 
 def simulate_round(k: int, match_prob: float, rng: np.random.RandomState) -> int:
-    """Accepted drafts in one round: accept until the first mismatch (L446-454)."""
+    """Accepted drafts in one round: accept until the first mismatch (as the seed's round does)."""
     accepted = 0
     for _ in range(k):
         if rng.random_sample() < match_prob:
@@ -125,7 +126,7 @@ def simulate_round(k: int, match_prob: float, rng: np.random.RandomState) -> int
 def simulate_decoding(
     k: int, cfg: SweepConfig, rng: np.random.RandomState, match_prob: float | None = None
 ) -> SweepPoint:
-    """Trials of generating `total_tokens` (the last round may overshoot, as in L475-484)."""
+    """Trials of generating `total_tokens` (the last round may overshoot, as in the seed's loop)."""
     cfg.validate()
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"draft length must be a positive integer, got {k!r}")
@@ -154,7 +155,7 @@ def simulate_decoding(
 
 
 def k_sweep(cfg: SweepConfig, ks: Sequence[int] = DRAFT_LENGTHS) -> list[SweepPoint]:
-    """The notebook's K sweep (L515-543): one generator, seeded once, shared by all K."""
+    """The notebook's K sweep (cell "Sweep draft length K"): one generator, seeded once."""
     rng = np.random.RandomState(cfg.seed)
     return [simulate_decoding(k, cfg, rng) for k in ks]
 
@@ -162,7 +163,7 @@ def k_sweep(cfg: SweepConfig, ks: Sequence[int] = DRAFT_LENGTHS) -> list[SweepPo
 def match_prob_sweep(
     cfg: SweepConfig, match_probs: Sequence[float] = MATCH_PROBS, ks: Sequence[int] = DRAFT_LENGTHS
 ) -> dict[float, list[SweepPoint]]:
-    """The notebook's match-probability sweep (L601-617): seeded once for the whole grid."""
+    """The notebook's match-probability sweep (Exercise 2's last cell): seeded once."""
     rng = np.random.RandomState(cfg.seed)
     return {mp: [simulate_decoding(k, cfg, rng, match_prob=mp) for k in ks] for mp in match_probs}
 

@@ -1,4 +1,4 @@
-"""Port of shared/seeds/002 `speculative_demo.py` (L9062-9387), Python `random` and all.
+"""Port of seed 002 ch11's `speculative_demo.py` (ML Systems Infrastructure Tutorial), `random` too.
 
 The seed draws each drafted token (random vocabulary word, p_draft ~ U(0.3, 0.9)), lets the
 target agree with probability a (p_target = p_draft * U(0.9, 1.5), else p_draft * U(0.1, 0.8),
@@ -15,15 +15,16 @@ Two departures from the standard algorithm, kept only with `seed_faithful=True`:
 - no bonus token when all k drafts are accepted (the target pass has computed the next token
   anyway), so a round yields (1 - gamma^k)/(1 - gamma) tokens on average, not
   (1 - gamma^(k+1))/(1 - gamma);
-- the speedup charges `draft_cost` once per draft *call* (L9228-9256), although a call drafts k
-  tokens one forward pass at a time; the seed's own prose example charges each drafted token
-  (L9043-9047: 50 draft passes x 5 ms). Corrected: cost = target calls + drafted tokens * c.
+- the speedup charges `draft_cost` once per draft *call* (`calculate_speedup`), although a call
+  drafts k tokens one forward pass at a time; the seed's own prose example charges each drafted
+  token (its "Run It" page: 50 draft passes x 5 ms). Corrected: cost = target calls + drafted
+  tokens * c.
 """
 
 import random
 from dataclasses import dataclass
 
-# shared/seeds/002 L9296-9304, in order (the token index drawn by randint selects from it).
+# The vocabulary of the seed's main(), in order (the token index drawn by randint selects from it).
 VOCAB = (
     "the",
     "a",
@@ -145,14 +146,14 @@ def per_token_acceptance(acceptance_rate: float) -> float:
 def _round(rng: random.Random, k: int, a: float) -> tuple[list[str], str | None]:
     """One draft/verify round; draws exactly what the seed draws, in the same order."""
     drafts = []
-    for _ in range(k):  # simulate_draft_model (L9091-9115)
+    for _ in range(k):  # the seed's simulate_draft_model
         word = VOCAB[rng.randint(0, len(VOCAB) - 1)]
         drafts.append([word, rng.uniform(0.3, 0.9), 0.0])
-    for d in drafts:  # simulate_target_verification (L9118-9139)
+    for d in drafts:  # the seed's simulate_target_verification
         ratio = rng.uniform(0.9, 1.5) if rng.random() < a else rng.uniform(0.1, 0.8)
         d[2] = min(1.0, d[1] * ratio)
     accepted = []
-    for i, (word, p_draft, p_target) in enumerate(drafts):  # speculative_acceptance (L9142-9174)
+    for i, (word, p_draft, p_target) in enumerate(drafts):  # the seed's speculative_acceptance
         if p_target >= p_draft or rng.random() < p_target / p_draft:
             accepted.append(word)
             continue

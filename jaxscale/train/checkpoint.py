@@ -196,7 +196,7 @@ def load_params(directory: str | Path, step: int | None = None):
     config comes from the checkpoint's own record, the optimizer state is read and dropped."""
     import orbax.checkpoint as ocp
 
-    from jaxscale.train import step as train_step
+    from jaxscale.parallel import auto
 
     path = Path(directory)
     step = latest_step(path) if path.is_dir() and step is None else step
@@ -214,7 +214,27 @@ def load_params(directory: str | Path, step: int | None = None):
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} step {step} is not a jaxscale checkpoint")
     cfg, tcfg = ModelConfig(**meta["model"]), TrainConfig(**meta["train"])
-    abstract = jax.eval_shape(lambda: train_step.init_state(cfg, tcfg))
+    abstract = jax.eval_shape(lambda: auto.init_state(cfg, tcfg))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     state, _ = restore(path, jax.tree.map(lambda _: device, abstract), abstract, meta, step)
     return cfg, state["params"]
+
+
+def load_model(ckpt_dir: str | None):
+    """(cfg, params): a checkpoint's, or a random tiny model's with a warning."""
+    from jaxscale.model import state as ms
+
+    if ckpt_dir is None:
+        print(
+            "jaxscale serve: warning: no --ckpt-dir; serving a random tiny model (its "
+            "completions are noise). Train one with `jaxscale train --run-dir runs/a`.",
+            file=sys.stderr,
+        )
+        cfg = ModelConfig(max_seq=256)
+        return cfg, ms.init_params(cfg, 0)
+    path = Path(ckpt_dir)
+    if (path / "checkpoints").is_dir():  # a `jaxscale train --run-dir` directory
+        path = path / "checkpoints"
+    if not path.is_dir():
+        raise CheckpointError(f"--ckpt-dir {ckpt_dir}: no such directory")
+    return load_params(path)

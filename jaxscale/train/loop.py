@@ -23,8 +23,8 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import parse_mesh
 from jaxscale.parallel.compose import Built, Strategy, build
 from jaxscale.progress import Progress
+from jaxscale.serve import generate
 from jaxscale.train import checkpoint, data
-from jaxscale.train import step as train_step
 from jaxscale.train.metrics import MetricsLog
 
 
@@ -202,9 +202,14 @@ def train(
             checkpoint.save(setup.ckpt_dir, state, meta)
     if setup.sample_tokens and isinstance(dataset, data.TextData):
         tok = data.ByteTokenizer()
-        ids = train_step.greedy_sample(
-            cfg, state["params"], tok.encode(setup.prompt), setup.sample_tokens
-        )
+        prompt = [int(t) for t in tok.encode(setup.prompt)]
+        room = min(setup.sample_tokens, cfg.max_seq - len(prompt))
+        if not prompt or room <= 0:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens leaves no room below max_seq={cfg.max_seq}"
+            )
+        # greedy, with the KV cache: the one static-batch generate serving and RLHF use
+        ids = generate.generate(state["params"], [prompt], cfg, room).row(0)
         result.sample = setup.prompt + tok.decode(ids)
     result.state = state
     return result

@@ -1,8 +1,9 @@
 """jaxscale's own parallelism advice (advisor_model.py, advisor.py) and `jaxscale advise`.
 
 Expected values are closed forms written here from the formulas the modules document (Korthikanti
-et al. activations, ring all-reduce 2(n-1)/n, bubble (P-1)/(M+P-1) from S2 L5167), brute-force
-enumerations, and seed goldens (seed-spec Part VIII, shared/seeds/000_*.txt L1230-1234).
+et al. activations, ring all-reduce 2(n-1)/n, bubble (P-1)/(M+P-1) from seed 002 ch7), brute-force
+enumerations, and seed goldens (what the seeds' advisors print, e.g. seed 000 Exercise 4's five
+configurations).
 """
 
 import itertools
@@ -314,7 +315,7 @@ def test_advisor_imports_no_jax():
 
 
 def test_bubble_matches_the_seed_pipeline_example():
-    # S2 L5169: P=4, M=4 -> 3/7 = 43%; here M = batch / (dp * micro-batch) = 16 / (4 * 1)
+    # seed 002 ch7: P=4, M=4 -> 3/7 = 43%; here M = batch / (dp * micro-batch) = 16 / (4 * 1)
     w = Workload(7e9, hidden=4096, layers=32, batch=16)
     cost = evaluate(w, Hardware(64, 80 * GB), Layout(tp=4, pp=4, dp=4, zero_stage=0))
     assert cost.microbatches == 4

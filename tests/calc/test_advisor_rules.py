@@ -1,9 +1,9 @@
 """The seeds' four parallelism rule sets: goldens from the seeds, plus derivations written here.
 
-Seed 000's five configurations (a)-(e) are shared/seeds/000_*.txt L1230-1234; seed 004's examples
-and seed 002's calculator printout are seed-spec Part VIII ("S4 configs", "Strategy calculator
-defaults"). Seed 001's examples (001 L1005-1011) print nothing in the seed; their expected layouts
-are worked out by hand from its rules (L945-997) in the comments below.
+Seed 000's five configurations (a)-(e) are its Exercise 4's; seed 004's examples (§8) and seed 002's
+calculator printout (ch7 parallel_strategy_calculator.py) are what their code prints when run. Seed
+001's examples (§8) print nothing in the seed; their expected layouts are worked out by hand from
+its rules (`recommend_parallelism`) in the comments below.
 """
 
 import itertools
@@ -29,7 +29,7 @@ def test_seed000_a_gpt2_one_gpu_is_data_parallel():
     a = seed000_decision_tree(124e6, 1, 80)
     assert a.strategy == "DATA PARALLELISM"
     assert (a.tp, a.pp, a.dp, a.zero_stage) == (1, 1, 1, 0)
-    assert a.per_gpu_bytes == pytest.approx(124e6 * 12, rel=REL)  # ~1.5 GB (000 L1066)
+    assert a.per_gpu_bytes == pytest.approx(124e6 * 12, rel=REL)  # ~1.5 GB (seed 000 Exercise 4)
 
 
 def test_seed000_b_gpt2_four_gpus_is_four_way_data_parallel():
@@ -47,7 +47,7 @@ def test_seed000_c_7b_four_gpus_needs_zero1():
 
 
 def test_seed000_d_70b_eight_gpus_is_insufficient():
-    # ZeRO-3 on 8 GPUs is 840/8 = 105 GB > 80 (000 L1067); 8 x 80 = 640 GB < 840 GB in total
+    # ZeRO-3 on 8 GPUs is 840/8 = 105 GB > 80 (seed 000 Ex. 4); 8 x 80 = 640 GB < 840 GB in total
     a = seed000_decision_tree(70e9, 8, 80)
     assert a.strategy == "INSUFFICIENT RESOURCES"
     assert (a.tp, a.pp, a.dp, a.gpus_used) == (None, None, None, None)
@@ -62,7 +62,7 @@ def test_seed000_e_175b_64_gpus_fits_with_zero3():
 
 
 def _seed000_model_parallel_search(n, gpus, mem_gb):
-    """The seed's TP x PP search (000 L1176-1205), written out again: first best by tp + pp."""
+    """Seed 000's TP x PP search (Exercise 4), written out again: first best by tp + pp."""
     best = None
     for tp in (1, 2, 4, 8):
         for pp in (1, 2, 4, 8, 16):
@@ -100,7 +100,7 @@ def test_seed000_first_rung_that_fits_is_chosen():
 
 # --- seed 001 recommend_parallelism ---------------------------------------------------------------
 
-# By hand from 001 L945-997, 8 GPUs per node, 80 GB: each has 2*params*20 > 80 and >= 2 nodes.
+# By hand from seed 001 §8, 8 GPUs per node, 80 GB: each has 2*params*20 > 80 and >= 2 nodes.
 # 7B: pp 1 (<=50B), dp 64/8; 13B: pp 1, dp 128/8; 70B: pp 2 (>50B), dp 512/16;
 # 175B: pp min(4, 128//2) = 4, dp 1024/32; 1.7T: pp min(4, 256//2) = 4, dp 2048/32.
 SEED001_CASES = [
@@ -152,7 +152,7 @@ def test_seed001_large_model_on_less_than_a_node_would_divide_by_zero():
     [(1e9, 8, (8, 1, 1)), (13e9, 64, (8, 8, 1)), (70e9, 256, (8, 8, 4)), (175e9, 1024, (8, 16, 8))],
 )
 def test_seed004_goldens(n, gpus, layout):
-    # seed-spec Part VIII "S4 configs" [R]
+    # seed 004 §8 prints these for its examples [R]
     a = seed004_config(n, gpus)
     assert (a.tp, a.pp, a.dp) == layout
     assert a.gpus_used == gpus and not a.notes
@@ -180,7 +180,7 @@ def test_seed004_gpu_counts_the_rules_do_not_cover():
 
 
 def test_seed004_strategy_matrix():
-    # shared/seeds/004_*.txt L151-156
+    # seed 004 §3 "Strategy Selection Matrix"
     assert seed004_strategy_matrix(0.5e9) == ("Data Parallelism", "None needed")
     assert seed004_strategy_matrix(5e9) == ("Data Parallelism", "Pipeline (optional)")
     assert seed004_strategy_matrix(50e9) == ("Pipeline + Data", "Model Parallelism")
@@ -200,7 +200,7 @@ def test_rules_reject_bad_input():
 
 
 def test_seed002_faithful_defaults_match_the_seed_printout():
-    # seed-spec Part VIII "Strategy calculator defaults" [R]
+    # seed 002 ch7 parallel_strategy_calculator.py's defaults, as it prints them [R]
     r = seed002_calculator(seed_faithful=True)
     assert f"{r.param_count / 1e9:.1f}" == "65.5"
     assert [f"{x:.1f}" for x in (r.params_gb, r.grads_gb, r.optimizer_gb, r.total_gb)] == [
@@ -240,7 +240,7 @@ def test_seed002_faithful_ignores_params_for_memory_but_not_for_dp_comm():
 
 
 def test_seed002_faithful_moe_inflates_params_and_nothing_fits():
-    # seed-spec Ch7: --moe gives 2771.3B "actual"; no layout fits
+    # the same script with --moe gives 2771.3B "actual"; no layout fits
     r = seed002_calculator(seed_faithful=True, moe=True)
     assert f"{r.param_count / 1e9:.1f}" == "2771.3"
     assert r.best is None

@@ -39,7 +39,7 @@ def test_inference_json(capsys):
     (row,) = report["scenarios"]
     assert (row["prompt_len"], row["batch_size"], row["prefill_bound"]) == (2000, 1, "compute")
     assert row["kv_per_seq_bytes"] == 2050 * 327_680
-    mem = report["serving_memory"]  # S2 L6264-6271 with ch9's KV (defect 19)
+    mem = report["serving_memory"]  # seed 002 ch8 with ch9's KV (defect 19)
     assert mem["kv_per_request_bytes"] == 10 * 1024**3 and mem["num_requests"] == 100
     seed = run_json(capsys, "inference", "--seed-faithful")["serving_memory"]
     assert seed["kv_total_bytes"] == 200e9
@@ -114,7 +114,7 @@ def test_rl_throughput_and_plot(capsys, tmp_path):
 
 
 def test_rl_memory_and_timeline(capsys):
-    assert run_json(capsys, "rl", "memory")["total_gb"] == 132  # S2 L11143-11154 (~130)
+    assert run_json(capsys, "rl", "memory")["total_gb"] == 132  # seed 002 ch13 (~130)
     fixed = run_json(capsys, "rl", "timeline")
     totals = [p["total_gb"] for p in fixed["phases"]]
     assert totals == pytest.approx([443.5, 161.5, 1227.4], abs=GB_TOL)  # [R]
@@ -184,12 +184,14 @@ def test_modules_do_not_import_jax():
         "rl",
         "rlhf_memory",
         "weight_transfer",
-        "cli_serving",
-        "cli_serving_common",
-        "cli_serving_inference",
-        "cli_serving_kv",
-        "cli_serving_rl",
-        "cli_serving_rlhf",
+        "commands.common",
+        "commands.inference",
+        "commands.serving",
+        "commands.kv",
+        "commands.prefix",
+        "commands.rl",
+        "commands.gae",
+        "commands.reward",
     ]
     imports = "; ".join(f"import jaxscale.calc.{m}" for m in modules)
     code = f"import sys; {imports}; assert 'jax' not in sys.modules, 'jax imported'"

@@ -11,11 +11,14 @@ from jaxscale.cli import main
 REL = 1e-9
 PNG_MAGIC = b"\x89PNG"
 MY_MODULES = (
-    "cli_training_memory",
-    "cli_training_compute",
-    "cli_training_time",
-    "cli_training_comm",
-    "cli_training_scaling",
+    "cli",
+    "commands.memory",
+    "commands.flops",
+    "commands.chinchilla",
+    "commands.moe",
+    "commands.time",
+    "commands.comm",
+    "commands.scaling",
     "memory",
     "models",
     "flops",
@@ -50,7 +53,7 @@ def test_memory_default_reproduces_seed000(capsys):
     assert run(["calc", "memory"]) == 0
     out = capsys.readouterr().out
     assert "mode: corrected" in out
-    # shared/seeds/000 L180-211 (8 GPUs): 70B stages 840 / 350 / 227.5 / 105 GB
+    # seed 000 Exercise 1's ZeRO cell (8 GPUs): 70B stages 840 / 350 / 227.5 / 105 GB
     for value in ("840.0 GB", "350.0 GB", "227.5 GB", "105.0 GB", "248.0 MB", "84.0 GB"):
         assert value in out
     assert "210.0 GB" not in out
@@ -81,10 +84,10 @@ def test_memory_tp_and_master(capsys):
 def test_memory_scenarios(capsys):
     assert run(["calc", "memory", "--scenario", "s4"]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/004 L1610-1636 [RUN]
+    # seed 004 §12 prints [RUN]
     assert "2119.33 GB" in out and "2101.97 GB" in out and "19.33 GB" in out
     report = run_json(["memory", "--scenario", "seed001"], capsys)
-    # shared/seeds/001 L625-632, closed form: 70B * (2 + 2 + 8 + 10 * 2) bytes = 2240 GB
+    # seed 001 §6, closed form: 70B * (2 + 2 + 8 + 10 * 2) bytes = 2240 GB
     assert report["rows"][0]["total"] / 1e9 == pytest.approx(2240, rel=REL)
     assert report["rows"][2]["total"] / 1e9 == pytest.approx((140 + 140 + 560 + 420) / 8, rel=REL)
 
@@ -117,7 +120,7 @@ def test_memory_bad_input(argv, message, capsys):
 def test_flops(capsys):
     assert run(["calc", "flops"]) == 0
     out = capsys.readouterr().out
-    # 24 d^2 for d = 12288 (shared/seeds/001 L382); ratios of the 6N check (L478-500)
+    # 24 d^2 for d = 12288 (seed 001 §5); ratios of its 6N check
     assert "3,623,878,656" in out and "2.0x" in out and "3.0x" in out
     for ratio in ("0.95", "0.93", "1.00"):
         assert ratio in out
@@ -132,7 +135,7 @@ def test_chinchilla(tmp_path, capsys):
     path = tmp_path / "chinchilla.png"
     assert run(["calc", "chinchilla", "--plot", str(path)]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/001 L71-112: 6 * 175e9 * 3.5e12 / 1e21 = 3675.00; ratios 1.7x and 28.6x
+    # seed 001 §2: 6 * 175e9 * 3.5e12 / 1e21 = 3675.00; ratios 1.7x and 28.6x
     assert "3,675.00" in out and "1.7x" in out and "28.6x" in out
     assert path.read_bytes()[:4] == PNG_MAGIC
     report = run_json(["chinchilla", "--params", "1B", "--tokens", "100B"], capsys)
@@ -146,7 +149,7 @@ def test_chinchilla(tmp_path, capsys):
 def test_moe(capsys):
     assert run(["calc", "moe"]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/001 L200-213 (code values) and shared/seeds/002 L5211 (DeepSeek-V3)
+    # seed 001 §3 (code values) and seed 002 ch7 (DeepSeek-V3)
     for value in ("1,860.0B", "320.0B", "17.2%", "31.1%", "8.0%", "671.0B", "37.0B"):
         assert value in out
     report = run_json(
@@ -163,7 +166,7 @@ def test_moe(capsys):
 def test_time(capsys):
     assert run(["calc", "time"]) == 0
     out = capsys.readouterr().out
-    # 8.4e23 FLOPs / (512 * 312e12 * 0.5) = 121.7 days; shared/seeds/004 L104-119
+    # 8.4e23 FLOPs / (512 * 312e12 * 0.5) = 121.7 days; seed 004 §2
     assert "121.7" in out and "83,333 hours (3,472 days)" in out
     assert "$26,280" in out and "$27,648" in out and "20,833" in out
     report = run_json(["time", "--gpu", "h100", "--gpus", "1024"], capsys)
@@ -176,7 +179,7 @@ def test_time(capsys):
 
 
 def test_time_default_is_seed001_table_at_its_990(capsys):
-    # shared/seeds/001 L245-253: the seed's table uses H100 990 TFLOPS (hardware.py: 989.5)
+    # seed 001 §4 GPUSpecs: the seed's table uses H100 990 TFLOPS (hardware.py: 989.5)
     report = run_json(["time"], capsys)
     h100 = [r for r in report["runs"] if r["gpu"] == "h100"]
     assert {r["peak_tflops"] for r in h100} == {990}
@@ -191,12 +194,12 @@ def test_time_default_is_seed001_table_at_its_990(capsys):
 def test_comm(capsys):
     assert run(["calc", "comm"]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/002 L4990-5019 tp_mlp goldens and the 2.5x of the L3318-3322 table
+    # seed 002 ch6 tp_mlp goldens and the 2.5x of the ch5 volume table
     for value in ("4,096", "16.0 KB", "24.0 KB", "96.0 KB", "2.5x", "134.22M", "16.78M"):
         assert value in out
     assert "InfiniBand (50 GB/s)" in out
     report = run_json(["comm", "--seed-faithful"], capsys)
-    # shared/seeds/001 L795-833 seed model: ZeRO-1 all-reduce of 2 x 140 GB at 400 GB/s + 2 us
+    # seed 001 §7 seed model: ZeRO-1 all-reduce of 2 x 140 GB at 400 GB/s + 2 us
     assert report["zero"][1]["step_ms"] == pytest.approx(700.002, rel=REL)
     assert report["tensor_parallel"][1]["bandwidth_gb_s"] == 400
     assert run(["calc", "comm", "--tp", "0"]) == 2
@@ -207,7 +210,7 @@ def test_scaling(tmp_path, capsys):
     path = tmp_path / "scaling.png"
     assert run(["calc", "scaling", "--plot", str(path)]) == 0
     out = capsys.readouterr().out
-    # shared/seeds/004 L376-401, L1394-1482, L519-570 goldens
+    # seed 004 §4, §10 and §5 goldens
     for value in ("96.2%", "62.5%", "76.9%", "52.1%", "4.71x", "2.11x", "WARNING"):
         assert value in out
     assert "130 ms" in out and "260 ms" in out and "30.8%" in out

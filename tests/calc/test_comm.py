@@ -15,7 +15,7 @@ PCIE4 = comm.LINKS["pcie4"]
 
 @pytest.mark.parametrize(
     "args, printed_ms",
-    [  # shared/seeds/004_7eeb8748191cda4b.txt L1530-1543, printed with :6.2f (seed-spec Part VIII)
+    [  # seed 004 §11 simulate_allreduce_time's examples, as it prints them (:6.2f)
         ((100, 100, 8, "ring"), 1.71),
         ((100, 100, 8, "tree"), 5.86),
         ((100, 400, 8, "ring"), 0.43),
@@ -38,7 +38,7 @@ def test_seed004_corrected_reads_gbps_as_gigabits():
 
 
 def test_seed002_one_gigabyte_intuition_and_the_ring_model():
-    # seed 002 L2452-2460: ~2.2 ms on NVLink 4 (900 GB/s), ~62 ms on PCIe 4 (32 GB/s), "28x"
+    # seed 002 ch4: ~2.2 ms on NVLink 4 (900 GB/s), ~62 ms on PCIe 4 (32 GB/s), "28x"
     nvlink = comm.seed002_allreduce_intuition_s(1e9, 900e9)
     pcie = comm.seed002_allreduce_intuition_s(1e9, 32e9)
     assert round(nvlink * 1e3, 1) == 2.2 and round(pcie * 1e3) == 62
@@ -55,16 +55,16 @@ def test_seed002_one_gigabyte_intuition_and_the_ring_model():
 def test_step_counts_and_volumes_from_seed002(n):
     d = 1e6
     steps, wire = comm.schedule("all-reduce", "ring", n, d)
-    assert steps == 2 * (n - 1)  # L2306
-    assert wire == pytest.approx(2 * d * (n - 1) / n, rel=REL)  # L2308, L1617
-    assert comm.schedule("all-reduce", "tree", n, d)[0] == 2 * int(math.log2(n))  # L2330
+    assert steps == 2 * (n - 1)  # seed 002 ch4 ring
+    assert wire == pytest.approx(2 * d * (n - 1) / n, rel=REL)  # ch4 ring, ch3 volume table
+    assert comm.schedule("all-reduce", "tree", n, d)[0] == 2 * int(math.log2(n))  # ch4 tree
     assert comm.schedule("all-reduce", "recursive_doubling", n, d)[0] == int(math.log2(n))
     assert comm.schedule("all-gather", "ring", n, d) == (n - 1, pytest.approx(d * (n - 1) / n))
     assert comm.schedule("reduce-scatter", "ring", n, d)[0] == n - 1
 
 
 def test_seed_volume_table_per_process():
-    d, n = 1000.0, 4  # seed 002 L1613-1617
+    d, n = 1000.0, 4  # seed 002 ch3 "Performance Intuition"
     assert comm.seed_volume_per_process("broadcast", d, n) == d
     assert comm.seed_volume_per_process("scatter", d, n) == d / n
     assert comm.seed_volume_per_process("all_gather", d, n) == d * (n - 1)
@@ -72,7 +72,7 @@ def test_seed_volume_table_per_process():
 
 
 def test_bus_bandwidth_convention():
-    # seed 002 L3013-3015: bytes_moved = 2 * size * (W - 1) / W
+    # seed 002 ch4 benchmark_algorithms.py: bytes_moved = 2 * size * (W - 1) / W
     assert comm.bus_bandwidth("all-reduce", 1e9, 1.0, 4) == pytest.approx(1.5e9, rel=REL)
     assert comm.bus_bandwidth("all-gather", 1e9, 2.0, 8) == pytest.approx(0.5e9 * 7 / 8, rel=REL)
     assert comm.bus_bandwidth("collective-permute", 1e9, 1.0, 8) == 1e9
@@ -91,7 +91,7 @@ def test_tree_beats_ring_below_the_crossover_only():
 
     assert t("tree", 0.9 * got) < t("ring", 0.9 * got)
     assert t("tree", 1.1 * got) > t("ring", 1.1 * got)
-    # The seed's own model has no alpha: then the tree never wins (seed-spec S4-11).
+    # The seed's own model has no alpha: then the tree never wins (seed 004 §11).
     no_alpha = comm.Link("no alpha", bw, 0.0, "test")
     assert comm.crossover_bytes("all-reduce", "tree", "ring", n, no_alpha) is None
 
@@ -161,9 +161,9 @@ def test_importing_comm_does_not_import_jax():
 
 
 def test_moe_layer_volumes_seed_exercise_2():
-    """shared/seeds/002 L5312-5324 (seed-spec Ex2): 64 experts, top-2, h=4096, 4x1024 tokens in
-    bf16: S = 32 MiB; TP 2S = 64 MiB (56 MiB with the ring's 7/8); EP 2kS/N = 2 MiB with N = 64
-    experts, 16 MiB with N = 8 EP ranks."""
+    """Seed 002 ch7 "Exercise 2: MoE Communication Analysis": 64 experts, top-2, h=4096, 4x1024
+    tokens in bf16: S = 32 MiB; TP 2S = 64 MiB (56 MiB with the ring's 7/8); EP 2kS/N = 2 MiB with
+    N = 64 experts, 16 MiB with N = 8 EP ranks."""
     mib = 2**20
     v64 = comm.moe_layer_volumes(4 * 1024, 4096, 2, 64)
     v8 = comm.moe_layer_volumes(4 * 1024, 4096, 2, 8)

@@ -1,4 +1,4 @@
-"""Transformer FLOPs and the 6N rule (shared/seeds/001 §5)."""
+"""Transformer FLOPs and the 6N rule (seed 001 §5)."""
 
 import pytest
 
@@ -8,13 +8,13 @@ REL = 1e-12
 
 
 def test_six_n_d():
-    # shared/seeds/001 L81-84, L222-231: C = 6 * N * D
+    # seed 001 §2 and §4: C = 6 * N * D
     assert fl.training_flops(70e9, 2e12) == pytest.approx(8.4e23, rel=REL)
     assert fl.TRAINING_FLOPS_PER_PARAM == 6
 
 
 def test_gpt3_style_breakdown():
-    # shared/seeds/001 L456-461 config; per-layer FWD = 8 d^2 + 16 d^2 = 24 d^2 (L362-393)
+    # seed 001 §5 config; per-layer FWD = 8 d^2 + 16 d^2 = 24 d^2 (its "FLOPs Calculation")
     d, layers, vocab = 12288, 96, 50257
     f = fl.transformer_flops_per_token(d, layers, 2048, vocab)
     assert f.fwd_per_layer == 24 * d * d == 3_623_878_656
@@ -41,13 +41,13 @@ def test_attention_scores_corrected_causal_and_seed():
     # per token: q.K^T over t keys (2*t*d) plus the weighted sum of t values (2*t*d)
     assert full.attention_scores == 4 * t * d
     assert causal.attention_scores == 2 * t * d
-    # shared/seeds/001 L422-425 adds the per-sequence 2 * d * t^2
+    # seed 001 §5 adds the per-sequence 2 * d * t^2
     assert seed.attention_scores == 2 * d * t * t
 
 
 @pytest.mark.parametrize(
     "index, ratio_2dp",
-    [(0, 0.95), (1, 0.93), (2, 1.00)],  # ratios printed by shared/seeds/001 L478-500 [C]
+    [(0, 0.95), (1, 0.93), (2, 1.00)],  # ratios printed by seed 001 §5 [C]
 )
 def test_verify_six_n(index, ratio_2dp):
     name, n, d, layers = fl.SIX_N_MODELS[index]
@@ -60,7 +60,7 @@ def test_verify_six_n(index, ratio_2dp):
 
 
 def test_seed_six_n_models_are_the_seeds():
-    # shared/seeds/001 L498-500
+    # seed 001 §5 verify_6n_rule
     assert [(m[1], m[2], m[3]) for m in fl.SIX_N_MODELS] == [
         (7e9, 4096, 32),
         (70e9, 8192, 80),

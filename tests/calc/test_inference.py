@@ -1,17 +1,17 @@
-"""Inference latency against shared/seeds/001_*.txt section 9 and independent derivations.
+"""Inference latency against seed 001 §9 and independent derivations.
 
-Seed-faithful goldens are what the seed's cell prints when run (shared/seeds/001 L1070-1174, the
-four LLaMA-2-70B scenarios of L1146-1151); the corrected model is checked against a step-by-step
-brute-force sum and the roofline's closed forms."""
+Seed-faithful goldens are what the seed's cell prints when run (its calculate_inference_latency and
+the four LLaMA-2-70B scenarios of its example cell); the corrected model is checked against a
+step-by-step brute-force sum and the roofline's closed forms."""
 
 import pytest
 
 from jaxscale.calc import inference as inf
 
 N_70B = 70e9
-KV_GQA = 2 * 80 * 8 * 128 * 2  # LLaMA-2-70B: 8 K/V heads of 128 (S2 L6846-6851)
-KV_SEED = 2 * 80 * 8192 * 2  # seed 001 L1121: d_model instead of K/V heads
-H100_FLOPS, H100_BW = 990e12, 3.35e12  # seed 001 L1066-1067
+KV_GQA = 2 * 80 * 8 * 128 * 2  # LLaMA-2-70B: 8 K/V heads of 128 (seed 002 ch9)
+KV_SEED = 2 * 80 * 8192 * 2  # seed 001 §9: d_model instead of K/V heads
+H100_FLOPS, H100_BW = 990e12, 3.35e12  # seed 001 §9
 ONE_DECIMAL = 0.05  # the seed prints ms and tokens/s with one decimal
 REL_TOL = 1e-9
 
@@ -88,13 +88,13 @@ def test_decode_is_memory_bound_at_small_batch_and_tp_halves_it():
 
 
 def test_ridge_points():
-    # seed 003 L17: A100 312 TFLOPS vs 2 TB/s -> 156 FLOP/B; H100 (seed 001) 990 / 3.35
+    # seed 003 (concepts): A100 312 TFLOPS vs 2 TB/s -> 156 FLOP/B; H100 (seed 001) 990 / 3.35
     assert inf.ridge_point(312e12, 2e12) == pytest.approx(156.0)
     assert inf.ridge_point(H100_FLOPS, H100_BW) == pytest.approx(295.52, abs=0.01)
 
 
 def test_nvlink_transfer_cost_seed003():
-    # seed 003 L80: 1 GB over ~600 GB/s takes ~1.7 ms, ~530 GFLOP of A100 (312 TFLOPS) time
+    # seed 003 (misconceptions): 1 GB over ~600 GB/s takes ~1.7 ms, ~530 GFLOP of A100 time
     c = inf.transfer_cost()
     assert c.seconds == pytest.approx(1 / 600)
     assert c.flops_forgone == pytest.approx(312e12 / 600)
@@ -103,8 +103,8 @@ def test_nvlink_transfer_cost_seed003():
 
 
 def test_serving_memory_table():
-    # S2 L6264-6271: 70B, 100 requests at 32K. Corrected KV per request 327,680 x 32,768 B
-    # = 10.74 GB (ch9 L6854); the seed's table says ~2 GB, i.e. 200 GB in all (defect 19)
+    # seed 002 ch8: 70B, 100 requests at 32K. Corrected KV per request 327,680 x 32,768 B
+    # = 10.74 GB (ch9's formula); the seed's table says ~2 GB, i.e. 200 GB in all (defect 19)
     m = inf.serving_memory(N_70B, KV_GQA)
     assert m.weights_bytes == 140e9
     assert m.kv_per_request_bytes == 10 * 1024**3

@@ -1,5 +1,5 @@
-"""KV cache calculator against shared/seeds/002_*.txt ch9 (kv_cache_calculator.py, [R] = printed by
-the seed's code, seed-spec Part VIII) and independent closed forms."""
+"""KV cache calculator against seed 002 ch9 (kv_cache_calculator.py, [R] = printed by
+the seed's code when run) and independent closed forms."""
 
 import pytest
 
@@ -16,14 +16,14 @@ def binary(num_bytes: float) -> str:
 
 
 def test_llama70b_kv_per_token_is_327680_bytes():
-    # S2 L6851: 2 x 80 x 8 x 128 x 2 = 327,680 bytes
+    # seed 002 ch9 "KV Cache Size Calculation": 2 x 80 x 8 x 128 x 2 = 327,680 bytes
     assert kv.model_kv_bytes_per_token(kv.get_model("llama-70b")) == 327_680
     assert kv.kv_bytes_per_token(80, 8, 128, 2) == 2 * 80 * 8 * 128 * 2
 
 
 @pytest.mark.parametrize(
     "name, per_token_kib, at_8k, at_32k",
-    [  # the comparison table, seed-spec Part III ch9 [R]
+    [  # the comparison table kv_cache_calculator.py prints [R]
         ("llama-7b", "512.00 KiB", "4.00 GiB", "16.00 GiB"),
         ("llama-13b", "800.00 KiB", "6.25 GiB", "25.00 GiB"),
         ("llama-70b", "320.00 KiB", "2.50 GiB", "10.00 GiB"),
@@ -44,17 +44,17 @@ def test_70b_request_sizes_binary_vs_prose():
     per_token = kv.model_kv_bytes_per_token(kv.get_model("llama-70b"))
     assert per_token * 8192 == 2.5 * GIB
     assert per_token * 32768 == 10 * GIB
-    assert 320 * 32 * 1e6 / 1e9 == pytest.approx(10.24)  # S2 L6854's arithmetic
+    assert 320 * 32 * 1e6 / 1e9 == pytest.approx(10.24)  # ch9's arithmetic
 
 
 def test_gpt2_kv_per_sequence_matches_seed003():
-    # shared/seeds/003 L20: GPT-2 ~37.7 MB per sequence at 1024 tokens (12 layers, 12 x 64 heads)
+    # seed 003 (concepts): GPT-2 ~37.7 MB per sequence at 1024 tokens (12 layers, 12 x 64 heads)
     assert kv.kv_bytes_per_token(12, 12, 64) * 1024 == 37_748_736
     assert round(37_748_736 / 1e6, 1) == 37.7
 
 
 def test_ch8_exercise3_mha_model():
-    # S2 ch8 Ex3 (seed-spec): 32 layers, 128 heads of 64, FP16 -> 1 MiB per token, 32 GiB per 32K
+    # seed 002 ch8 Exercise 3: 32 layers, 128 heads of 64, FP16 -> 1 MiB per token, 32 GiB per 32K
     per_token = kv.kv_bytes_per_token(32, 128, 64)
     assert per_token == 1024**2
     assert per_token * 32768 == 32 * GIB
@@ -88,9 +88,9 @@ def test_seed_default_70b_does_not_fit_one_h100():
 
 
 def test_eight_h100_capacity_for_70b_vs_prose():
-    # S2 L6989-7000: 640 GB - 140 weights - ~20 overhead = ~480 GB for KV -> ~1.5M tokens ->
-    # ~375 @4K, ~187 @8K, ~46 @32K. The prose rounds (1.5M tokens, 4K = 4000); exact in the
-    # calculator's GiB units: 480 GiB / (327,680 B x ctx).
+    # seed 002 ch9 "Memory Budget Planning": 640 GB - 140 weights - ~20 overhead = ~480 GB for KV ->
+    # ~1.5M tokens -> ~375 @4K, ~187 @8K, ~46 @32K. The prose rounds (1.5M tokens, 4K = 4000); exact
+    # in the calculator's GiB units: 480 GiB / (327,680 B x ctx).
     model = kv.get_model("llama-70b")
     prose = {4096: 375, 8192: 187, 32768: 46}
     for ctx, seed_value in prose.items():
@@ -111,7 +111,7 @@ def test_deployment_gpus_and_minimum():
 
 def test_paging_improvement_is_none_where_the_seed_divides_by_zero():
     # llama-7b on a100-40 at 32K: 24 GB / 16 GiB -> 1 request, 0 without paging; the seed crashes
-    # with ZeroDivisionError (its L7219 divides by requests_without_paging)
+    # with ZeroDivisionError (its analyze_capacity divides by requests_without_paging)
     c = kv.kv_capacity(kv.get_model("llama-7b"), 40, 32768)
     assert (c.max_requests, c.requests_without_paging) == (1, 0)
     assert c.paging_improvement is None
@@ -136,7 +136,7 @@ def test_fragmentation_scenarios(requests, avg, most, without, with_, waste_pct)
 
 def test_custom_model_uses_seed_fallback_size():
     m = kv.custom_model(80, 8, 128)
-    assert m.model_size_gb == 14.0  # S2 L7298
+    assert m.model_size_gb == 14.0  # the seed's --custom fallback
     assert kv.custom_model(80, 8, 128, 140).model_size_gb == 140
 
 

@@ -12,7 +12,7 @@ ROUND_2DP = 0.005  # the seeds print GB with two decimals
 
 
 def test_bytes_per_param_constants():
-    # shared/seeds/000 L100-106: 2 + 2 + 4 + 4 = 12 B/param; +4 fp32 master = 16
+    # seed 000 Exercise 1: 2 + 2 + 4 + 4 = 12 B/param; +4 fp32 master = 16
     assert mem.MIXED_ADAM_BYTES_PER_PARAM == 12
     assert mem.MIXED_ADAM_MASTER_BYTES_PER_PARAM == 16
 
@@ -20,9 +20,9 @@ def test_bytes_per_param_constants():
 @pytest.mark.parametrize(
     "n_params, total_gb",
     [
-        (7e9, 84.0),  # shared/seeds/003 L18: 14 + 14 + 28 + 28
-        (70e9, 840.0),  # shared/seeds/002 L3254-3258
-        (175e9, 2100.0),  # shared/seeds/004 L70: "2.1TB"
+        (7e9, 84.0),  # seed 003's concepts table: 14 + 14 + 28 + 28
+        (70e9, 840.0),  # seed 002 ch5 "The Memory Problem"
+        (175e9, 2100.0),  # seed 004 §2 "Memory Constraints": "2.1TB"
     ],
 )
 def test_single_device_totals(n_params, total_gb):
@@ -31,13 +31,13 @@ def test_single_device_totals(n_params, total_gb):
 
 
 def test_70b_zero_stages_on_8_gpus():
-    # shared/seeds/002 L3294-3298: DDP 840, ZeRO-1 350, ZeRO-2 227.5 (seed text 210), ZeRO-3 105
+    # seed 002 ch5 memory table: DDP 840, ZeRO-1 350, ZeRO-2 227.5 (seed text 210), ZeRO-3 105
     totals = [m.total / GB for m in mem.zero_stage_memories(70e9, dp=8)]
     assert totals == pytest.approx([840.0, 350.0, 227.5, 105.0], rel=REL)
 
 
 def test_seed_faithful_zero2_reproduces_210():
-    # shared/seeds/002 L3297 prints 210 GB: weights 140 + optimizer 70, no gradients
+    # seed 002 ch5 prints 210 GB: weights 140 + optimizer 70, no gradients
     rows = mem.zero_stage_memories(70e9, dp=8, seed_faithful=True)
     assert rows[2].total / GB == pytest.approx(210.0, rel=REL)
     assert rows[2].gradients == 0
@@ -46,7 +46,7 @@ def test_seed_faithful_zero2_reproduces_210():
 
 
 def test_stage_components_match_seed000_formula():
-    # shared/seeds/000 L122-137, written out independently: each stage shards one more term
+    # seed 000 Exercise 1's training_memory, written out again: each stage shards one more term
     n, gpus = 124e6, 8
     expected = {
         0: (2 * n, 2 * n, 8 * n),
@@ -61,7 +61,7 @@ def test_stage_components_match_seed000_formula():
 
 
 def test_tp_pp_divide_model_state_before_zero():
-    # TP=8 x ZeRO-3 over DP=8 on 70B (shared/seeds/001 L585-598): everything / 64
+    # TP=8 x ZeRO-3 over DP=8 on 70B (seed 001 §6): everything / 64
     m = mem.training_memory_per_device(70e9, dp=8, tp=8, zero_stage=3)
     assert m.total / GB == pytest.approx(840 / 64, rel=REL)
     m = mem.training_memory_per_device(70e9, tp=4, pp=2)
@@ -85,14 +85,14 @@ def test_zero_stages_never_increase_memory_and_dp1_is_flat():
 
 
 def test_activation_bytes_simple_closed_form():
-    # shared/seeds/004 L1585-1597: b*s*h*L*4*2, sqrt(L) with checkpointing
+    # seed 004 §12: b*s*h*L*4*2, sqrt(L) with checkpointing
     assert mem.activation_bytes_simple(2, 128, 64, 16) == 2 * 128 * 64 * 16 * 8
     ckpt = mem.activation_bytes_simple(2, 128, 64, 16, checkpointing=True)
     assert ckpt == pytest.approx(2 * 128 * 64 * 4 * 8, rel=REL)
 
 
 def test_s4_gpt3_memory():
-    # shared/seeds/004 L1610-1636 [RUN]: 350 + 350 + 1400 + 19.33 = 2119.33 GB; ckpt 1.97 -> 2101.97
+    # seed 004 §12 prints: 350 + 350 + 1400 + 19.33 = 2119.33 GB; ckpt 1.97 -> 2101.97
     gpt3 = dict(batch_size=1, seq_len=2048, hidden_size=12288, n_layers=96, mixed_precision=True)
     plain = mem.single_gpu_memory(175e9, **gpt3)
     ckpt = mem.single_gpu_memory(175e9, activation_checkpointing=True, **gpt3)
@@ -114,7 +114,7 @@ def test_single_gpu_memory_fp32_and_sgd():
 
 
 def test_param_heuristic_activations():
-    # shared/seeds/001 L599-604: params/(tp*pp) * 10 (3 with checkpointing) * 2 bytes
+    # seed 001 §6: params/(tp*pp) * 10 (3 with checkpointing) * 2 bytes
     assert mem.activation_bytes_param_heuristic(70e9) / GB == pytest.approx(1400, rel=REL)
     ckpt = mem.activation_bytes_param_heuristic(70e9, tp=8, checkpointing=True)
     assert ckpt / GB == pytest.approx(52.5, rel=REL)

@@ -1,5 +1,5 @@
-"""Prefix sharing against shared/seeds/002_*.txt ch9 prefix_sharing_demo.py ([R] = printed by the
-seed's code, seed-spec Part VIII) and brute-force counts."""
+"""Prefix sharing against seed 002 ch9 prefix_sharing_demo.py ([R] = printed by the
+seed's code when run) and brute-force counts."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from jaxscale.calc import prefix as px
 
-KV_70B = 327_680  # S2 L7731
+KV_70B = 327_680  # the demo's 70B figure
 PCT_TOL = 0.05  # percentage points: the seed prints one decimal
 GB_TOL = 0.005  # the seed prints GB with two decimals
 
@@ -82,7 +82,7 @@ def test_system_prompt_sharing():
 
 
 def test_closed_form_savings():
-    # S2 Ex2: savings = 1 - (S + n*U) / (n*(S + U))
+    # seed 002 ch9 Exercise 2: savings = 1 - (S + n*U) / (n*(S + U))
     for n, shared, own in ((100, 500, 100), (7, 30, 11), (1, 5, 5)):
         s = px.shared_prefix_savings(n, shared, own, 2)
         assert s.saved_fraction == pytest.approx(1 - (shared + n * own) / (n * (shared + own)))
@@ -99,7 +99,7 @@ def test_few_shot_sharing():
 
 
 def test_prose_example_three_prompts():
-    # S2 L7439-7471: 100/120/90 tokens x 320 KB = 99.2 MB; 7 shared -> 94.72 MB; savings 4.5%
+    # its "Run It" page: 100/120/90 tokens x 320 KB = 99.2 MB; 7 shared -> 94.72 MB; savings 4.5%
     s = px.prompt_savings([100, 120, 90], 7, 320_000)
     assert s.bytes_without_sharing / 1e6 == pytest.approx(99.2)
     assert s.bytes_with_sharing / 1e6 == pytest.approx(94.72)

@@ -1,5 +1,5 @@
-"""Sync vs async RL throughput against shared/seeds/001_*.txt section 10 (what its cells print when
-run, L1335-1530) and independent derivations of the corrected model."""
+"""Sync vs async RL throughput against seed 001 §10 (what its cells print when
+run) and independent derivations of the corrected model."""
 
 import math
 from dataclasses import replace
@@ -13,7 +13,7 @@ from jaxscale.hardware import get_device
 N_70B = 70e9
 KV_GQA = 2 * 80 * 8 * 128 * 2
 KV_SEED = 2 * 80 * 8192 * 2
-SEED = dict(batch_size=512, prompt_len=100, gen_len=50, ppo_epochs=4, total_gpus=256)  # L1432-1439
+SEED = dict(batch_size=512, prompt_len=100, gen_len=50, ppo_epochs=4, total_gpus=256)  # seed 001
 ONE_DECIMAL = 0.05  # the seed prints ms and rates with one decimal
 REL_TOL = 1e-9
 NO_FLOPS = replace(get_device("4090"), bf16_tflops=None)  # a device whose peak is unknown
@@ -46,7 +46,7 @@ def test_seed_faithful_sync_and_async():
 
 
 def test_seed_faithful_batch_sweep_average_speedup():
-    # the seed's plot cell prints "Average speedup: 1.09x" (L1534); speedups 1.06 .. 1.11
+    # the seed's plot cell prints "Average speedup: 1.09x"; speedups 1.06 .. 1.11
     speedups = [
         _seed("async", batch_size=b).samples_per_s / _seed("sync", batch_size=b).samples_per_s
         for b in rl.SEED_BATCH_SIZES
@@ -56,7 +56,7 @@ def test_seed_faithful_batch_sweep_average_speedup():
 
 
 def test_training_time_closed_form():
-    # 6N FLOPs per token per epoch at 50% MFU on the training GPUs (L1395-1403)
+    # 6N FLOPs per token per epoch at 50% MFU on the training GPUs (estimate_rl_throughput)
     s = _corrected("sync")
     assert s.t_train_s == pytest.approx(6 * N_70B * 512 * 150 * 4 / (256 * 990e12 * 0.5))
 
@@ -89,7 +89,7 @@ def test_best_async_split_is_the_brute_force_minimum():
 
 
 def test_best_split_reaches_the_seed_summary_claim():
-    # seed 001 L1570: "Async: ... higher throughput (1.5-2x speedup)"; the seed's own code prints
+    # seed 001's summary: "Async: ... higher throughput (1.5-2x speedup)"; its own code prints
     # 1.10x because it generates on one GPU. With generation spread over GPUs the best split
     # lands inside the claim for the seed's configuration.
     speedup = (

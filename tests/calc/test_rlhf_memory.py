@@ -1,5 +1,5 @@
-"""RLHF memory against shared/seeds/002_*.txt ch13 (L11143-11154) and ch14 memory_timeline.py
-([R] = printed by the seed's code, seed-spec Part VIII / Part IV ch14)."""
+"""RLHF memory against seed 002 ch13 ("Memory Requirements") and ch14 memory_timeline.py
+([R] = printed by the seed's code when run)."""
 
 import math
 
@@ -12,7 +12,7 @@ M70 = rm.get_timeline_model("70b")
 
 
 def test_ch13_seven_b_table():
-    # S2 L11143-11154: 4 x 14 + 56 + ~20 = "~130 GB" (the rows sum to 132); 70B x10 -> ~1.3 TB
+    # seed 002 ch13: 4 x 14 + 56 + ~20 = "~130 GB" (the rows sum to 132); 70B x10 -> ~1.3 TB
     r = rm.rlhf_model_memory()
     assert (r.weights_gb_each, r.optimizer_gb, r.activations_gb) == (14, 56, 20)
     assert r.total_gb == 132
@@ -91,8 +91,9 @@ def test_recommendation_tp_holds_the_model():
 
 
 def test_tp8_prose_example():
-    # S2 L12824-12852 (70B, TP=8 per GPU): each model's weights 17.5 GB, Adam 70.0 GB; training
-    # = 4 x 17.5 + 70 + 10 (activations) = 150.0 GB (the prose prints 150.5, defect 22)
+    # memory_timeline.py's "Run It" page (70B, TP=8 per GPU): each model's weights 17.5 GB, Adam
+    # 70.0 GB; training = 4 x 17.5 + 70 + 10 (activations) = 150.0 GB (the prose prints 150.5,
+    # defect 22)
     train = {i.name: i.gb for i in rm.phase_memory(M70, 4, 2048, "training", tp=8).items}
     assert train["Actor (weights)"] == train["Critic (gradients)"] == 17.5
     assert train["Optimizer States (actor)"] == 70.0

@@ -1,4 +1,4 @@
-"""Scaling efficiency, Amdahl and naive model parallelism (shared/seeds/004)."""
+"""Scaling efficiency, Amdahl and naive model parallelism (seed 004)."""
 
 import pytest
 
@@ -13,20 +13,20 @@ def pct(x: float) -> float:
 
 
 def test_strong_scaling_goldens():
-    # shared/seeds/004 L1394-1408 [RUN]
+    # seed 004 §10 measure_scaling_efficiency prints [RUN]
     points = sc.strong_scaling(*sc.SEED_STRONG)
     assert [pct(p.efficiency) for p in points] == [100.0, 96.2, 92.6, 86.2, 78.1, 62.5]
     assert [round(p.speedup, 2) for p in points] == [1.0, 1.92, 3.70, 6.90, 12.50, 20.0]
 
 
 def test_weak_scaling_goldens():
-    # shared/seeds/004 L1410-1425: measure_scaling_efficiency's weak-scaling values
+    # seed 004 §10: measure_scaling_efficiency's weak-scaling values
     points = sc.weak_scaling(*sc.SEED_WEAK)
     assert [pct(p.efficiency) for p in points] == [100.0, 98.0, 95.2, 90.9, 84.7, 76.9]
 
 
 def test_resnet_goldens():
-    # shared/seeds/004 L376-401 [RUN]: 96.2 / 92.6 / 83.3 / 69.4 / 52.1 %
+    # seed 004 §4 prints [RUN]: 96.2 / 92.6 / 83.3 / 69.4 / 52.1 %
     points = sc.strong_scaling(*sc.SEED_RESNET, baseline_time_s=100)
     assert [pct(p.efficiency) for p in points] == [96.2, 92.6, 83.3, 69.4, 52.1]
 
@@ -39,7 +39,7 @@ def test_ideal_scaling_is_one():
 
 @pytest.mark.parametrize(
     "compute, comm, speedup, comm_pct, bound",
-    # shared/seeds/004 L1470-1482 [RUN]: 4.71x (10.0%) and 2.11x (40.0%, warning)
+    # seed 004 §10 analyze_scaling_bottlenecks [RUN]: 4.71x (10.0%) and 2.11x (40.0%, warning)
     [(90, 10, 4.71, 10.0, False), (60, 40, 2.11, 40.0, True)],
 )
 def test_amdahl_scenarios(compute, comm, speedup, comm_pct, bound):
@@ -52,7 +52,7 @@ def test_amdahl_scenarios(compute, comm, speedup, comm_pct, bound):
 
 
 def test_naive_model_parallel_golden():
-    # shared/seeds/004 L519-570 [RUN]: 130 ms / 260 ms / 30.8 % (the comment's 50/100/40 is wrong)
+    # seed 004 §5 prints [RUN]: 130 ms / 260 ms / 30.8 % (the comment's 50/100/40 is wrong)
     mp = sc.naive_model_parallel()
     assert (mp.forward_ms, mp.total_ms) == (130, 260)
     assert pct(mp.utilization) == 30.8

@@ -1,4 +1,4 @@
-"""Chinchilla tokens and MoE parameter counts (shared/seeds/001 §2-§3)."""
+"""Chinchilla tokens and MoE parameter counts (seed 001 §2-§3)."""
 
 import pytest
 
@@ -9,14 +9,14 @@ REL = 1e-12
 
 
 def test_chinchilla_twenty_tokens_per_param():
-    # shared/seeds/001 L40-44, L59-69: 20 x N
+    # seed 001 §2: 20 x N
     assert sl.chinchilla_optimal_tokens(70 * B) == pytest.approx(1400 * B, rel=REL)
     assert sl.chinchilla_optimal_tokens(70 * B, tokens_per_param=10) == pytest.approx(700 * B)
 
 
 @pytest.mark.parametrize(
     "name, params_b, zetta",
-    # 6 * N * 20N / 1e21, printed with two decimals by shared/seeds/001 L71-85, L96-101
+    # 6 * N * 20N / 1e21, printed with two decimals by seed 001 §2's compute_budget
     [("GPT-3", 175, 3675.00), ("Chinchilla", 70, 588.00), ("LLaMA-2-7B", 7, 5.88)]
     + [("LLaMA-2-13B", 13, 20.28), ("LLaMA-2-70B", 70, 588.00)],
 )
@@ -27,15 +27,15 @@ def test_compute_budget(name, params_b, zetta):
 
 
 def test_seed_models_and_actual_ratios():
-    assert dict(sl.CHINCHILLA_MODELS)["GPT-3"] == 175 * B  # shared/seeds/001 L88-94
-    # shared/seeds/001 L104-112: GPT-3 1.7x, LLaMA-2-70B 28.6x
+    assert dict(sl.CHINCHILLA_MODELS)["GPT-3"] == 175 * B  # seed 001 §2
+    # seed 001 §2: GPT-3 1.7x, LLaMA-2-70B 28.6x
     ratios = [round(sl.tokens_per_param(n, t), 1) for _, n, t in sl.ACTUAL_TRAINING_TOKENS]
     assert ratios == [1.7, 28.6]
 
 
 @pytest.mark.parametrize(
     "name, total_b, active_b, pct, tokens_b",
-    # shared/seeds/001 L200-213: the seed's code values (shared + experts, shared + top_k)
+    # seed 001 §3: the seed's code values (shared + experts, shared + top_k)
     [
         ("GPT-4 (rumored)", 1860, 320, 17.2, 6400),
         ("Mixtral-8x7B", 61, 19, 31.1, 380),
@@ -51,7 +51,7 @@ def test_moe_seed_presets(name, total_b, active_b, pct, tokens_b):
 
 
 def test_deepseek_v3_totals():
-    # shared/seeds/002 L5211: 671B total, 37B active
+    # seed 002 ch7 "Why MoE?": 671B total, 37B active
     m = sl.MOE_MODELS["DeepSeek-V3"]
     assert m.total_params == pytest.approx(671 * B, rel=1e-9)
     assert m.active_params == pytest.approx(37 * B, rel=1e-9)
@@ -77,7 +77,7 @@ def test_moe_bad_input():
 
 
 def test_mixtral_seed003_totals_and_memory_ratio():
-    # shared/seeds/003 L24-25: ~47B total, ~13B active, "~3.5x more memory" than active
+    # seed 003's concepts table: ~47B total, ~13B active, "~3.5x more memory" than active
     m = sl.MOE_MODELS["Mixtral-8x7B (seed 003)"]
     assert m.total_params == pytest.approx(47 * B, rel=1e-9)
     assert m.active_params == pytest.approx(13 * B, rel=1e-9)

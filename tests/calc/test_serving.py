@@ -1,4 +1,4 @@
-"""Serving GPU count against shared/seeds/001_*.txt L1176-1275 (what its cell prints when run) and
+"""Serving GPU count against seed 001 §9 `estimate_serving_gpus` (what its cell prints when run) and
 a brute-force search for the corrected plan."""
 
 import math

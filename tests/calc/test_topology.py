@@ -1,5 +1,5 @@
-"""nvidia-smi topology parser and the seed's recommendations (S2 L2528-2840), plus jax's device
-coordinates (TPU torus) from jaxscale.analysis.topology_devices."""
+"""nvidia-smi topology parser and the seed's recommendations (seed 002 ch4 topology_inspector.py),
+plus jax's device coordinates (TPU torus) from jaxscale.analysis.topology_devices."""
 
 import subprocess
 import sys
@@ -38,7 +38,7 @@ def test_seed_four_gpu_sample():
 def test_simulated_dgx_a100_has_all_28_pairs_on_nvlink():
     t = topo.simulated_dgx_a100()
     r = topo.analyze(t)
-    assert len(r.nvlink_pairs) == 8 * 7 // 2 == 28  # S2 L2745: n(n-1)/2
+    assert len(r.nvlink_pairs) == 8 * 7 // 2 == 28  # seed 002 ch4: n(n-1)/2
     assert r.pcie_pairs == () and r.verdict == "all-nvlink"
     assert all(tok == "NV12" for _, _, tok in r.nvlink_pairs)
     assert "All GPU pairs connected via NVLink" in topo.format_report(t, r)
@@ -63,7 +63,7 @@ def test_no_nvlink_verdict():
 
 def test_link_bandwidths_give_the_seed_ratio():
     assert topo.link_bandwidth_GBps("NV12") == 300.0
-    assert topo.link_bandwidth_GBps("NV12") / topo.link_bandwidth_GBps("SYS") == 25.0  # L2708
+    assert topo.link_bandwidth_GBps("NV12") / topo.link_bandwidth_GBps("SYS") == 25.0  # as the seed
     assert topo.link_bandwidth_GBps("PIX") is None
 
 

@@ -41,18 +41,18 @@ def test_ring_factors_match_brute_force(n):
 
 
 def test_tp_mlp_goldens():
-    # shared/seeds/002 L4980-5019 with -H 64 -b 4 -s 16 -t 4: 4,096; 16.0 KB; 24.0 KB; 96.0 KB
+    # seed 002 ch6 tp_mlp.py with -H 64 -b 4 -s 16 -t 4: 4,096; 16.0 KB; 24.0 KB; 96.0 KB
     m = tc.tp_mlp_comm(64, 4, 16, 4)
     assert m.elements_per_allreduce == 4096
     assert f"{m.bytes_per_allreduce / KB:.1f}" == "16.0"
     assert f"{m.ring_bytes_per_gpu / KB:.1f}" == "24.0"
     assert f"{m.ring_bytes_total / KB:.1f}" == "96.0"
-    # 4 all-reduces per layer fwd+bwd = 8 * b*s*h * (T-1)/T values (002 L4158)
+    # 4 all-reduces per layer fwd+bwd = 8 * b*s*h * (T-1)/T values (seed 002 ch6)
     assert m.layer_fwd_bwd_bytes_per_gpu == 8 * 4096 * 3 / 4 * 4
 
 
 def test_mlp_params_scaling():
-    # shared/seeds/002 L5045-5047: 134M (537 MB fp32) -> 16.7M (67 MB); 8H^2 and 8H^2/T
+    # seed 002 ch6 compare_scaling: 134M (537 MB fp32) -> 16.7M (67 MB); 8H^2 and 8H^2/T
     full, split = tc.mlp_params_per_gpu(4096), tc.mlp_params_per_gpu(4096, 8)
     assert full == 8 * 4096**2 == 134_217_728
     assert split == full / 8
@@ -61,7 +61,7 @@ def test_mlp_params_scaling():
 
 
 def test_zero_volume_table():
-    # shared/seeds/002 L3318-3322; totals 2D, 3D, 2D, 5D -> ZeRO-3 / DDP = 2.5 (prose says 3x)
+    # seed 002 ch5's volume table; totals 2D, 3D, 2D, 5D -> ZeRO-3 / DDP = 2.5 (prose says 3x)
     rows = tc.zero_volume_table()
     assert [(r.forward_d, r.backward_d, r.optimizer_d) for r in rows] == [
         (0, 2, 0),
@@ -81,7 +81,7 @@ def test_collective_time_closed_form():
 
 
 def test_links_seed_vs_corrected():
-    # shared/seeds/001 L695-705 labels IB NDR 400 and 100GbE as GB/s; they are Gbit/s
+    # seed 001 §7 NetworkSpecs labels IB NDR 400 and 100GbE as GB/s; they are Gbit/s
     assert tc.links(seed_faithful=True)["infiniband"].bandwidth_gb_s == 400
     assert tc.links()["infiniband"].bandwidth_gb_s == 50
     assert tc.links()["ethernet"].bandwidth_gb_s == 12.5
@@ -89,7 +89,7 @@ def test_links_seed_vs_corrected():
 
 
 def test_tp_layer_seed_faithful_values():
-    # shared/seeds/001 L737-787 defaults: d 8192, TP 8, batch 4, seq 2048, bf16 [C]
+    # seed 001 §7 analyze_tp_communication defaults: d 8192, TP 8, batch 4, seq 2048, bf16 [C]
     size = 4 * 2048 * 8192 * 2
     for key in ("nvlink", "infiniband"):
         link = tc.SEED_LINKS[key]
@@ -108,7 +108,7 @@ def test_tp_layer_corrected_uses_ring_factor():
 
 
 def test_zero_seed_faithful_values():
-    # shared/seeds/001 L795-879: 70B, 80 layers, DP 64, "InfiniBand 400 GB/s", 2 us [C]
+    # seed 001 §7 analyze_fsdp_communication: 70B, 80 layers, DP 64, "InfiniBand 400 GB/s", 2 us [C]
     link = tc.SEED_LINKS["infiniband"]
     lat = 2e-6
     grads = 70e9 * 2

@@ -1,4 +1,4 @@
-"""Training time and cost (shared/seeds/001 §4, shared/seeds/004 L76-121)."""
+"""Training time and cost (seed 001 §4, seed 004 §2)."""
 
 import pytest
 
@@ -13,14 +13,14 @@ def test_gpu_peaks_come_from_the_hardware_table(gpu, tflops):
 
 
 def test_seed001_peaks():
-    # shared/seeds/001 L245-253: the seed rounds the H100's 989.5 to 990
+    # seed 001 §4 GPUSpecs: the seed rounds the H100's 989.5 to 990
     assert tt.SEED001_PEAK_TFLOPS == {"a100": 312, "h100": 990}
 
 
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 @pytest.mark.parametrize("num_gpus", [512, 1024, 2048])
 def test_seed001_llama70b_table(gpu, num_gpus):
-    # shared/seeds/001 L299-312: 70B params, 2T tokens, MFU 0.5; independent closed form
+    # seed 001 §4's example: 70B params, 2T tokens, MFU 0.5; independent closed form
     peak = tt.SEED001_PEAK_TFLOPS[gpu]
     r = tt.estimate_training_time(70e9, 2e12, num_gpus, peak, mfu=0.5)
     seconds = 6 * 70e9 * 2e12 / (num_gpus * peak * 1e12 * 0.5)
@@ -47,7 +47,7 @@ def test_perfect_scaling_keeps_gpu_hours_and_mfu_is_inverse():
 
 
 def test_s4_throughput_estimate():
-    # shared/seeds/004 L104-110 [RUN]: 83,333 hours (3,472 days); the comment's 20,833 is wrong
+    # seed 004 §2 prints: 83,333 hours (3,472 days); the comment's 20,833 is wrong
     hours = tt.throughput_training_hours(300e9, 4e6, 1, 1000)
     assert f"{hours:,.0f}" == "83,333"
     assert f"{hours / 24:,.0f}" == "3,472"
@@ -56,7 +56,7 @@ def test_s4_throughput_estimate():
 
 
 def test_s4_cost_example():
-    # shared/seeds/004 L117-119: $3 x 24 x 365 = $26,280; $3 x 256 x 36 = $27,648
+    # seed 004 §2 "Cost Efficiency": $3 x 24 x 365 = $26,280; $3 x 256 x 36 = $27,648
     assert tt.cluster_cost_usd(1, 24 * 365) == 26_280
     assert tt.cluster_cost_usd(256, 36) == 27_648
     assert tt.implied_scaling_efficiency(24 * 365, 256, 36) == pytest.approx(8760 / 9216)

@@ -1,5 +1,5 @@
-"""Weight-update transfer times against shared/seeds/002_*.txt ch14 weight_update_demo.py
-([R] = printed by the seed's code, seed-spec Part VIII)."""
+"""Weight-update transfer times against seed 002 ch14 weight_update_demo.py
+([R] = printed by the seed's code when run)."""
 
 import pytest
 
@@ -56,7 +56,7 @@ def test_method_filters_seed_vs_corrected():
 
 
 def test_exercise2_bandwidth_for_ten_seconds():
-    # S2 ch14 Ex2: 140 GB in 10 s needs 14 GB/s; two such transfers add 20 s, 28.6% of 70 s
+    # seed 002 ch14 Ex. 2: 140 GB in 10 s needs 14 GB/s; two such transfers add 20 s, 28.6% of 70 s
     custom = wt.TransferMethod("14 GB/s", 14.0, 0, True, True, False)
     assert wt.transfer_time_s(custom, 140) == pytest.approx(10.0)
     t = wt.RlhfTimeline("custom", 140, 30, 20, 2, wt.transfer_time_s(custom, 140))

@@ -9,7 +9,7 @@ from jaxscale.sim import batching as bt
 
 TOL = 1e-12  # fractions of small integers
 
-# Printed by seed 000's own cells (shared/seeds/000 L661-686, L689-744, L880-940, L990-1021),
+# Printed by seed 000's own Exercise 3 cells (the workload, static, continuous and waste cells),
 # executed verbatim with numpy's legacy np.random.seed(42) generator.
 SEED_000_FIRST_10 = [109, 71, 118, 171, 65, 65, 174, 126, 51, 112]
 SEED_000_TOTAL_TOKENS = 3525  # "Total useful tokens to generate: 3525"; mean 70.5
@@ -47,12 +47,12 @@ def test_continuous_totals_match_seed_000(lengths):
 
 
 def test_seed_003_example_full_waste():
-    # shared/seeds/003 L93: one static batch of 8; seed-spec Part VIII: 860/1600 = 53.75%.
+    # seed 003 "Examples Planned": one static batch of 8; in full, 860/1600 = 53.75%.
     res = bt.simulate_static(bt.SEED_003_LENGTHS, 8)
     assert (res.total_steps, res.slot_steps, res.useful_tokens) == (200, 1600, 740)
     assert res.wasted_slot_steps == 860
     assert res.waste_fraction == pytest.approx(0.5375, abs=TOL)
-    assert bt.seed_003_claimed_waste() == pytest.approx(0.225, abs=TOL)  # S3 L112, defect 21
+    assert bt.seed_003_claimed_waste() == pytest.approx(0.225, abs=TOL)  # seed 003, defect 21
 
 
 def _greedy_completion(lengths, batch_size):

@@ -1,5 +1,5 @@
-"""Seed 002's minimal_inference_server.py on a virtual clock: its run with random.seed(0)
-(seed-spec ch8 [RUN]: four prefills of 6/6/5/4 prompt tokens, decode batches of 4, request 4
+"""Seed 002's minimal_inference_server.py on a virtual clock: its run with random.seed(0) (what the
+seed's script prints: four prefills of 6/6/5/4 prompt tokens, decode batches of 4, request 4
 admitted as soon as request 1 finishes, then 3 -> 2 -> 1; lengths 5/7/16/20/20) and its
 invariants."""
 

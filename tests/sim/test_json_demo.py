@@ -1,5 +1,5 @@
 """Seed 002's json_constraint_demo.py: its printed run with seed 42 and the 685-of-5000 cut
-(shared/reference/seed-spec.md, ch11 [RUN] lines), and the corrected mask's guarantee."""
+(what the seed's script prints when run), and the corrected mask's guarantee."""
 
 import json
 

@@ -15,7 +15,8 @@ def total(spans) -> float:
 
 
 def test_scheduling_goldens():
-    # seed-spec Ch10 / Part VIII: sequential 20*13 = 260 ms, overlapped 13 + 19*11 = 222 ms, 1.17x
+    # seed 002 ch10 scheduling_overhead_benchmark.py: sequential 20*13 = 260 ms, overlapped
+    # 13 + 19*11 = 222 ms, 1.17x
     cfg = ov.SchedulingConfig()
     seq = total(ov.simulate_scheduling(cfg, "sequential"))
     over = total(ov.simulate_scheduling(cfg, "overlap"))
@@ -68,7 +69,7 @@ def test_one_cpu_one_gpu_and_dependencies(mode):
 
 
 def _seed_bars(s, c, p, n=4, scale=2):
-    """The seed's visualize_timeline strings (shared/seeds/002 L8596-8654), rebuilt here."""
+    """The seed's visualize_timeline strings (seed 002 ch10), rebuilt here."""
 
     def bar(ch, ms):
         return ch * int(ms * scale)

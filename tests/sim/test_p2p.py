@@ -1,5 +1,5 @@
 """Point-to-point simulator: the seed's ch2 patterns complete, deadlock or hang as the seed says
-(shared/seeds/002_7edd1202589f894b.txt L814-900, L1020-1079)."""
+(seed 002 ch2: "The Blocking vs Non-Blocking Dance", "Common Pitfalls", send_recv_basic.py)."""
 
 import subprocess
 import sys
@@ -10,7 +10,7 @@ from jaxscale.sim import p2p
 
 
 def test_chain_seed_defect_1():
-    """W=4 from 42: 62.0 at the sink (the seed prints 'Expected: 72.0', seed-spec §0.1 #1)."""
+    """W=4 from 42: 62.0 at the sink (the seed prints 'Expected: 72.0', defect 1)."""
     result = p2p.simulate(*p2p.chain(4))
     assert result.status == "ok"
     assert [e["x"] for e in result.env] == [42.0, 52.0, 62.0, 62.0]
@@ -23,7 +23,7 @@ def test_chain_invariant(w):
 
 
 def test_ring_full_circle():
-    assert p2p.simulate(*p2p.ring(4, init=0.0)).env[0]["x"] == 30.0  # seed-spec ch2 Ex1
+    assert p2p.simulate(*p2p.ring(4, init=0.0)).env[0]["x"] == 30.0  # seed 002 ch2 Exercise 1
     assert p2p.simulate(*p2p.ring(4, init=42.0)).env[0]["x"] == 72.0
 
 

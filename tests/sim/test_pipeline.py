@@ -9,14 +9,15 @@ from jaxscale.sim import pipeline_seed, timeline
 
 TOL = 1e-9  # absolute, on times and fractions built from small rationals
 
-# seed-spec Part II ch7, "Golden values [C]": the time-aligned 1F1B grid for P=4, M=8.
+# Seed 002 ch7's 1F1B rules ("1F1B Scheduling") on a dependency-driven clock, unit F and B:
+# the time-aligned 1F1B grid for P=4, M=8.
 GOLDEN_1F1B_P4M8 = """\
 GPU0: F0 F1 F2 F3 .. .. .. B0 F4 B1 F5 B2 F6 B3 F7 B4 .. B5 .. B6 .. B7
 GPU1: .. F0 F1 F2 .. .. B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 .. B6 .. B7 ..
 GPU2: .. .. F0 F1 .. B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 .. B7 .. ..
 GPU3: .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7 .. .. .."""
 
-# shared/seeds/002 L5402-5405: the per-GPU 1F1B op order of the seed's expected output.
+# Seed 002 ch7 pipeline_schedule_viz.py, "Run It": the per-GPU 1F1B op order it expects.
 SEED_1F1B_ORDER_P4M8 = [
     "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7",
     "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7",
@@ -67,7 +68,7 @@ def test_bubble_table_simulates_both_schedules():
 @pytest.mark.parametrize(
     "schedule, m, makespan, peaks",
     [
-        # seed-spec Part II ch7 goldens [C]
+        # computed from seed 002 ch7's schedules, unit F and B
         ("gpipe", 8, 22, (8, 8, 8, 8)),
         ("1f1b", 8, 22, (4, 3, 2, 1)),
         ("gpipe", 4, 14, (4, 4, 4, 4)),
@@ -84,7 +85,7 @@ def test_seed_spec_goldens(schedule, m, makespan, peaks):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_backward_twice_forward_keeps_the_bubble(schedule):
-    res = sim(4, 8, schedule, 1.0, 2.0)  # seed-spec: makespan 33, bubble still 27.27%
+    res = sim(4, 8, schedule, 1.0, 2.0)  # makespan 33, bubble still 27.27%
     assert res.makespan == pytest.approx(33, abs=TOL)
     assert res.bubble_s2 == pytest.approx(6 / 22, abs=TOL)
 
@@ -162,16 +163,16 @@ def test_simulated_bubble_equals_both_formulas():
 
 
 def test_pipeline_efficiency_seed_004_goldens():
-    # shared/seeds/004 L722-744 [RUN]: 25.0 / 62.5 / 81.2 (81.25) / 90.6 (90.625) %
+    # seed 004 §6 pipeline_efficiency prints: 25.0 / 62.5 / 81.2 (81.25) / 90.6 (90.625) %
     got = [pp.pipeline_efficiency(4, m, convention="s4") for m in (4, 8, 16, 32)]
     assert got == pytest.approx([0.25, 0.625, 0.8125, 0.90625], abs=TOL)
 
 
 def test_bubble_seed_002_goldens():
-    # seed-spec §0.2: P=4, M=1..64 -> 75.0 / 60.0 / 42.9 / 27.3 / 15.8 / 8.6 / 4.5 %
+    # seed 002 ch7 (P-1)/(M+P-1): P=4, M=1..64 -> 75.0 / 60.0 / 42.9 / 27.3 / 15.8 / 8.6 / 4.5 %
     got = [round(100 * pp.bubble_fraction(4, m), 1) for m in (1, 2, 4, 8, 16, 32, 64)]
     assert got == [75.0, 60.0, 42.9, 27.3, 15.8, 8.6, 4.5]
-    assert round(100 * pp.pipeline_efficiency(4, 16), 1) == 84.2  # seed 002 L5626 takeaway
+    assert round(100 * pp.pipeline_efficiency(4, 16), 1) == 84.2  # seed 002 ch7 takeaway
     # seed 002 ch7 Exercise 1: 3/19 naive and 1F1B; seed 004 convention 3/16
     assert pp.bubble_fraction(4, 16) == pytest.approx(3 / 19, abs=TOL)
     assert pp.bubble_fraction(4, 16, "s4") == pytest.approx(0.1875, abs=TOL)
@@ -203,7 +204,8 @@ def test_bad_formula_arguments_raise():
 
 
 def test_seed_port_reproduces_the_seed_printout():
-    # seed-spec Part II ch7 [RUN]: naive "Bubble ratio: 68.6%", the corrupted 1F1B rows.
+    # seed 002 ch7 pipeline_schedule_viz.py prints a naive "Bubble ratio: 68.6%" and corrupted
+    # 1F1B rows.
     assert pipeline_seed.naive_bubble(4, 8) == pytest.approx(24 / 35, abs=TOL)
     grid = pipeline_seed.seed_report(4, 8)["one_f_one_b_grid"].splitlines()
     assert grid[2].startswith("GPU 0:   F0 F1 F2 F3 F4 F5 F6 F7 B2 B3  . B4 B5 B6 B7")

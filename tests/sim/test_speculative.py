@@ -11,7 +11,7 @@ TOL = 1e-9  # closed forms
 N_SIGMA = 4.0  # Monte-Carlo checks: |mean - expectation| <= 4 standard errors
 DEMO_REL_TOL = 0.02  # long demo runs (>= 4 standard errors, see the test)
 
-# Printed by seed 000's K-sweep cell (shared/seeds/000 L509-543), executed verbatim:
+# Printed by seed 000's K-sweep cell (Exercise 2, "Sweep draft length K"), executed verbatim:
 # K, Acc/Round, Tok/Round, Rounds, Time (ms), Speedup.
 SEED_000_K_SWEEP = [
     (1, 0.71, 1.71, 58.8, 3529, 1.42),
@@ -23,7 +23,7 @@ SEED_000_K_SWEEP = [
     (7, 2.17, 3.17, 32.7, 3920, 1.28),
     (8, 2.25, 3.25, 31.8, 4131, 1.21),
 ]
-# Seed 000's match-probability cell (L596-637), executed verbatim: speedups for K = 1..8.
+# Seed 000's match-probability cell (Exercise 2), executed verbatim: speedups for K = 1..8.
 SEED_000_MP_SWEEP = {
     0.5: [1.2496, 1.2354, 1.1699, 1.0615, 0.9699, 0.8938, 0.8301, 0.7479],
     0.6: [1.3289, 1.3880, 1.3340, 1.2764, 1.1678, 1.0977, 0.9982, 0.9340],
@@ -90,11 +90,11 @@ def test_perfect_draft_counts_the_target_token():
     assert sp.perfect_draft_speedup(4, 10, 50) == pytest.approx(5 * 50 / 90, abs=TOL)
     assert sp.perfect_draft_speedup(4, 10, 50, seed_faithful=True) == pytest.approx(
         4 * 50 / 90, abs=TOL
-    )  # shared/seeds/000 L636-637
+    )  # seed 000 Exercise 2's closing text
 
 
 def test_speculative_demo_seed_42_golden():
-    # seed-spec Part VIII, speculative_demo [R]: 50 / 13 / 13 / 45 / 5 / 3.85 / 90.00% / 3.50x
+    # seed 002 ch11 speculative_demo.py, seed 42: 50 / 13 / 13 / 45 / 5 / 3.85 / 90.00% / 3.50x
     res = demo.run_demo(demo.DemoConfig(), seed_faithful=True)
     assert (len(res.tokens), res.target_calls, res.draft_calls) == (50, 13, 13)
     assert (res.accepted, res.rejected, res.bonus) == (45, 5, 0)
@@ -109,7 +109,7 @@ def test_speculative_demo_seed_42_golden():
 @pytest.mark.parametrize(
     "cfg, expected",
     [
-        # Running shared/seeds/002 L9062-9387 with these flags prints:
+        # Running seed 002 ch11 speculative_demo.py with these flags prints:
         # tokens, target calls, accepted, rejected, tokens/call, acceptance %, speedup
         (demo.DemoConfig(acceptance_rate=0.8), (50, 13, 45, 5, "3.85", "90.00", "3.50")),
         (demo.DemoConfig(draft_length=4), (50, 16, 42, 8, "3.12", "84.00", "2.84")),

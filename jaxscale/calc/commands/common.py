@@ -1,13 +1,14 @@
-"""What the serving/RL commands share: the model-shape and GPU flags, the header line, records.
+"""What several `jaxscale calc` commands share: the model-shape and GPU flags, the header line,
+records and cell formats.
 
-Imports none of the command modules (cli_serving*.py import it), and no jax.
+Imports none of the command modules (they import it), and no jax.
 """
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 from jaxscale.calc import inference as inf
-from jaxscale.calc.kv import kv_bytes_per_token
-from jaxscale.calc.models import MODELS, get_model
+from jaxscale.calc import kv
+from jaxscale.calc.models import SHAPE_PRESETS, ModelPreset, get_model
 from jaxscale.cliutil import parse_count, positive_float, positive_int
 from jaxscale.hardware import Device, get_device
 from jaxscale.render import fmt_count
@@ -29,24 +30,12 @@ def per(unit: float, spec: str):
     return lambda value: format(value / unit, spec)
 
 
-@dataclass(frozen=True)
-class Transformer:
-    name: str
-    n_params: float
-    num_layers: int
-    d_model: int
-    kv_heads: int
-    head_dim: int
-
-    def kv_bytes_per_token(self, seed_faithful: bool = False) -> int:
-        """Corrected: K/V heads (GQA); seed 001: every d_model channel (L1045)."""
-        if seed_faithful:
-            return inf.seed_kv_bytes_per_token(self.num_layers, self.d_model)
-        return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim)
+def billions(x: float) -> str:
+    return f"{x / 1e9:,.1f}B"
 
 
 def add_model_flags(p, default: str = "llama-70b") -> None:
-    p.add_argument("--model", default=default, choices=list(MODELS), help="a preset")
+    p.add_argument("--model", default=default, choices=list(SHAPE_PRESETS), help="a preset")
     p.add_argument("--params", type=parse_count, help="override the parameter count, e.g. 70B")
     p.add_argument("--layers", type=positive_int, help="override the number of layers")
     p.add_argument("--d-model", type=positive_int, help="override the hidden size")
@@ -54,16 +43,24 @@ def add_model_flags(p, default: str = "llama-70b") -> None:
     p.add_argument("--head-dim", type=positive_int, help="override the head dimension")
 
 
-def model_from_args(args) -> Transformer:
+def model_from_args(args) -> ModelPreset:
+    """--model with the shape flags given on the command line replacing its fields."""
     m = get_model(args.model)
-    return Transformer(
-        m.name,
-        args.params or m.n_params,
-        args.layers or m.n_layers,
-        args.d_model or m.d_model,
-        args.kv_heads or m.n_kv_heads,
-        args.head_dim or m.head_dim,
+    return replace(
+        m,
+        n_params=args.params or m.n_params,
+        n_layers=args.layers or m.n_layers,
+        d_model=args.d_model or m.d_model,
+        n_kv_heads=args.kv_heads or m.n_kv_heads,
+        head_dim=args.head_dim or m.head_dim,
     )
+
+
+def kv_bytes_per_token(model: ModelPreset, seed_faithful: bool = False) -> int:
+    """Corrected: K/V heads (GQA); seed 001: every d_model channel (§9)."""
+    if seed_faithful:
+        return inf.seed_kv_bytes_per_token(model.n_layers, model.d_model)
+    return kv.kv_bytes_per_token(model.n_layers, model.n_kv_heads, model.head_dim)
 
 
 def add_gpu_flags(p) -> None:
@@ -84,7 +81,7 @@ def gpu_from_args(args) -> Device:
     return g
 
 
-def header(model: Transformer, gpu: Device) -> str:
+def header(model: ModelPreset, gpu: Device) -> str:
     return (
         f"{model.name} ({fmt_count(model.n_params)} params) on {gpu.name} "
         f"({gpu.bf16_tflops:g} TFLOPS, {gpu.hbm_tb_s:g} TB/s)"

@@ -1,4 +1,4 @@
-"""`jaxscale calc time`: training days, GPU-hours and cost (seed 001 §4, seed 004 L76-121)."""
+"""`jaxscale calc time`: training days, GPU-hours and cost (seed 001 §4, seed 004 §2)."""
 
 from jaxscale.calc import training_time as tt
 from jaxscale.cliutil import (
@@ -14,18 +14,18 @@ from jaxscale.cliutil import (
 from jaxscale.hardware import DEVICES
 from jaxscale.render import Col, Report, figure, fmt_count
 
-# shared/seeds/001_*.txt L299-312: LLaMA-2-70B on 2T tokens, A100/H100 x 512/1024/2048, MFU 0.5;
-# L336-340: the MFU sweep on 1024 H100s; L317 the plot's GPU counts. Without --gpu/--sweep-gpu the
+# Seed 001 §4's examples: LLaMA-2-70B on 2T tokens, A100/H100 x 512/1024/2048, MFU 0.5; the MFU
+# sweep on 1024 H100s; the plot's GPU counts. Without --gpu/--sweep-gpu the
 # GPUs are the seed's, at its peak figures (H100 990, not hardware.py's 989.5).
 MFU_SWEEP = (0.3, 0.4, 0.5, 0.6, 0.7)
 PLOT_GPU_COUNTS = (128, 256, 512, 1024, 2048, 4096)
 SEED001_SWEEP_GPU = "h100"
 SEED_GPUS = "seed 001's a100,h100 at its 312/990 TFLOPS"
-# shared/seeds/004_*.txt L104-109 (throughput example) and L117-119 (cost example).
+# Seed 004 §2: its throughput example ("Time Constraints") and cost example ("Cost Efficiency").
 S4_ONE_GPU_YEAR_HOURS = 24 * 365
 S4_CLUSTER_GPUS = 256
 S4_CLUSTER_HOURS = 36
-S4_COMMENT_HOURS = 20_833  # L110, the comment's figure
+S4_COMMENT_HOURS = 20_833  # the comment's figure
 
 
 def _gpu(text: str) -> str:
@@ -175,7 +175,7 @@ def run(args) -> int:
     )
     r.say(
         "",
-        "Throughput estimate (shared/seeds/004 L80-110): "
+        "Throughput estimate (seed 004 §2): "
         f"{fmt_count(args.samples)} samples x {args.epochs:g} epoch(s) at "
         f"{args.samples_per_second:,.0f}/s",
         f"  {hours:,.0f} hours ({hours / 24:,.0f} days)",
@@ -187,7 +187,7 @@ def run(args) -> int:
         )
     r.say(
         "",
-        f"Cost (shared/seeds/004 L115-121) at ${price:g}/GPU-hour:",
+        f"Cost (seed 004 §2) at ${price:g}/GPU-hour:",
         f"  1 GPU for 1 year:               ${year_cost:,.0f}",
         f"  {S4_CLUSTER_GPUS} GPUs for {S4_CLUSTER_HOURS / 24:g} days:"
         f"           ${cluster_cost:,.0f}",

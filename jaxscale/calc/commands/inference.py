@@ -1,15 +1,17 @@
 """`jaxscale calc inference`: prefill/decode latency, KV per sequence, roofline, serving memory.
 
-Seeds: shared/seeds/001_*.txt section 9 (latency), shared/seeds/003_*.txt L17 and L80 (roofline,
-NVLink example), shared/seeds/002_*.txt L6264-6271 (serving memory). Nothing here imports jax.
+Seeds: seed 001 §9 (latency), seed 003's concepts and misconceptions tables (roofline, NVLink
+example), seed 002 ch8 "Memory: The Inference Bottleneck" (serving memory). Nothing here imports
+jax.
 """
 
 from jaxscale.calc import inference as inf
-from jaxscale.calc.cli_serving_common import (
+from jaxscale.calc.commands.common import (
     add_gpu_flags,
     add_model_flags,
     gpu_from_args,
     header,
+    kv_bytes_per_token,
     model_from_args,
     ms,
     per,
@@ -70,7 +72,7 @@ def add_parser(calc_sub) -> None:
 
 def run(args) -> int:
     model, gpu, sf = model_from_args(args), gpu_from_args(args), args.seed_faithful
-    kv_tok = model.kv_bytes_per_token(sf)
+    kv_tok = kv_bytes_per_token(model, sf)
     if args.prompt_len or args.gen_len or args.batch_size:
         scenarios = [("Custom", args.prompt_len or 100, args.gen_len or 50, args.batch_size or 1)]
     else:
@@ -125,11 +127,10 @@ def run(args) -> int:
         f"Roofline: ridge point {ridge:.1f} FLOP/B on {gpu.name}; seed 003's A100 (312 TFLOPS, "
         f"2 TB/s): {a100:.0f} FLOP/B. Below the ridge a step is memory-bound.",
         f"Moving 1 GB over 600 GB/s NVLink: {link.seconds * 1e3:.2f} ms = "
-        f"{link.flops_forgone / 1e9:.0f} GFLOP of A100 compute (seed 003 L80: ~1.7 ms, "
+        f"{link.flops_forgone / 1e9:.0f} GFLOP of A100 compute (seed 003: ~1.7 ms, "
         "~530 GFLOP)",
         "",
-        f"Serving memory: {args.requests} requests x {args.context} tokens "
-        "(shared/seeds/002 L6264-6271)",
+        f"Serving memory: {args.requests} requests x {args.context} tokens (seed 002 ch8)",
         grid(
             ["Component", "GB"],
             [
@@ -142,7 +143,7 @@ def run(args) -> int:
         ),
     )
     if sf:
-        r.say("KV per request is ch8's '~2 GB for 32K' (L6266); ch9's formula: 10.74 GB")
+        r.say("KV per request is ch8's '~2 GB for 32K'; ch9's formula: 10.74 GB")
     r.put(ridge_flop_per_byte=ridge, a100_ridge_flop_per_byte=a100, nvlink_1gb=record(link))
     r.put(serving_memory=record(mem, "kv_total_bytes", "total_bytes", context=args.context))
     r.emit(args)

@@ -22,7 +22,7 @@ SUMMARY_KEYS = (
 
 
 def add_parser(sub) -> None:
-    from jaxscale.rl.rlhf_config import RLHFConfig
+    from jaxscale.rlhf.config import RLHFConfig
 
     p = add_command(
         sub,
@@ -80,15 +80,14 @@ def _main(args) -> int:
 
     from jaxscale.progress import Progress
     from jaxscale.render import grid
-    from jaxscale.rl import rlhf_report as report
-    from jaxscale.rl import rlhf_run, rlhf_setup
-    from jaxscale.rl.rlhf_config import RLHFConfig
-    from jaxscale.rl.rlhf_task import TaskConfig
+    from jaxscale.rlhf import report, run, setup
+    from jaxscale.rlhf.config import RLHFConfig
+    from jaxscale.rlhf.task import TaskConfig
 
     rc = build_config(RLHFConfig, args).check()
     task = TaskConfig()
     if args.dry_run:
-        m = rlhf_run.placement(rc, args.mesh)
+        m = run.placement(rc, args.mesh)
         print(
             f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses "
             f"({rc.prompts} prompts), {rc.placement}: train {dict(m.train.shape)}, generate "
@@ -97,10 +96,10 @@ def _main(args) -> int:
         )
         return 0
     say = (lambda line: print(line, file=sys.stderr)) if not args.json else (lambda line: None)
-    cfg, sft, rm, acc, train_p, held_p = rlhf_setup.prepare(
+    cfg, sft, rm, acc, train_p, held_p = setup.prepare(
         args.runs, task, args.sft_steps, args.rm_steps, say=say
     )
-    lab = rlhf_run.build(rc, cfg, sft, rm, args.mesh, task)
+    lab = run.build(rc, cfg, sft, rm, args.mesh, task)
     where = (
         f"{rc.placement}: train {dict(lab.meshes.train.shape)}, generate "
         f"{dict(lab.meshes.gen.shape)}"
@@ -114,7 +113,7 @@ def _main(args) -> int:
         log = lambda r: metrics.write(json.dumps(r) + "\n")  # noqa: E731
     bar = Progress(rc.iterations, desc=f"rlhf {rc.algo}", enabled=args.progress and not args.json)
     try:
-        res = rlhf_run.iterate(
+        res = run.iterate(
             lab, train_p, held_p, task, log=log, progress=lambda r: bar.update(1, _fmt(r))
         )
     finally:

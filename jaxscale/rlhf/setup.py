@@ -1,4 +1,4 @@
-"""The stages before RLHF: the SFT actor and the reward model (seed 002 ch13 Q&A, L11176-11204).
+"""The stages before RLHF: the SFT actor and the reward model (seed 002 ch13, "Common Questions").
 
     SFT     `jaxscale train` on the standard-library corpus (kept in a run directory and reused)
     pairs   `samples` completions per prompt from the SFT policy, every two with different true
@@ -24,8 +24,8 @@ import optax
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import state as ms
-from jaxscale.rl import rlhf, rlhf_task
-from jaxscale.rl import rlhf_models as models
+from jaxscale.rlhf import models, phases
+from jaxscale.rlhf import task as task_lib
 
 SFT_TRAIN = [
     "--data",
@@ -69,7 +69,7 @@ def sft_model(run_dir: str | Path, steps: int, model_flags: list[str] = SFT_MODE
     import subprocess
     import sys
 
-    from jaxscale.serve.cli import load_model
+    from jaxscale.train.checkpoint import load_model
 
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
@@ -101,8 +101,8 @@ def comparison_pairs(
 ):
     """(seq_w [K, S], last_w [K], seq_l [K, S], last_l [K]): every two of `samples` completions
     of a prompt whose true scores differ, the better one first."""
-    sh = rlhf.Shapes(task.prompt_len, task.max_new, rlhf_task.EOS)
-    gen = jax.jit(lambda p, x, s: rlhf.rollout(p, x, s, cfg, sh))
+    sh = phases.Shapes(task.prompt_len, task.max_new, task_lib.EOS)
+    gen = jax.jit(lambda p, x, s: phases.rollout(p, x, s, cfg, sh))
     rows = np.repeat(prompts, samples, axis=0).astype(np.int32)
     pad = -len(rows) % batch
     rows_p = np.concatenate([rows, rows[:pad]]) if pad else rows
@@ -113,7 +113,7 @@ def comparison_pairs(
         toks.append(t)
         valid.append(v)
     toks, valid = np.concatenate(toks)[: len(rows)], np.concatenate(valid)[: len(rows)]
-    score = rlhf_task.scores(rows, toks, valid, task)
+    score = task_lib.scores(rows, toks, valid, task)
     seq = np.concatenate([rows, toks], 1)
     last = sh.P + np.maximum(valid.sum(-1), 1) - 1
     win, lose = [], []
@@ -198,7 +198,7 @@ def prepare(
 ):
     """(cfg, SFT params, reward model, its held-out accuracy, train prompts, held-out prompts):
     each stage kept under `runs` and reused by the next call with the same settings."""
-    train_p, held_p = rlhf_task.load_prompts(task)
+    train_p, held_p = task_lib.load_prompts(task)
     runs = Path(runs)
     sft_dir = runs / f"sft_{sft_steps}"
     say(f"SFT: {sft_steps} steps of jaxscale train on the standard library ({sft_dir})")

@@ -21,12 +21,11 @@ import numpy as np
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import state as ms
-from jaxscale.rl import rlhf
-from jaxscale.rl import rlhf_models as models
-from jaxscale.rl import rlhf_placement as place
-from jaxscale.rl import rlhf_rewards as rw
-from jaxscale.rl import rlhf_task as task_lib
-from jaxscale.rl.rlhf_config import RLHFConfig
+from jaxscale.rlhf import models, phases
+from jaxscale.rlhf import placement as place
+from jaxscale.rlhf import rewards as rw
+from jaxscale.rlhf import task as task_lib
+from jaxscale.rlhf.config import RLHFConfig
 from jaxscale.sharding import REPLICATED_RULES, Sharder, tree_shardings
 
 
@@ -47,7 +46,7 @@ class Lab:
 
     rc: RLHFConfig
     cfg: ModelConfig
-    sh: rlhf.Shapes
+    sh: phases.Shapes
     meshes: place.Meshes
     train_sharder: Sharder
     gen_sharder: Sharder
@@ -85,7 +84,7 @@ def build(
 ) -> Lab:
     m = placement(rc, mesh, devices)
     # every layer written out (2 in the lab's model): no collective inside a loop body (see
-    # rlhf.Train); compute only, the parameters are the same
+    # phases.Train); compute only, the parameters are the same
     cfg = dataclasses.replace(cfg, unroll_layers=True)
     train_sharder = Sharder(m.train)
     gen_sharder = (
@@ -93,7 +92,7 @@ def build(
         if (m.shared and rc.gen_layout == "train")
         else Sharder(m.gen, REPLICATED_RULES)
     )
-    sh = rlhf.Shapes(task.prompt_len, task.max_new, task_lib.EOS)
+    sh = phases.Shapes(task.prompt_len, task.max_new, task_lib.EOS)
     if sh.P + sh.N > cfg.max_seq:
         raise ValueError(f"prompt ({sh.P}) + response ({sh.N}) exceeds max_seq={cfg.max_seq}")
     try:  # a clear error before anything is placed: "kv_heads=2 does not divide over 8"
@@ -110,7 +109,7 @@ def build(
         tree, tree_sh = _placed(tree, train_sharder, cfg)
         ref, _ = _placed({"actor": fresh(actor)}, train_sharder, cfg)
         rm, _ = _placed(fresh(rm), train_sharder, cfg)
-        opt_state = jax.jit(rlhf.optimizer(rc).init)(tree)
+        opt_state = jax.jit(phases.optimizer(rc).init)(tree)
         # Adam's moments in their parameters' layout (the init's zeros come out replicated):
         # actor and critic leaves of one shape share their logical axes, so shape decides
         by_shape = {
@@ -119,7 +118,7 @@ def build(
         replicated = train_sharder.named(())
         opt_sh = jax.tree.map(lambda x: by_shape.get(x.shape, replicated), opt_state)
         opt_state = jax.device_put(opt_state, opt_sh)
-    phases = rlhf.jitted(cfg, rc, sh, train_sharder, gen_sharder, tree_sh, opt_sh)
+    compiled = phases.jitted(cfg, rc, sh, train_sharder, gen_sharder, tree_sh, opt_sh)
     return Lab(
         rc,
         cfg,
@@ -128,7 +127,7 @@ def build(
         train_sharder,
         gen_sharder,
         gen_shardings,
-        phases,
+        compiled,
         tree,
         opt_state,
         ref["actor"],

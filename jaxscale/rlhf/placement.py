@@ -4,9 +4,9 @@
                     (FSDP / TP) to the generation layout: replicated (data-parallel decode; every
                     device gathers what it lacks), or the training layout itself, which moves
                     nothing -- `device_put` returns the same buffers (verl's "only metadata
-                    changes", L12168-12190)
+                    changes", ch14 "Architecture 3: Hybrid Engine")
     disaggregated   training on the first devices, generation on the rest; each iteration the
-                    weights cross meshes with `device_put` (the NCCL send of L12192-12229)
+                    weights cross meshes with `device_put` (ch14's NCCL send, "Method 2")
 
 `moved_bytes` counts what a transfer really moved from the two arrays' shard maps: for every
 shard of the destination, the bytes its device did not already hold in the source. The

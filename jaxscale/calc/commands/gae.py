@@ -34,10 +34,10 @@ def add_parser(calc_sub) -> None:
         help="steps of the seed's trajectory used (1-10)",
     )
     add_output_flags(p, plot=True, faithful=True)
-    p.set_defaults(func=guarded(_run))
+    p.set_defaults(func=guarded(run))
 
 
-def _run(args) -> int:
+def run(args) -> int:
     lambdas = sorted(set(args.lambdas))
     gae.check(args.gamma, args.lam, args.trajectory_length, lambdas)
     n = args.trajectory_length

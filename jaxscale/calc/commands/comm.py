@@ -1,6 +1,7 @@
 """`jaxscale calc comm`: TP all-reduces, FSDP/ZeRO traffic, the ZeRO volume table, tp_mlp.
 
-Sources: shared/seeds/001_*.txt §7 (L737-884), shared/seeds/002_*.txt L3316-3326 and L4980-5050.
+Sources: seed 001 §7 "Communication Patterns", seed 002 ch5 "Communication Volume Comparison"
+and ch6 tp_mlp.py (`analyze_communication`, `compare_scaling`).
 """
 
 from jaxscale.calc import training_comm as tc
@@ -20,7 +21,7 @@ FAITHFUL_WHAT = (
     "ZeRO-2/3 collectives"
 )
 STAGE_NAMES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
-KB = 1024  # the tp_mlp script prints KB as 1024 bytes (002 L4998)
+KB = 1024  # the tp_mlp script prints KB as 1024 bytes
 MAX_LAYERS = 1_000_000
 
 
@@ -146,7 +147,7 @@ def run(args) -> int:
     vol = tc.zero_volume_table()
     model_gb, ddp = args.params * 2 / 1e9, vol[0].total_d
     r.say(
-        f"DDP/ZeRO volume per GPU, D = model size (shared/seeds/002 L3318-3322; "
+        f"DDP/ZeRO volume per GPU, D = model size (seed 002 ch5; "
         f"GB for {fmt_count(args.params)} params in bf16)"
     )
     r.table(
@@ -175,7 +176,7 @@ def run(args) -> int:
     )
     r.say(
         f"ZeRO-3 moves {vol[3].total_d / ddp:.1f}x DDP's volume by this table "
-        "(the seed's prose, L3326, says 3x; the ZeRO paper's accounting gives 1.5x).",
+        "(the seed's prose says 3x; the ZeRO paper's accounting gives 1.5x).",
         "",
     )
 
@@ -184,7 +185,7 @@ def run(args) -> int:
     split = tc.mlp_params_per_gpu(args.scaling_d_model, args.scaling_tp)
     r.say(
         f"tp_mlp.py analysis (H={args.mlp_d_model}, batch={args.mlp_batch_size}, "
-        f"seq={args.mlp_seq_len}, TP={args.mlp_tp}, fp32; shared/seeds/002 L4980-5019)",
+        f"seq={args.mlp_seq_len}, TP={args.mlp_tp}, fp32; seed 002 ch6)",
         "  All-reduce calls per forward: 1",
         f"  Elements per all-reduce:      {m.elements_per_allreduce:,}",
         f"  Bytes per all-reduce:         {m.bytes_per_allreduce / KB:.1f} KB",

@@ -1,17 +1,13 @@
-"""`jaxscale calc inference|serving|kv|prefix|rl`: the serving- and RL-side calculators.
+"""`jaxscale calc serving`: GPUs to serve a load at a latency target (seed 001 §9,
+`estimate_serving_gpus`). Nothing here imports jax."""
 
-This module wires them and holds `serving`; `inference` lives in cli_serving_inference.py, `kv` and
-`prefix` in cli_serving_kv.py, `rl` in cli_serving_rl.py and cli_serving_rlhf.py, the flags they
-share in cli_serving_common.py. Nothing here imports jax.
-"""
-
-from jaxscale.calc import cli_serving_inference, cli_serving_kv, cli_serving_rl
 from jaxscale.calc import serving as srv
-from jaxscale.calc.cli_serving_common import (
+from jaxscale.calc.commands.common import (
     add_gpu_flags,
     add_model_flags,
     gpu_from_args,
     header,
+    kv_bytes_per_token,
     model_from_args,
     ms,
     record,
@@ -19,18 +15,11 @@ from jaxscale.calc.cli_serving_common import (
 from jaxscale.cliutil import add_command, add_output_flags, guarded, positive_float, positive_int
 from jaxscale.render import Col, Report
 
-SERVING_FAITHFUL = "seed 001 L1176-1275: one unbatched request per GPU"
+SERVING_FAITHFUL = "seed 001 §9: one unbatched request per GPU"
 NO_PLAN = "no tp <= 8 meets the target"
 
 
-def add_commands(calc_sub) -> None:
-    cli_serving_inference.add_parser(calc_sub)
-    _add_serving(calc_sub)
-    cli_serving_kv.add_parsers(calc_sub)  # kv, prefix
-    cli_serving_rl.add_parser(calc_sub)  # rl throughput|memory|timeline|transfer
-
-
-def _add_serving(calc_sub) -> None:
+def add_parser(calc_sub) -> None:
     p = add_command(
         calc_sub,
         "serving",
@@ -67,7 +56,7 @@ def _add_serving(calc_sub) -> None:
         help="latency target per request",
     )
     add_output_flags(p, faithful=True)
-    p.set_defaults(func=guarded(_run_serving))
+    p.set_defaults(func=guarded(run))
 
 
 LOAD_COLS = [
@@ -91,11 +80,11 @@ PLAN_COLS = [
 ]
 
 
-def _run_serving(args) -> int:
+def run(args) -> int:
     model, gpu, sf = model_from_args(args), gpu_from_args(args), args.seed_faithful
     loads = [("Custom", args.users, args.rps_per_user)] if args.users else srv.SEED_LOAD_SCENARIOS
     common = dict(
-        kv_bytes_per_token=model.kv_bytes_per_token(sf),
+        kv_bytes_per_token=kv_bytes_per_token(model, sf),
         gpu_memory_bytes=gpu.memory_bytes,
         flops_per_s=gpu.flops_per_s,
         hbm_bytes_per_s=gpu.hbm_bytes_per_s,

@@ -1,4 +1,4 @@
-"""RLHF's three phases as jitted programs (seed 002 ch13 loop, L11028-11051):
+"""RLHF's three phases as jitted programs (seed 002 ch13, "The RLHF Training Loop"):
 
     generate  the actor samples responses with the KV cache (`serve.generate.generate_batch`: one
               prefill, `lax.scan` over new tokens, EOS masking) and its log-probs (temperature 1,
@@ -26,13 +26,13 @@ import jax.numpy as jnp
 import optax
 
 from jaxscale.config import ModelConfig
+from jaxscale.parallel.auto import auto_pieces
 from jaxscale.rl import gae as gae_lib
-from jaxscale.rl import rlhf_models as models
-from jaxscale.rl import rlhf_rewards as rw
-from jaxscale.rl.rlhf_config import RLHFConfig
+from jaxscale.rlhf import models
+from jaxscale.rlhf import rewards as rw
+from jaxscale.rlhf.config import RLHFConfig
 from jaxscale.serve import generate as gen
 from jaxscale.sharding import Sharder
-from jaxscale.train.step import auto_pieces
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def loss(tree, mb, beta, rc: RLHFConfig, cfg, sh: Shapes, pc):
         if "critic" in tree:
             h_BSD = models.hidden(tree["critic"], mb["seq"], cfg, pc)
         v_BN = models.scalar(tree["value_head"], h_BSD[:, sh.P - 1 : -1])
-        # the target is the GAE return (values + advantages), not the raw reward (seed L11345)
+        # the target is the GAE return (values + advantages), not the raw reward (seed pseudo-code)
         v_loss = 0.5 * rw.masked_mean(jnp.square(v_BN - mb["ret"]), m_BN)
         total += rc.vf_coef * v_loss
         out["value_loss"] = v_loss

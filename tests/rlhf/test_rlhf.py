@@ -1,8 +1,8 @@
-"""RLHF (jaxscale/rl/rlhf*.py): the task's score, the reward shaping and advantages against
+"""RLHF (jaxscale/rlhf/): the task's score, the reward shaping and advantages against
 independent NumPy loops, the models' forwards against the training forward, and the loop on a
 mesh: 1 device vs 8 (FSDP, and DP x TP) with the same keys, co-located and disaggregated
 transfers against the calculator, the one-step-stale variant, per-phase memory. Tiny random
-models (the learning itself: tests/test_rlhf_learning.py, slow)."""
+models (the learning itself: tests/rlhf/test_rlhf_learning.py, slow)."""
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +12,10 @@ import pytest
 from jaxscale.config import ModelConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as ms
-from jaxscale.rl import rlhf, rlhf_report, rlhf_run, rlhf_setup
-from jaxscale.rl import rlhf_models as models
-from jaxscale.rl import rlhf_rewards as rw
-from jaxscale.rl import rlhf_task as tk
-from jaxscale.rl.rlhf_config import RLHFConfig
+from jaxscale.rlhf import models, phases, report, run, setup
+from jaxscale.rlhf import rewards as rw
+from jaxscale.rlhf import task as tk
+from jaxscale.rlhf.config import RLHFConfig
 from jaxscale.tolerances import ATOL, MEMORY_RTOL, RTOL, TRAJ_ATOL
 
 CFG = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq=32)
@@ -74,7 +73,7 @@ def test_shaped_rewards_and_gae_against_numpy():
     )
     np.testing.assert_allclose(tok.sum(1), (-beta * kl * mask).sum(1) + score, rtol=RTOL, atol=ATOL)
     rc = RC.replace(gamma=0.9, lam=0.8)
-    adv, ret = rlhf.advantages(rc, jnp.asarray(want), jnp.asarray(val), jnp.asarray(mask))
+    adv, ret = phases.advantages(rc, jnp.asarray(want), jnp.asarray(val), jnp.asarray(mask))
     np.testing.assert_allclose(adv, _numpy_gae(want, val, mask, 0.9, 0.8), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(ret, (np.asarray(adv) + val) * mask, rtol=RTOL, atol=ATOL)
 
@@ -108,7 +107,7 @@ def test_kl_estimators_whitening_and_groups():
 
 @pytest.fixture(scope="module")
 def tiny():
-    actor, rm = rlhf_setup.random_models(CFG, 0)
+    actor, rm = setup.random_models(CFG, 0)
     train, held = tk.split(tk.prompt_lines(_corpus(), TASK))
     return actor, rm, train, held
 
@@ -121,9 +120,9 @@ def _corpus() -> bytes:
 
 def test_forwards_match_the_training_forward(tiny):
     actor, rm, train, _ = tiny
-    sh = rlhf.Shapes(TASK.prompt_len, TASK.max_new, tk.EOS)
+    sh = phases.Shapes(TASK.prompt_len, TASK.max_new, tk.EOS)
     rows = train[:4]
-    toks, valid, logp = rlhf.rollout(
+    toks, valid, logp = phases.rollout(
         actor, jnp.asarray(rows), jnp.arange(4, dtype=jnp.uint32), CFG, sh
     )
     seq = jnp.concatenate([jnp.asarray(rows), toks], 1)
@@ -143,8 +142,8 @@ def test_forwards_match_the_training_forward(tiny):
 
 def _run(tiny, mesh, devices, rc=RC):
     actor, rm, train, held = tiny
-    lab = rlhf_run.build(rc, CFG, actor, rm, mesh, TASK, devices=devices)
-    return lab, rlhf_run.iterate(lab, train, held[:8], TASK)
+    lab = run.build(rc, CFG, actor, rm, mesh, TASK, devices=devices)
+    return lab, run.iterate(lab, train, held[:8], TASK)
 
 
 @pytest.fixture(scope="module")
@@ -196,14 +195,14 @@ def test_colocated_transfers_against_the_calculator(tiny, one_device):
     lab, res = one_device
     assert res.transfers[0].bytes_moved == 0  # one device holds everything already
     actor, rm, train, held = tiny
-    lab = rlhf_run.build(RC.replace(iterations=1), CFG, actor, rm, "fsdp=8", TASK)
+    lab = run.build(RC.replace(iterations=1), CFG, actor, rm, "fsdp=8", TASK)
     n_bytes = sum(x.nbytes for x in jax.tree.leaves(actor))
-    _, tr = rlhf_run.place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
+    _, tr = run.place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
     assert tr.bytes_moved == tr.bytes_predicted > 0 and not tr.zero_copy
     # only leaves with an embed dimension are split by FSDP; each device gains 7/8 of those
     assert tr.bytes_moved < 7 * n_bytes
-    same = rlhf_run.build(RC.replace(gen_layout="train"), CFG, actor, rm, "fsdp=8", TASK)
-    _, tr = rlhf_run.place.transfer(same.tree["actor"], same.gen_shardings, same.meshes)
+    same = run.build(RC.replace(gen_layout="train"), CFG, actor, rm, "fsdp=8", TASK)
+    _, tr = run.place.transfer(same.tree["actor"], same.gen_shardings, same.meshes)
     assert tr.zero_copy and tr.bytes_moved == tr.bytes_predicted == 0
 
 
@@ -223,10 +222,10 @@ def test_disaggregated_and_stale(tiny):
     # it differs from the synchronous run's, which the first update made
     np.testing.assert_array_equal(stale.rollouts[0][1], res.rollouts[0][1])
     assert not np.array_equal(stale.rollouts[1][1], res.rollouts[1][1])
-    lab0 = rlhf_run.build(rc, CFG, actor, rm, "fsdp=4", TASK)
-    rows, seeds = rlhf_run.batch_rows(lab0, train, 1)
+    lab0 = run.build(rc, CFG, actor, rm, "fsdp=4", TASK)
+    rows, seeds = run.batch_rows(lab0, train, 1)
     toks, _, _ = jax.device_get(
-        rlhf_run.dispatch_generate(
+        run.dispatch_generate(
             lab0, jax.device_put(lab0.tree["actor"], lab0.gen_shardings), rows, seeds
         )
     )
@@ -242,8 +241,8 @@ def test_phase_memory_against_the_calculator(tiny):
     actor = ms.init_params(cfg, 0)
     rm = models.reward_model_init(ms.init_params(cfg, 1), cfg)
     train = tiny[2]
-    lab = rlhf_run.build(RC, cfg, actor, rm, "fsdp=8", TASK)
-    rows = {r["phase"]: r for r in rlhf_report.phase_memory(lab, train)}
+    lab = run.build(RC, cfg, actor, rm, "fsdp=8", TASK)
+    rows = {r["phase"]: r for r in report.phase_memory(lab, train)}
     gen, train_row = rows["generation"], rows["training"]
     # generation holds the whole actor on every device (+ prompts and seeds, a few bytes)
     assert gen["arguments"] == pytest.approx(gen["calc_fixed"], rel=MEMORY_RTOL)
@@ -276,4 +275,4 @@ def test_cli_refuses_bad_settings(argv, flag, capsys):
 def test_a_mesh_the_model_does_not_divide_over_is_refused(tiny):
     actor, rm, _, _ = tiny
     with pytest.raises(ValueError, match=r"--mesh tp=8: .*kv_heads=2.* does not divide"):
-        rlhf_run.build(RC, CFG, actor, rm, "tp=8", TASK)
+        run.build(RC, CFG, actor, rm, "tp=8", TASK)

@@ -60,10 +60,10 @@ def add_parser(calc_sub) -> None:
         help="credit RM/N to every token instead of the whole score to the last",
     )
     add_output_flags(p, faithful=True)
-    p.set_defaults(func=guarded(_run))
+    p.set_defaults(func=guarded(run))
 
 
-def _run(args) -> int:
+def run(args) -> int:
     faithful = args.seed_faithful
     if faithful and args.estimator != "k1":
         raise ValueError("--seed-faithful reproduces the seed's k1 estimator: drop --estimator")

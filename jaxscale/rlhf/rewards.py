@@ -1,4 +1,5 @@
-"""KL-shaped rewards, advantages and the adaptive KL coefficient (seed 002 ch13, L11097-11139).
+"""KL-shaped rewards, advantages and the adaptive KL coefficient (seed 002 ch13 "The Reward
+Calculation").
 
 Sign convention (the seed prints it both ways, docs/seed-notes.md): the KL penalty is
 beta x KL >= 0 on average and is SUBTRACTED, R_t = -beta * kl_t (+ the reward model's score at
@@ -39,7 +40,7 @@ def last_index(mask_BN):
 
 def shaped_rewards(score_B, kl_BN, mask_BN, beta, mode: str = "response"):
     """R [B, N] = -beta * kl, plus the score at the last real token ("response": the seed's
-    end-only reward, L11511-11519) or spread evenly over the real tokens ("token")."""
+    end-only reward, rlhf_loop_pseudo.py) or spread evenly over the real tokens ("token")."""
     m = mask_BN.astype(jnp.float32)
     r_BN = -beta * kl_BN * m
     if mode == "response":
@@ -57,7 +58,7 @@ def masked_mean(x, mask, axis=None):
 
 def whiten(adv_BN, mask_BN, how: str = "batch", eps: float = 1e-8):
     """Advantages scaled to mean 0 and (population) std 1 over the batch's real tokens, or each
-    response's own (the seed's choice, L11559-11564), or left alone."""
+    response's own (the seed's choice, rlhf_loop_pseudo.py), or left alone."""
     if how not in WHITEN:
         raise ValueError(f"whitening must be one of {', '.join(WHITEN)}, got {how!r}")
     if how == "none":

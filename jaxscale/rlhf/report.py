@@ -10,7 +10,7 @@ import numpy as np
 from jaxscale.calc import rlhf_memory as rm_calc
 from jaxscale.calc import weight_transfer as wt
 from jaxscale.render import figure
-from jaxscale.rl import rlhf_placement as place
+from jaxscale.rlhf import placement as place
 
 GB = 1e9
 
@@ -28,7 +28,7 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
     """Per device, of each compiled phase (memory_analysis), beside the calculator's rows for
     the same model, batch and sharding: the state it holds ("fixed": weights, Adam) and what
     grows with batch x sequence ("scaling": the KV cache while generating, activations)."""
-    from jaxscale.rl import rlhf_run
+    from jaxscale.rlhf import run
 
     cfg, rc, sh = lab.cfg, lab.rc, lab.sh
     n_params = sum(x.size for x in jax.tree.leaves(lab.ref))
@@ -51,7 +51,7 @@ def phase_memory(lab, prompts: np.ndarray) -> list[dict]:
         }
         for p in rm_calc.TIMELINE_PHASES
     }
-    rows, seeds = rlhf_run.batch_rows(lab, prompts, 0)
+    rows, seeds = run.batch_rows(lab, prompts, 0)
     gen_actor = jax.device_put(lab.tree["actor"], lab.gen_shardings)
     with jax.set_mesh(lab.meshes.gen):
         rows_sh = lab.gen_sharder.named(("batch", None))

@@ -1,8 +1,8 @@
-"""The four RLHF models on the lab's transformer pieces (seed 002 ch13, L11003-11007).
+"""The four RLHF models on the lab's transformer pieces (seed 002 ch13, "The Four Models of RLHF").
 
     actor      the language model (LM head): generates, and is trained
     critic     a value per token: a separate transformer with a scalar head ("separate"), or a
-               scalar head on the actor's own backbone ("shared"; seed Q&A L11176-11204)
+               scalar head on the actor's own backbone ("shared"; the seed's "Common Questions")
     reward     a transformer with a scalar head read at the last valid token, trained from
                pairwise comparisons (Bradley-Terry) and frozen during RLHF
     reference  the initial actor's parameters, frozen: no optimizer state, no gradient
@@ -26,10 +26,7 @@ CRITICS = ("separate", "shared")
 
 def hidden(params, tokens_BT, cfg: ModelConfig, pc: pieces.Pieces = pieces.DENSE):
     """The final-normed residual stream [B, T, D] (what the LM head and a scalar head read)."""
-    top, layers = pieces.split_params(params)
-    top = pc.top_hook(top)
-    x_BTD = pc.embed(top, tokens_BT, cfg, pc)
-    x_BTD, _ = pieces.run_layers(x_BTD, layers, jnp.arange(tokens_BT.shape[1]), cfg, pc)
+    top, x_BTD, _, _ = pieces.trunk(params, tokens_BT, jnp.arange(tokens_BT.shape[1]), cfg, pc)
     return pieces.rms_norm(x_BTD, top["final_norm_D"], cfg.norm_eps)
 
 

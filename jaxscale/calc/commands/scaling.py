@@ -13,7 +13,7 @@ from jaxscale.cliutil import (
 )
 from jaxscale.render import Col, Report, figure
 
-FAITHFUL_WHAT = "the seed's n_layers // n_gpus split, which drops remainder layers (004 L537)"
+FAITHFUL_WHAT = "the seed's n_layers // n_gpus split, which drops remainder layers (seed 004 §5)"
 
 
 def add_parser(calc_sub) -> None:
@@ -143,7 +143,7 @@ def run(args) -> int:
     r.table("weak", [GPUS, batch, TIME, EFFICIENCY], weak)
     r.say(
         "",
-        f"ResNet-50 example (shared/seeds/004 L388-401), {sc.SEED_RESNET_SINGLE_GPU_S} s on 1 GPU",
+        f"ResNet-50 example (seed 004 §4), {sc.SEED_RESNET_SINGLE_GPU_S} s on 1 GPU",
     )
     r.table("resnet", [GPUS, TIME, EFFICIENCY], resnet)
     r.say("", "Amdahl: communication does not parallelise; max speedup = 1 / (comm + compute / N)")
@@ -183,9 +183,7 @@ def run(args) -> int:
     if untimed := args.layers - sum(mp.layers_per_gpu):
         r.say(f"  ({untimed} layer(s) never timed by the seed's split; utilisation overstated)")
     if (args.layers, args.mp_gpus, args.layer_ms, args.transfer_ms) == (12, 3, 10.0, 5.0):
-        r.say(
-            "  (the seed's comment, L567-570, says 50 ms / 100 ms / 40%; its code prints the above)"
-        )
+        r.say("  (the seed's comment says 50 ms / 100 ms / 40%; its code prints the above)")
     r.put(
         naive_model_parallel={
             "layers_per_gpu": list(mp.layers_per_gpu),

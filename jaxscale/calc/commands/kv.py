@@ -1,14 +1,13 @@
-"""`jaxscale calc kv` and `jaxscale calc prefix`: KV cache size, capacity, paging, prefix sharing.
+"""`jaxscale calc kv`: KV cache per token and request, capacity with and without paging,
+fragmentation.
 
-Ports of shared/seeds/002_*.txt ch9 `kv_cache_calculator.py` (L7104-7418) and
-`prefix_sharing_demo.py` (L7483-7782). Nothing here imports jax.
+Port of seed 002 ch9 `kv_cache_calculator.py`. Nothing here imports jax.
 """
 
 from dataclasses import replace
 
 from jaxscale.calc import kv
-from jaxscale.calc import prefix as px
-from jaxscale.calc.cli_serving_common import GPUS, record
+from jaxscale.calc.commands.common import GPUS, record
 from jaxscale.cliutil import (
     add_command,
     add_output_flags,
@@ -23,11 +22,11 @@ from jaxscale.hardware import get_device
 from jaxscale.render import Col, Report, fmt_bytes, grid
 
 KV_FAITHFUL = "the seed's single-GPU capacity, where its default 70B does not fit (defect 8)"
-PAGING = "paging: 50% of the memory usable without it, 95% with it (shared/seeds/002 L7206-7208)"
+PAGING = "paging: 50% of the memory usable without it, 95% with it (seed 002 ch9)"
 
 
 def _kib(num_bytes: float) -> str:
-    """1024-based, honestly named ("512.00 KiB"); the seed prints "KB" (L7149)."""
+    """1024-based, honestly named ("512.00 KiB"); the seed prints "KB"."""
     return fmt_bytes(num_bytes, binary=True, digits=2)
 
 
@@ -61,7 +60,7 @@ FRAGMENTATION_COLS = [
 ]
 
 
-def add_parsers(calc_sub) -> None:
+def add_parser(calc_sub) -> None:
     p = add_command(
         calc_sub,
         "kv",
@@ -111,42 +110,7 @@ def add_parsers(calc_sub) -> None:
     )
     p.add_argument("--dtype-bytes", type=positive_int, default=2, help="bytes per KV value")
     add_output_flags(p, faithful=True)
-    p.set_defaults(func=guarded(_run_kv))
-
-    p = add_command(
-        calc_sub,
-        "prefix",
-        help="prefix sharing (RadixCache): trie demo, system-prompt and few-shot savings",
-        description="The seed's prefix-sharing demo: savings = 1 - (S + n*U) / (n*(S + U)).",
-        example="jaxscale calc prefix --num-requests 100 --system-prompt-len 500",
-    )
-    p.add_argument(
-        "--num-requests",
-        "-n",
-        type=positive_int,
-        default=100,
-        help="requests sharing the prefix (n)",
-    )
-    p.add_argument(
-        "--system-prompt-len",
-        type=positive_int,
-        default=500,
-        help="tokens of the shared system prompt (S)",
-    )
-    p.add_argument(
-        "--user-prompt-len",
-        type=positive_int,
-        default=100,
-        help="tokens of each request's own prompt (U)",
-    )
-    p.add_argument(
-        "--model",
-        default="llama-70b",
-        choices=list(kv.MODELS),
-        help="whose KV bytes per token (llama-70b: 327,680 B, as the seed)",
-    )
-    add_output_flags(p)
-    p.set_defaults(func=guarded(_run_prefix))
+    p.set_defaults(func=guarded(run))
 
 
 def _capacity_cells(c: dict) -> list:
@@ -164,7 +128,7 @@ def _capacity_cells(c: dict) -> list:
     ]
 
 
-def _run_kv(args) -> int:
+def run(args) -> int:
     sf, gpu = args.seed_faithful, get_device(args.gpu)
     if sf and args.gpus:
         raise ValueError("--seed-faithful reproduces the seed's single-GPU capacity; drop --gpus")
@@ -197,7 +161,7 @@ def _run_kv(args) -> int:
     where = gpu.name if gpus == 1 else f"{gpus} x {gpu.name} (tensor parallel)"
 
     r = Report("kv").say(
-        "KV cache calculator (shared/seeds/002 ch9); sizes in binary units (the "
+        "KV cache calculator (seed 002 ch9); sizes in binary units (the "
         "seed prints KiB as 'KB', GiB as 'GB')"
     )
     r.mode(sf, KV_FAITHFUL).say("")
@@ -227,63 +191,5 @@ def _run_kv(args) -> int:
         }
     )
     r.table("fragmentation", FRAGMENTATION_COLS, fragmentation)
-    r.emit(args)
-    return 0
-
-
-def _savings(s: px.PrefixSavings, num_requests: int) -> dict:
-    props = ("bytes_without_sharing", "bytes_with_sharing", "saved_bytes", "saved_fraction")
-    return record(s, *props, "shared_bytes", "unique_bytes", num_requests=num_requests)
-
-
-def _savings_table(s: dict) -> str:
-    return grid(
-        ["", "Memory"],
-        [
-            ["Without sharing", f"{s['bytes_without_sharing'] / 1e9:.2f} GB"],
-            ["With sharing", f"{s['bytes_with_sharing'] / 1e9:.2f} GB"],
-            ["Saved", f"{s['saved_bytes'] / 1e9:.2f} GB ({s['saved_fraction'] * 100:.1f}%)"],
-            ["Shared prefix (cached once)", f"{s['shared_bytes'] / 1e6:.2f} MB"],
-            ["Own tokens (all requests)", f"{s['unique_bytes'] / 1e9:.2f} GB"],
-        ],
-    )
-
-
-def _run_prefix(args) -> int:
-    n, demo = args.num_requests, px.radix_demo()
-    per_token = kv.model_kv_bytes_per_token(kv.get_model(args.model))
-    system = _savings(
-        px.shared_prefix_savings(n, args.system_prompt_len, args.user_prompt_len, per_token), n
-    )
-    few_shot_len = px.FEW_SHOT_EXAMPLES * px.FEW_SHOT_EXAMPLE_LEN
-    few = _savings(px.shared_prefix_savings(n, few_shot_len, px.FEW_SHOT_QUERY_LEN, per_token), n)
-    lengths = zip(px.SEED_REQUESTS, demo.tokens_per_request, strict=True)
-    requests = [[f"{i + 1}. {text}", tokens] for i, (text, tokens) in enumerate(lengths)]
-    r = Report(
-        "prefix",
-        radix_demo=record(demo, "total_tokens", "savings"),
-        kv_bytes_per_token=per_token,
-        system_prompt=system,
-        few_shot=few,
-    )
-    r.say(
-        "Prefix sharing (shared/seeds/002 ch9 prefix_sharing_demo.py); words get ids in "
-        "first-seen order (the seed's salted hash() ids change per run)",
-        "",
-        grid(["Request", "Tokens"], requests),
-        f"KV entries without sharing {demo.total_tokens}, with a token trie "
-        f"{demo.unique_kv_entries}; {demo.shared_accesses} tokens reuse a cached prefix; "
-        f"saved {demo.savings * 100:.1f}%",
-        "",
-        *demo.tree,
-        "",
-        f"System prompt: {n} requests x ({args.system_prompt_len} shared + "
-        f"{args.user_prompt_len} own) tokens, {per_token:,} B/token",
-        _savings_table(system),
-        "",
-        f"Few-shot: {n} requests x ({px.FEW_SHOT_EXAMPLES} x {px.FEW_SHOT_EXAMPLE_LEN} shared + "
-        f"{px.FEW_SHOT_QUERY_LEN} query) tokens",
-        _savings_table(few),
-    )
     r.emit(args)
     return 0

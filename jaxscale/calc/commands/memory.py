@@ -1,15 +1,15 @@
 """`jaxscale calc memory`: training memory per GPU under ZeRO 0-3 and TP/PP/DP.
 
-Scenarios reproduce the seeds' tables: seed000 (shared/seeds/000_*.txt L84-211, the default),
-seed001 (shared/seeds/001_*.txt L622-645, LLaMA-2-70B configurations) and s4
-(shared/seeds/004_*.txt L1610-1636, GPT-3 on one GPU with and without checkpointing).
+Scenarios reproduce the seeds' tables: seed000 (seed 000 Exercise 1, the default), seed001 (seed 001
+§6, LLaMA-2-70B configurations) and s4 (seed 004 §12 "Memory Requirements", GPT-3 on one GPU with
+and without checkpointing).
 """
 
 import math
 from dataclasses import asdict
 
 from jaxscale.calc import memory as mem
-from jaxscale.calc.models import MODELS, get_model
+from jaxscale.calc.models import SHAPE_PRESETS, get_model
 from jaxscale.cliutil import (
     add_command,
     add_output_flags,
@@ -24,7 +24,7 @@ from jaxscale.render import Col, Report, figure, fmt_bytes, fmt_count, grid
 
 SEED000_MODELS = ("gpt2-124m", "llama-7b", "llama-70b")
 STAGE_LABELS = ("No ZeRO (DP)", "Stage 1", "Stage 2", "Stage 3")
-# shared/seeds/001_*.txt L625-632: (name, tp, pp, dp, zero stage, gradient checkpointing).
+# Seed 001 §6's example configurations: (name, tp, pp, dp, zero stage, gradient checkpointing).
 SEED001_CONFIGS = (
     ("Baseline (no parallelism)", 1, 1, 1, 0, False),
     ("TP=8", 8, 1, 1, 0, False),
@@ -34,12 +34,12 @@ SEED001_CONFIGS = (
     ("TP=8 + ZeRO-3", 8, 1, 8, 3, False),
 )
 SEED001_PARAMS = 70e9
-# shared/seeds/004_*.txt L1612-1621: GPT-3 175B, one sequence of 2048, Adam, mixed precision.
+# Seed 004 §12's example: GPT-3 175B, one sequence of 2048, Adam, mixed precision.
 S4_GPT3 = {"batch_size": 1, "seq_len": 2048, "hidden_size": 12288, "n_layers": 96}
 PARTS = ("weights", "gradients", "optimizer", "activations", "total")  # the seeds' tables
 SEED001_HEADS = ("Params", "Grads", "Optimizer", "Activations", "Total")
 S4_HEADS = ("Parameters", "Gradients", "Optimizer", "Activations", "Total")
-FAITHFUL_WHAT = "the ZeRO-2 row of shared/seeds/002 L3297, which leaves gradients out (210 GB)"
+FAITHFUL_WHAT = "the ZeRO-2 row of seed 002 ch5, which leaves gradients out (210 GB)"
 
 
 def add_parser(calc_sub) -> None:
@@ -52,7 +52,9 @@ def add_parser(calc_sub) -> None:
         example="jaxscale calc memory --params 70B --gpus 64 --tp 8 --pp 2 --plot memory.png",
     )
     p.add_argument(
-        "--model", type=comma_list(get_model), help=f"presets, comma-separated: {', '.join(MODELS)}"
+        "--model",
+        type=comma_list(get_model),
+        help=f"presets, comma-separated: {', '.join(SHAPE_PRESETS)}",
     )
     p.add_argument("--params", type=parse_count, help="parameter count instead, e.g. 70B")
     p.add_argument(
@@ -199,7 +201,7 @@ def _zero_tables(args) -> int:
         r.say("")
     r.put(per_gpu=per_gpu)
     if args.seed_faithful:
-        r.say("Stage 2 leaves the sharded gradients out, as shared/seeds/002 L3297 does.")
+        r.say("Stage 2 leaves the sharded gradients out, as seed 002 ch5 does.")
     if args.plot:
         _plot(args.plot, per_gpu[-1], args.gpus, args.gpu_mem)
         r.say(f"plot written to {args.plot}")
@@ -222,7 +224,7 @@ def _seed001(args) -> int:
         )
     r = Report("memory", scenario="seed001")
     r.say(
-        "Memory per GPU for a 70B model (shared/seeds/001 L622-645; activations = 10x params,",
+        "Memory per GPU for a 70B model (seed 001 §6; activations = 10x params,",
         "3x with gradient checkpointing, in bf16)",
         "",
     )
@@ -247,8 +249,7 @@ def _s4(args) -> int:
     rows.append([f"{args.gpu_mem:g} GB GPU", *fits])
     r = Report("memory", scenario="s4")
     r.say(
-        "GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision "
-        "(shared/seeds/004 L1610-1636)",
+        "GPT-3 175B on one GPU, batch 1 x 2048, Adam, mixed precision (seed 004 §12)",
         "",
         grid(["Component", "No checkpointing", "Checkpointing (sqrt L)"], rows),
     )

@@ -2,7 +2,7 @@
 
 State is a plain dict {"step", "params", "opt_state"}; batches are int32 [B, T+1] token windows.
 The same functions, called with `sharder=None` on one device, are the single-device reference
-that every strategy is checked against.
+that every strategy is checked against. The optimizer is parallel/optim.py's.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from functools import cache
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec as P
 
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
+from jaxscale.parallel.optim import clip_by_global_norm, lr_schedule, make_optimizer, opt_layout
 from jaxscale.sharding import Sharder
 
 
@@ -52,44 +52,6 @@ def loss_and_grads(params, batch_BT1, cfg, sharder=None, grad_accum: int = 1):
     return loss_sum / grad_accum, jax.tree.map(lambda g: g / grad_accum, grad_sum)
 
 
-def lr_schedule(tcfg: TrainConfig):
-    """Linear warmup to `lr`, then cosine decay to lr * min_lr_ratio at the last step."""
-    decay_steps = max(tcfg.steps - tcfg.warmup_steps, 1)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=tcfg.lr,
-        warmup_steps=tcfg.warmup_steps,
-        decay_steps=tcfg.warmup_steps + decay_steps,
-        end_value=tcfg.lr * tcfg.min_lr_ratio,
-    )
-
-
-def make_optimizer(tcfg: TrainConfig, cfg: ModelConfig):
-    """AdamW without weight decay on norm scales, or plain SGD. Clipping is not in here: every
-    strategy clips with `clip_by_global_norm` after computing the norm its own way (the manual
-    ones across shards), so auto and manual states have the same structure and a checkpoint of
-    one restores into the other."""
-    if tcfg.optimizer == "sgd":
-        return optax.sgd(lr_schedule(tcfg))
-    logical = model_state.logical_axes(cfg)
-    decay_mask = jax.tree.map(
-        lambda names: "norm" not in names, logical, is_leaf=lambda x: isinstance(x, tuple)
-    )
-    return optax.adamw(
-        lr_schedule(tcfg), b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask
-    )
-
-
-def clip_by_global_norm(grads, g_norm, max_norm: float):
-    """optax.clip_by_global_norm's formula, with the (pre-clip) global norm supplied."""
-    if max_norm <= 0:
-        return grads
-    trigger = g_norm < max_norm
-    return jax.tree.map(
-        lambda t: jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm), grads
-    )
-
-
 def init_state(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder | None = None):
     """Fresh training state, initialised directly in its sharded layout."""
     tx = make_optimizer(tcfg, cfg)
@@ -111,21 +73,6 @@ def state_shardings(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder):
     replicated = sharder.named(())
     opt_sh = opt_layout(make_optimizer(tcfg, cfg), cfg, param_sh, replicated)
     return {"step": replicated, "params": param_sh, "opt_state": opt_sh}
-
-
-def opt_layout(tx, cfg: ModelConfig, param_layout, scalar_layout):
-    """The optimizer state's layout (shardings or PartitionSpecs): every moment takes its
-    parameter's, counters take `scalar_layout`. Set structurally: left to the compiler, an init
-    that only calls zeros_like may come out replicated (8x the bytes under ZeRO-3)."""
-    abstract = jax.eval_shape(tx.init, model_state.abstract_params(cfg))
-    return optax.tree_map_params(
-        tx,
-        lambda _, layout: layout,
-        abstract,
-        param_layout,
-        transform_non_params=lambda _: scalar_layout,
-        is_leaf=lambda x: isinstance(x, P),
-    )
 
 
 def batch_sharding(sharder: Sharder):
@@ -171,24 +118,3 @@ def jit_train_step(
         out_shardings=(state_sh, metrics_sh),
         donate_argnums=0,
     )
-
-
-def greedy_sample(cfg: ModelConfig, params, prompt_ids, n_new: int):
-    """Greedy continuation of `prompt_ids` (no KV cache: the tiny model recomputes the prefix).
-
-    One fixed-shape buffer and a fori_loop, so it compiles once whatever the prompt."""
-    total = min(len(prompt_ids) + n_new, cfg.max_seq)
-    start = len(prompt_ids)
-    if start == 0 or start >= total:
-        raise ValueError(f"prompt of {start} tokens leaves no room below max_seq={cfg.max_seq}")
-    buf_1T = jnp.zeros((1, total), jnp.int32).at[0, :start].set(jnp.asarray(prompt_ids))
-
-    @jax.jit
-    def run(params, buf_1T):
-        def body(i, buf_1T):
-            logits_1TV = pieces.logits(params, buf_1T, cfg)
-            return buf_1T.at[0, i].set(jnp.argmax(logits_1TV[0, i - 1]).astype(jnp.int32))
-
-        return jax.lax.fori_loop(start, total, body, buf_1T)
-
-    return [int(t) for t in run(params, buf_1T)[0, start:]]
