@@ -7,8 +7,8 @@ Column/row-parallel checks (with seed 004's rank-0-only bias beside the fix), th
 the dense MLP with the same weights (the seed's check crashes: defect 2 in docs/seed-notes.md), the
 communication analysis (4,096 elements; 16.0 KB; ring 24.0 KB per GPU; 96.0 KB total) beside the
 compiled all-reduce, an indicative timing, 8H^2 scaling, and the collectives per layer of the
-compiled tensor-parallel block in each mode. tests/test_tp.py checks the whole model against one
-device.
+compiled tensor-parallel block in each mode. tests/parallel/test_tp.py checks the whole model
+against one device.
 No --seed-faithful: the chapter prints no wrong number (its wrong check crashes instead).
 """
 

@@ -75,7 +75,8 @@ def _case(text: str, mesh: str, bench: bool = False, **variant) -> Case:
 
 
 # the MoE cases' model: 8 experts, top-2; capacity factor 2 gives C = 16 slots of a 32-token
-# sequence's 64 assignments: nothing drops at the start (tests/test_moe.py checks the first batch)
+# sequence's 64 assignments: nothing drops at the start (tests/model/test_moe.py checks the
+# first batch)
 MOE = (("n_experts", 8), ("top_k", 2), ("capacity_factor", 2.0))
 _SHORT_MODEL = {
     "n_experts": lambda v: f" E={v}",

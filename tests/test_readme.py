@@ -2,7 +2,7 @@
 order, in one fresh working directory (so a resume finds the run before it), with small step
 counts. Commands that would spend minutes compiling many strategies (`bench`, `verify`) run with
 `--dry-run`, which checks every argument, and so does the training inside `launch` (the
-processes still start and join; tests/test_multiprocess_train.py trains through them).
+processes still start and join; tests/train/test_multiprocess.py trains through them).
 """
 
 import re

@@ -32,7 +32,7 @@ for _c in verify.CASES:
     FIRST_MESH.setdefault(_c.label, _id(_c))
 
 # MoE cases (15-25 s each) are slow; the fast suite checks the MoE forward sharded
-# (tests/test_moe.py: routing terms and the expert-parallel layer against the reference)
+# (tests/model/test_moe.py: routing terms and the expert-parallel layer against the reference)
 MOE_FAST: set[str] = set()
 MOE_VARIANTS = ("dropless", "cf=0.5", "every=", "accum=", "bfloat16")
 
@@ -102,8 +102,8 @@ def test_gradient_check_catches_the_extra_pmean():
     result = verify.check(case, verify.reference_for(case, REFS))
     assert result.loss_ok and result.grads_ok is False and not result.passed
     assert result.grad_ratio > 1.0
-    # the correct forms pass: "explicit" is the matrix's manual:dp case, and tests/test_manual.py
-    # checks both correct forms and the bug's exact factor N directly
+    # the correct forms pass: "explicit" is the matrix's manual:dp case, and
+    # tests/parallel/test_manual.py checks both correct forms and the bug's exact factor N directly
 
 
 def test_loss_check_catches_a_summed_instead_of_averaged_loss(monkeypatch):

@@ -1,5 +1,5 @@
 """Seed 002 ch. 7's mixture-of-experts demos on the real model: what the aux loss does to the
-experts' load while training (experiments/08_experts.py, tests/test_moe_training.py).
+experts' load while training (experiments/08_experts.py, tests/parallel/test_moe_training.py).
 
 `load_balance` trains the same MoE model twice on the same batches, with Switch's balance loss
 and without it, under expert parallelism, and records every step's per-expert load (each

@@ -10,7 +10,7 @@ convention used for MFU), the MLP (3 matrices for SwiGLU, 2 for GELU) and the un
 Not included: the embedding lookup (a gather, no FLOPs), norms, RoPE, softmax, activations and
 residual adds -- elementwise work that is O(B*T*D) per layer against the matmuls' O(B*T*D^2);
 the compiler counts these too, so the two agree within a few percent only when D and F are
-large enough that elementwise work is small (see tests/test_model.py for the config used).
+large enough that elementwise work is small (see tests/model/test_model.py for the config used).
 Backward is 2x forward (two matmuls per forward matmul), so one training step is 3x forward.
 An MoE layer's experts run on their capacity buffer (E * C slots per sequence, empty slots
 included, jaxscale/model/moe.py): that is what the compiler counts; model FLOPs (MFU) count

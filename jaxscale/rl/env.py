@@ -3,7 +3,7 @@
 Two physics. `CARTPOLE` is gymnasium's CartPole-v1 (Euler integration, the classic Barto, Sutton &
 Anderson 1983 equations; reward 1 on every step including the terminal one; terminated when |x| >
 2.4 or |theta| > 12 degrees; truncated, not terminated, at 500 steps, so a learner can bootstrap
-there). tests/test_rl_env.py checks it against gymnasium transition by transition.
+there). tests/rl/test_env.py checks it against gymnasium transition by transition.
 
 `SEED_CARTPOLE` is seed 002's `SimulatedCartPole` (ch12 ppo_cartpole.py), kept for
 `--seed-faithful`: not CartPole physics (theta_dot is pushed by 0.05·F·sign(theta) whatever the cart

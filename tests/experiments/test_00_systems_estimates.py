@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "00_systems_estimates.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "00_systems_estimates.py"
 
 
 def test_experiment_00_systems_estimates(tmp_path):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "00_training_and_serving_at_scale.py"
 PLOTS = ("00_ex1_zero_70b.png", "00_ex2_speculative.png", "00_ex3_batching.png")
 

@@ -14,7 +14,7 @@ import pytest
 from jaxscale.config import ModelConfig
 from jaxscale.model import state as ms
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CFG = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq=32)
 
 

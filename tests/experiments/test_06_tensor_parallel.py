@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "06_tensor_parallel.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "06_tensor_parallel.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import pytest
 from jaxscale.config import ModelConfig
 from jaxscale.rlhf.task import TaskConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "13_rlhf_flow.py"
 STAGES = (
     "(1) generate",

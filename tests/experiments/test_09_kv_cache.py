@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "09_kv_cache.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "09_kv_cache.py"
 
 
 def _run(*args: str) -> str:

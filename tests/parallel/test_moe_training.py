@@ -21,7 +21,7 @@ from jaxscale.parallel.compose import Strategy
 from jaxscale.tolerances import COMM_RTOL, TRAJ_ATOL
 from jaxscale.train.loop import RunSetup, train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CFG = ModelConfig(n_experts=8, top_k=2)
 
 

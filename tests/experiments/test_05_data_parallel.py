@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "05_data_parallel.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "05_data_parallel.py"
 
 
 @pytest.mark.slow

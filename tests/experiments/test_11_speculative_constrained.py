@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "11_speculative_constrained.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "11_speculative_constrained.py"
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "10_scheduling.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "10_scheduling.py"
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 pytestmark = [pytest.mark.slow, pytest.mark.first_line]  # each compiles the model in a subprocess
 
 
