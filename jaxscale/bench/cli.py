@@ -95,10 +95,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--sweep",
         type=comma_list(positive_int),
-        default=[8, 32],
+        default=[4, 8, 16, 32],
         help="pipeline suite: microbatch counts M at which every schedule is "
         "compiled for its compile time, tick programs and temporaries (default "
-        "8,32)",
+        "4,8,16,32; make bench runs 8,32)",
     )
     p.add_argument(
         "--devices",

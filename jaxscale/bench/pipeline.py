@@ -30,7 +30,7 @@ from jaxscale.sim import timeline
 
 MESH, STAGES, DATA = "pp=2,dp=4", 2, 4  # the pipeline suite's mesh: two stages, four replicas
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
-SWEEP = (8, 32)  # M at which every schedule is compiled (the CLI default)
+SWEEP = (4, 8, 16, 32)  # M at which every schedule is compiled (the CLI default)
 CHECKED_M = 8  # each schedule's row at this M also runs 10 steps against the reference
 MICRO_ROWS = 4  # rows of one microbatch per data shard, whatever M (the batch grows with M)
 CFG = verify.CFG  # with one layer per virtual stage (`point`)

@@ -225,4 +225,4 @@ def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, caps
     assert m8["1f1b"]["compiled_ticks"] == pp.make_plan(2, 8, "1f1b").compiled_ticks()
     assert m8["1f1b"]["compile_cpu_s"] > 0
     assert cli_main(["bench", "pipeline", "--dry-run"]) == 0
-    assert "M=1,8,32" in capsys.readouterr().out  # the default sweep
+    assert "M=1,4,8,16,32" in capsys.readouterr().out  # the default sweep
