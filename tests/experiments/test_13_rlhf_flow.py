@@ -84,9 +84,8 @@ def test_experiment_13_one_step_stage_by_stage(tmp_path):
     )
     batch_means = _floats(re.search(r"whitened per batch .*: row means \[([^\]]*)\]", out)[1])
     assert max(batch_means) - min(batch_means) > 1e-2  # per batch keeps the differences
-    assert (
-        float(re.search(r"phases\.score, whiten=response\): max \|difference\| (\S+)", out)[1]) < 1e-5
-    )
+    score_diff = re.search(r"phases\.score, whiten=response\): max \|difference\| (\S+)", out)
+    assert float(score_diff[1]) < 1e-5
     mse, half = re.search(r"returns\)\^2\) (\S+), the right target .* = (\S+)\)", out).groups()
     assert abs(0.5 * float(mse) - float(half)) < 1e-3 * max(1.0, float(half))
     # (8) after the update the actor has left the reference: the ratio is no longer 1
