@@ -27,9 +27,10 @@ from jaxscale.analysis.compiled import compile_with_report  # noqa: E402
 from jaxscale.bench import predict  # noqa: E402
 from jaxscale.calc.memory import zero_stage_memories  # noqa: E402
 from jaxscale.config import ModelConfig, TrainConfig  # noqa: E402
+from jaxscale.lessons import data_parallel as dp  # noqa: E402
 from jaxscale.mesh import build_mesh  # noqa: E402
 from jaxscale.model import pieces  # noqa: E402
-from jaxscale.parallel import common, dp  # noqa: E402
+from jaxscale.parallel import common  # noqa: E402
 from jaxscale.parallel.compose import Strategy, build, step_shape  # noqa: E402
 
 MiB = 1 << 20

@@ -15,7 +15,7 @@ Only the axes a spec names appear in the mesh: "dp=8" is a 1-D mesh with axis "d
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MESH_AXES = ("data", "pipe", "fsdp", "expert", "tensor")
 ALIASES = {
@@ -41,6 +41,14 @@ class MeshSpec:
     """Axis sizes in canonical order. A size of -1 means "fill the remaining devices"."""
 
     axes: tuple[tuple[str, int], ...]
+    written: str = field(default="", compare=False, repr=False)  # as given, for display
+
+    def __str__(self) -> str:
+        """As the user wrote it ("pp=2,dp=4"), else in canonical order with short names."""
+        return self.written or ",".join(f"{_SHORT[name]}={size}" for name, size in self.axes)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -78,9 +86,6 @@ class MeshSpec:
                 f"{_suggest(self, n_devices)}"
             )
         return self
-
-    def __str__(self) -> str:
-        return ",".join(f"{_SHORT[name]}={size}" for name, size in self.axes)
 
 
 def _suggest(spec: MeshSpec, n_devices: int) -> str:
@@ -126,7 +131,8 @@ def parse_mesh(text: str) -> MeshSpec:
         sizes[name] = size
     if list(sizes.values()).count(-1) > 1:
         raise MeshSpecError(f"at most one axis may be -1 (fill), got {text!r}")
-    return MeshSpec(tuple((name, sizes[name]) for name in MESH_AXES if name in sizes))
+    axes = tuple((name, sizes[name]) for name in MESH_AXES if name in sizes)
+    return MeshSpec(axes, ",".join(p.strip() for p in text.split(",")))
 
 
 def build_mesh(spec: MeshSpec | str, devices=None):

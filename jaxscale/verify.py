@@ -50,7 +50,7 @@ class Case:
 
     @property
     def mesh(self) -> str:
-        return self.strategy.mesh
+        return str(self.strategy.mesh)
 
     @property
     def label(self) -> str:
@@ -459,7 +459,7 @@ def as_json(results: list[Result]) -> list[dict]:
                 "label": r.label,
                 "path": s.path,
                 "strategy": s.label().split(":")[1],
-                "mesh": s.mesh,
+                "mesh": str(s.mesh),
                 "stage": s.zero,
                 "tp_mode": s.tensor,
                 "schedule": s.schedule,

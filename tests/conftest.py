@@ -40,6 +40,9 @@ jax.config.update("jax_disable_most_optimizations", True)
 import json  # noqa: E402
 from collections import Counter  # noqa: E402
 
+import pytest  # noqa: E402
+from planted import plant_extra_pmean  # noqa: E402
+
 _STATS: Counter = Counter()
 _STATS_DIR = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "..", "suite-stats")
 
@@ -89,3 +92,9 @@ def pytest_terminal_summary(terminalreporter):
             f"cache: {hits} hits of {requests} requests ({hits / requests:.0%}), "
             f"{total['compile_time_saved_sec_s']:.0f} s of compiling saved"
         )
+
+
+@pytest.fixture
+def extra_pmean(monkeypatch):
+    """Manual DP with the classic extra-pmean bug planted (its gradients N x the mean)."""
+    plant_extra_pmean(monkeypatch)

@@ -90,20 +90,16 @@ def test_a_strategys_own_init_is_the_references_initial_state(text, mesh):
     assert wq.sharding.is_equivalent_to(built.state_shardings["params"]["blocks"]["wq_DHK"], 4)
 
 
-def _manual_dp(**kw) -> verify.Case:
-    return verify.Case(Strategy("dp=8", "manual", **kw))
-
-
 @pytest.mark.smoke
-def test_gradient_check_catches_the_extra_pmean():
+def test_gradient_check_catches_the_extra_pmean(extra_pmean):
     """check_vma: grads of replicated params are already summed; pmean-ing them again (pmap
     habit) leaves them 8x the mean. The loss is right; the gradients are not."""
-    case = _manual_dp(dp_form="extra_pmean")
+    case = verify.Case(Strategy.parse("manual:dp", "dp=8"))
     result = verify.check(case, verify.reference_for(case, REFS))
     assert result.loss_ok and result.grads_ok is False and not result.passed
     assert result.grad_ratio > 1.0
     # the correct forms pass: "explicit" is the matrix's manual:dp case, and
-    # tests/parallel/test_manual.py checks both correct forms and the bug's exact factor N directly
+    # tests/lessons/test_data_parallel.py checks both correct forms and the bug's exact factor N
 
 
 def test_loss_check_catches_a_summed_instead_of_averaged_loss(monkeypatch):

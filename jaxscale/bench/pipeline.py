@@ -18,12 +18,11 @@ import time
 from dataclasses import dataclass
 
 import jax
-import numpy as np
 
 from jaxscale import verify
 from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.config import ModelConfig, TrainConfig
-from jaxscale.parallel import pp
+from jaxscale.parallel import compose, pp
 from jaxscale.parallel.compose import Strategy, build
 from jaxscale.sim import pipeline as sim
 from jaxscale.sim import timeline
@@ -69,13 +68,9 @@ class PipeRow:
         return self.permute_bytes == self.permute_predicted
 
 
-def activation_shape(cfg: ModelConfig, tcfg: TrainConfig, built) -> tuple[tuple, float]:
-    """One microbatch's stage output on one device, [B_m, T, D] in compute dtype (T/t under
-    sequence parallelism), and its bytes."""
-    rows = tcfg.global_batch // built.data_ways // built.strategy.microbatches
-    seq = tcfg.seq_len // (built.tensor_ways if built.strategy.tensor == "sequence" else 1)
-    shape = (rows, seq, cfg.d_model)
-    return shape, float(np.prod(shape)) * np.dtype(cfg.compute_dtype).itemsize
+def step_shape(cfg: ModelConfig, tcfg: TrainConfig, built):
+    """The step's shapes on one data shard (what the pipe axis's prediction reads)."""
+    return compose.step_shape(cfg, tcfg.global_batch // built.data_ways, tcfg.seq_len)
 
 
 def pipe_row(
@@ -109,7 +104,8 @@ def pipe_row(
 def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
     """A pipelined strategy's compiled step against its plan and formulas."""
     plan, strategy = built.plan, built.strategy
-    act_shape, act_bytes = activation_shape(cfg, tcfg, built)
+    shape = step_shape(cfg, tcfg, built)
+    act_shape = pp.activation(shape, built.comp)  # one transfer: [B_m, T, D] (T/t under SP)
     # the schedule's transfers carry [B_m, T, D]; any other collective-permute is GSPMD moving
     # the interleaved schedule's stage parameters between the stored and the circular layout
     permutes = [
@@ -126,7 +122,7 @@ def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
     occ = plan.occupancy()
     return PipeRow(
         built.label,
-        strategy.mesh,
+        str(strategy.mesh),
         strategy.schedule,
         plan.config.stages,
         strategy.microbatches,
@@ -138,7 +134,7 @@ def measure(built, report, cfg: ModelConfig, tcfg: TrainConfig) -> PipeRow:
         sum(c.trips for c in permutes),  # executed: a scanned tick's permutes once per trip
         # per pipeline: the pipeline's replicas over the data and tensor axes send the same
         plan.config.stages / n * sum(c.bytes_per_device * c.num_groups * c.trips for c in permutes),
-        pp.predict_comm(plan, act_bytes)["collective-permute"],
+        pp.predict_comm(shape, built.comp)["collective-permute"],
         plan.stash_slots,
         report.memory.temp,
         report.compile_s,

@@ -15,7 +15,6 @@ import jax
 from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.bench import predict
 from jaxscale.config import ModelConfig, TrainConfig
-from jaxscale.mesh import parse_mesh
 from jaxscale.parallel.compose import Strategy, build
 from jaxscale.render import fmt_mark
 from jaxscale.tolerances import MEMORY_RTOL
@@ -55,7 +54,7 @@ def scaled_strategy(tp: int, pp: int, dp: int, zero_stage: int, n_devices: int) 
 def validate(tp: int, pp: int, dp: int, zero_stage: int) -> tuple[list[str], bool]:
     """Lines of a report, and whether every figure is within its tolerance."""
     strategy, notes = scaled_strategy(tp, pp, dp, zero_stage, jax.device_count())
-    cfg = CFG.replace(n_layers=max(CFG.n_layers, parse_mesh(strategy.mesh).size("pipe")))
+    cfg = CFG.replace(n_layers=max(CFG.n_layers, strategy.mesh.size("pipe")))
     built = build(strategy, cfg, TCFG)
     B, T = TCFG.global_batch, TCFG.seq_len
     with jax.set_mesh(built.mesh):

@@ -209,7 +209,7 @@ def layer_census(cfg: ModelConfig, mesh, mode: str, grads: bool, batch=4, seq=16
     layer_specs = {k: sharder.spec(logical) for k, (_, logical) in layout.items()}
     x_spec = jax.P(None, AXIS, None) if mode == "sequence" else jax.P()
     positions_T = jnp.arange(seq)
-    pc = tensor_parallel.pieces(pieces.DENSE, cfg, mode, AXIS)
+    pc = tensor_parallel.tensor_pieces(pieces.DENSE, cfg, mode, AXIS)
 
     def block(x, p):
         return pieces.block(x, p, positions_T, cfg, pc)[0]

@@ -313,6 +313,12 @@ def logits(params, tokens_BT, cfg: ModelConfig, pc: Pieces = DENSE):
     return pc.head(top, x_BTD, cfg, pc).astype(jnp.float32)
 
 
+def head_loss(top, x_BTD, targets_BT, cfg: ModelConfig, pc: Pieces = DENSE):
+    """What training reads from the trunk's stream: the final norm and unembedding (`pc.head`)
+    and the mean next-token cross-entropy against `targets_BT` (`pc.loss`)."""
+    return pc.loss(pc.head(top, x_BTD, cfg, pc), targets_BT)
+
+
 def loss_terms(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
     """(training loss, its terms) on a [B, T+1] token window (a strategy's local rows).
 
@@ -321,7 +327,7 @@ def loss_terms(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
     Terms: ce; with experts also aux_loss, z_loss, drop_fraction and expert_load [L/n, E]."""
     inputs_BT = batch_BT1[:, :-1]
     top, x_BTD, stats, _ = trunk(params, inputs_BT, jnp.arange(inputs_BT.shape[1]), cfg, pc)
-    ce = pc.loss(pc.head(top, x_BTD, cfg, pc), batch_BT1[:, 1:])
+    ce = head_loss(top, x_BTD, batch_BT1[:, 1:], cfg, pc)
     if not stats:
         return ce, {"ce": ce}
     terms = {

@@ -152,11 +152,48 @@ class StepShape:
     norm_params: int  # Nn: norm scales (replicated by every strategy)
     matrix_leaves: int
     n_layers: int
-    tokens_local: int  # B_local * T: one data shard's rows x sequence
+    rows_local: int  # B_local: one data shard's rows
+    seq_len: int  # T
     d_model: int
     qkv_width: int  # (H + 2G) * K: the fused QKV output (gather_output mode)
     d_ff: int
     shared_matrix_params: float = 0.0  # M's non-expert part (replicated over the expert axis)
+    act_bytes: int = F32  # bytes of one activation value (the compute dtype's)
+
+    @property
+    def tokens_local(self) -> int:  # B_local * T
+        return self.rows_local * self.seq_len
+
+
+@dataclass(frozen=True, eq=False)
+class Composition:
+    """A manual strategy resolved on its mesh: what every axis module reads. Each axis module --
+    zero.py (the data axes), tp.py, ep.py, pp/ -- has the same interface:
+
+        pieces(pc, comp) -> Pieces            what it substitutes in the model (or pc as it is)
+        predict_comm(shape, comp) -> dict     {op: bytes} its collectives cost per step
+
+    and the composer (compose.py) chains the first and sums the second."""
+
+    cfg: ModelConfig
+    ways: dict  # mesh axis -> size, for data, fsdp, tensor, pipe, expert
+    stage: int = 0  # ZeRO stage over the data axes (0: DP)
+    mode: str | None = None  # tensor mode: megatron | sequence | gather_output
+    data_axes: tuple = ()  # the ZeRO group's mesh axes
+    zero_specs: dict | None = None  # the ZeRO layout's PartitionSpecs (ZERO_RULES)
+    plan: object = None  # the pipe axis's schedule (pp.Plan)
+
+    @property
+    def n(self) -> int:  # the ZeRO group: data x fsdp
+        return self.ways["data"] * self.ways["fsdp"]
+
+    @property
+    def t(self) -> int:
+        return self.ways["tensor"]
+
+    @property
+    def ep(self) -> int:
+        return self.ways["expert"]
 
 
 def add_comm(*parts: dict) -> dict:

@@ -30,7 +30,7 @@ import jax
 from jaxscale.config import ModelConfig
 from jaxscale.model import moe
 from jaxscale.model.pieces import Pieces
-from jaxscale.parallel.common import F32, StepShape
+from jaxscale.parallel.common import F32, Composition, StepShape
 
 AXIS = "expert"
 
@@ -54,7 +54,12 @@ def dispatch_experts(buf_EBCD, p, cfg: ModelConfig, *, axis: str = AXIS):
     return jax.lax.all_to_all(out_EGCD, axis, split_axis=1, concat_axis=0, tiled=True)
 
 
-def pieces(pc: Pieces, axis: str = AXIS) -> Pieces:
+def pieces(pc: Pieces, comp: Composition) -> Pieces:
+    """The experts on every device's slots for them (with an expert axis; else `pc`)."""
+    return pc if comp.ep == 1 else expert_pieces(pc)
+
+
+def expert_pieces(pc: Pieces, axis: str = AXIS) -> Pieces:
     return pc.replace(experts=lambda buf, p, cfg: dispatch_experts(buf, p, cfg, axis=axis))
 
 
@@ -72,11 +77,11 @@ def a2a_bytes(cfg: ModelConfig, rows_local: int, seq_len: int, dtype_bytes: int 
     return float(cfg.n_experts * rows_local * cfg.capacity(seq_len) * cfg.d_model * dtype_bytes)
 
 
-def predict_comm(
-    shape: StepShape, cfg: ModelConfig, *, ep: int, rows_local: int, seq_len: int, t: int
-) -> dict:
+def predict_comm(shape: StepShape, comp: Composition) -> dict:
     """{op: bytes per device} over the expert axis for one step: 4 all-to-alls per MoE layer
     (6 with remat), the non-expert gradients' all-reduce (M_shared / t + norms) and the loss."""
+    cfg, ep, t = comp.cfg, comp.ep, comp.t
+    rows_local, seq_len = shape.rows_local, shape.seq_len
     if ep == 1:
         return {}
     per_layer = 6 if cfg.remat else 4

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from jaxscale.config import ModelConfig
 from jaxscale.model.pieces import Pieces, attend
-from jaxscale.parallel.common import F32, StepShape
+from jaxscale.parallel.common import F32, Composition, StepShape
 from jaxscale.parallel.tp_vocab import vocab_parallel_cross_entropy, vocab_parallel_embed
 
 MODES = ("megatron", "sequence", "gather_output")
@@ -94,8 +94,16 @@ def _gathered_act(act_BTF, *, axis):
     return _own_slice(jax.lax.all_gather(act_BTF, axis, axis=2, tiled=True), axis, 2)
 
 
-def pieces(pc: Pieces, cfg: ModelConfig, mode: str = "megatron", axis: str = "tensor") -> Pieces:
-    """The model pieces on local shards of the tensor axis (see the module docstring)."""
+def pieces(pc: Pieces, comp: Composition) -> Pieces:
+    """The model pieces on local shards of the tensor axis, in the composition's tensor mode
+    (none: `pc` as it is)."""
+    return pc if comp.mode is None else tensor_pieces(pc, comp.cfg, comp.mode)
+
+
+def tensor_pieces(
+    pc: Pieces, cfg: ModelConfig, mode: str = "megatron", axis: str = "tensor"
+) -> Pieces:
+    """The model pieces on local shards of `axis` in `mode` (see the module docstring)."""
     if mode not in MODES:
         raise ValueError(f"unknown tensor-parallel mode {mode!r}; choose one of {MODES}")
     sequence = mode == "sequence"
@@ -130,7 +138,7 @@ def pieces(pc: Pieces, cfg: ModelConfig, mode: str = "megatron", axis: str = "te
     return pc
 
 
-def predict_comm(shape: StepShape, *, t: int, mode: str, norm_grads_elsewhere: bool) -> dict:
+def predict_comm(shape: StepShape, comp: Composition) -> dict:
     """{op: bytes per device} over the tensor axis for one training step.
 
     ACT = B_local*T*D*4 bytes, ROW = B_local*T*4. megatron: AR of ACT x (4L + 2) [2 per layer
@@ -140,8 +148,10 @@ def predict_comm(shape: StepShape, *, t: int, mode: str, norm_grads_elsewhere: b
     shards, so their gradients are all-reduced over tensor (4Nn) -- in the data axes' op when
     ZeRO-3 reduces them (`norm_grads_elsewhere`). gather_output: megatron's, plus per layer AG of
     the fused QKV and of the MLP activation forward and RS of both backward."""
+    t, mode = comp.t, comp.mode
     if t == 1:
         return {}
+    norm_grads_elsewhere = comp.stage == 3 and comp.n > 1
     act = F32 * shape.tokens_local * shape.d_model
     n_act = 4 * shape.n_layers + 2
     out = {"all-reduce": 3 * F32 * shape.tokens_local}

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxscale.model.pieces import Pieces
-from jaxscale.parallel import common, dp
+from jaxscale.parallel import common
 
 STAGES = {
     0: "DP: everything replicated, gradients all-reduced",
@@ -34,12 +34,13 @@ STAGES = {
 F32 = common.F32
 
 
-def pieces(pc: Pieces, stage: int, zero_specs, axes) -> Pieces:
+def pieces(pc: Pieces, comp: common.Composition) -> Pieces:
     """ZeRO-3 gathers each layer's shards inside the layer loop just before the layer runs (one
     all-gather per split leaf; autodiff's transpose reduce-scatters the gradients), and the
     embedding, final norm and unembedding before use. Other stages change nothing in the model."""
-    if stage != 3:
+    if comp.stage != 3:
         return pc
+    axes, zero_specs = comp.data_axes, comp.zero_specs
     layer_specs = {k: P(*s[1:]) for k, s in zero_specs["blocks"].items()}  # minus `layers`
     top_specs = {k: v for k, v in zero_specs.items() if k != "blocks"}
 
@@ -52,15 +53,12 @@ def pieces(pc: Pieces, stage: int, zero_specs, axes) -> Pieces:
     )
 
 
-def loss_and_grads(
-    loss_fn, params, batch_BT1, *, stage, zero_specs, axes, n, local, dp_form="explicit"
-):
+def loss_and_grads(params, batch_BT1, *, stage, zero_specs, axes, n, local):
     """Mean loss and mean gradient over the global batch, in the layout the stage updates in.
     `local(params, rows, unreduced)` is this shard's mean loss and gradient (the microbatch loop
     of `common.accumulate`, or a pipeline schedule), unreduced over the data axes or, for
-    ZeRO-3, reduced by autodiff's reduce-scatters."""
-    if dp_form != "explicit":  # the teaching forms of plain DP (parallel/dp.py)
-        return dp.dp_loss_and_grads(loss_fn, params, batch_BT1, axes, dp_form)
+    ZeRO-3, reduced by autodiff's reduce-scatters. (Plain DP's other forms, and the classic
+    extra-pmean bug, are in jaxscale/lessons/data_parallel.py.)"""
     loss, grads = local(params, batch_BT1, stage != 3)
     loss = jax.lax.pmean(loss, axes)  # one all-reduce of the scalar loss
     if stage in (0, 1):
@@ -93,9 +91,10 @@ def update(stage: int, tx, grads, opt_state, params, zero_specs, axes):
     return gathered, opt_state
 
 
-def predict_comm(shape: common.StepShape, *, n: int, stage: int) -> dict:
+def predict_comm(shape: common.StepShape, comp: common.Composition) -> dict:
     """{op: bytes per device} over the data axes (M = this device's share of the matrices,
     `shape.matrix_params`, after the tensor and expert splits; Nn = norm params)."""
+    n, stage = comp.n, comp.stage
     if n == 1:
         return {}
     M, Nn = shape.matrix_params, shape.norm_params

@@ -20,7 +20,6 @@ import jax
 import numpy as np
 
 from jaxscale.config import ModelConfig, TrainConfig
-from jaxscale.mesh import parse_mesh
 from jaxscale.parallel.compose import Built, Strategy, build
 from jaxscale.progress import Progress
 from jaxscale.serve import generate
@@ -78,8 +77,11 @@ class Plan:
 
 def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
     """Every check that needs no compile; raises ValueError or CheckpointError naming the input."""
+    strategy = Strategy.parse(setup.strategy, setup.mesh, setup.microbatches, setup.virtual_stages)
+    if setup.schedule:  # a pipeline schedule is a manual strategy's pipe part
+        strategy = strategy.with_schedule(setup.schedule)
     try:
-        spec = parse_mesh(setup.mesh).resolve(jax.device_count())
+        strategy.mesh.resolve(jax.device_count())
     except ValueError as e:
         raise ValueError(f"--mesh {setup.mesh}: {e}") from None
     if tcfg.seq_len > cfg.max_seq:
@@ -97,12 +99,7 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
                 f"--prompt must be 1 to {cfg.max_seq - 1} bytes (the model's "
                 f"max_seq), got {n_prompt}"
             )
-    text = setup.strategy
-    if setup.schedule:  # a pipeline schedule is a manual strategy's pipe part
-        text = ("manual:dp" if text.strip() == "auto" else text) + "+" + setup.schedule
-    built = build(
-        Strategy.parse(text, str(spec), setup.microbatches, setup.virtual_stages), cfg, tcfg
-    )
+    built = build(strategy, cfg, tcfg)
     end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
     start, notes = _resume_point(setup, end)
     return Plan(built, dataset, start, end, notes)
@@ -151,7 +148,7 @@ def train(
             say(note)
     built, dataset = plan.built, plan.dataset
     result = TrainResult(optimal_loss=data.optimal_loss(dataset, tcfg.seq_len))
-    meta = checkpoint.meta_record(cfg, tcfg, built.strategy.mesh, built.label)
+    meta = checkpoint.meta_record(cfg, tcfg, str(built.strategy.mesh), built.label)
     log = MetricsLog(setup.metrics_path, cfg, tcfg, built, last_step=plan.end - 1)
     with jax.set_mesh(built.mesh), log, _stop_on_signal() as stop:
         state = _initial_state(built, setup, meta, plan, result)

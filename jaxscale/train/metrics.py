@@ -69,7 +69,7 @@ class MetricsLog:
                 "step": step,
                 "resumed": resumed,
                 "strategy": b.label,
-                "mesh": b.strategy.mesh,
+                "mesh": str(b.strategy.mesh),
                 "devices": int(b.mesh.devices.size),
                 "device_kind": self.device_kind,
             }

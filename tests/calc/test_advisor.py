@@ -299,14 +299,18 @@ def test_scaled_strategy_keeps_tensor_degree_and_pipeline_stages():
     from jaxscale.bench.validate_layout import scaled_strategy
 
     strategy, notes = scaled_strategy(tp=4, pp=2, dp=8, zero_stage=2, n_devices=8)
-    assert (strategy.mesh, strategy.tensor, strategy.schedule) == ("pp=2,tp=4", "megatron", "1f1b")
+    assert (str(strategy.mesh), strategy.tensor, strategy.schedule) == (
+        "pp=2,tp=4",
+        "megatron",
+        "1f1b",
+    )
     assert strategy.zero == 0  # no data axis left: a ZeRO group of one shards nothing
     strategy, _ = scaled_strategy(tp=2, pp=4, dp=8, zero_stage=1, n_devices=8)
-    assert (strategy.mesh, strategy.zero) == ("pp=4,tp=2", 0)
+    assert (str(strategy.mesh), strategy.zero) == ("pp=4,tp=2", 0)
     strategy, _ = scaled_strategy(tp=2, pp=2, dp=8, zero_stage=1, n_devices=8)
-    assert (strategy.mesh, strategy.zero, strategy.microbatches) == ("pp=2,dp=2,tp=2", 1, 8)
+    assert (str(strategy.mesh), strategy.zero, strategy.microbatches) == ("pp=2,dp=2,tp=2", 1, 8)
     strategy, _ = scaled_strategy(tp=16, pp=1, dp=4, zero_stage=3, n_devices=8)
-    assert strategy.mesh == "tp=8" and strategy.schedule is None
+    assert str(strategy.mesh) == "tp=8" and strategy.schedule is None
 
 
 def test_advisor_imports_no_jax():

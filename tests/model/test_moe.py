@@ -145,7 +145,7 @@ def test_expert_parallel_layer_drops_exactly_the_reference_tokens(mesh_text):
     _, _, _, expert_BTX = moe.route(h, p["w_router_DE"], cfg)
     _, dropped = _loop_slots(expert_BTX, cfg.capacity(h.shape[1]))
     specs = {k: jax.P("expert") if k in moe.EXPERT_KEYS else jax.P() for k in p}
-    pc = ep.pieces(pieces.DENSE)
+    pc = ep.expert_pieces(pieces.DENSE)
 
     def layer(h_local, p_local):
         y, stats = moe.moe_mlp(h_local, p_local, cfg, pc)

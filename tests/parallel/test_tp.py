@@ -98,7 +98,7 @@ def test_zero3_gathers_fsdp_splits_inside_the_layer_scan():
 
 def _pieces_with_mlp_reduction(reduce):
     """Megatron pieces whose MLP partial sums go through `reduce` instead of psum."""
-    real = tp.pieces
+    real = tp.tensor_pieces
 
     def patched(pc, cfg, mode="megatron", axis="tensor"):
         pc = real(pc, cfg, mode, axis)
@@ -125,12 +125,12 @@ def test_a_wrong_or_missing_mlp_all_reduce_is_caught(monkeypatch):
     dropping the all-reduce leaves a device-varying residual, which check_vma rejects at trace."""
     cfg = CASES["dp=2,tp=4"][0]
     params, batch, ref = _reference(cfg)
-    monkeypatch.setattr(tp, "pieces", _pieces_with_mlp_reduction(jax.lax.pmean))
+    monkeypatch.setattr(tp, "tensor_pieces", _pieces_with_mlp_reduction(jax.lax.pmean))
     loss, grads = _tp_grads(cfg, "dp=2,tp=4")(params, batch)
     assert np.isfinite(float(loss))
     with pytest.raises(AssertionError):
         assert_equivalent((loss, grads), ref)
-    monkeypatch.setattr(tp, "pieces", _pieces_with_mlp_reduction(lambda y, axis: y))
+    monkeypatch.setattr(tp, "tensor_pieces", _pieces_with_mlp_reduction(lambda y, axis: y))
     with pytest.raises(TypeError, match="scan"):
         _tp_grads(cfg, "dp=2,tp=4")(params, batch)
 

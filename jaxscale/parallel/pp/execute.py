@@ -147,19 +147,17 @@ def _buffer_types(top, blocks_v, micro_MBT1, positions_T, cfg, pc):
     """The buffers' types, from what the first stage's forward makes (traced, not run): the
     stage output `act` and the axes it varies over (with pipe), a zero of it, and the axes the
     loss accumulator varies over."""
-    act = jax.eval_shape(
-        lambda c, t, x: _layers(c, _embed(t, x, cfg, pc), positions_T, cfg, pc)[0],
-        _chunk_at(blocks_v, 0),
+    chunk, tokens_BT1 = _chunk_at(blocks_v, 0), micro_MBT1[0]
+    act, aux_t = jax.eval_shape(
+        lambda c, t, tok: _stage(cfg, pc, positions_T, True, t, c, None, tok),
+        chunk,
         top,
-        micro_MBT1[0],
+        tokens_BT1,
     )
     act_axes = compat.varying_axes(act) | {AXIS}
     zero_act = _vary(jnp.zeros(act.shape, act.dtype), act_axes)
     loss_t = jax.eval_shape(
-        lambda t, x, tok: _head_loss(t, x, tok, cfg, pc), top, zero_act, micro_MBT1[0]
-    )
-    aux_t = jax.eval_shape(
-        lambda c, x: _layers(c, x, positions_T, cfg, pc)[1], _chunk_at(blocks_v, 0), zero_act
+        lambda t, x, tok: _head_loss(t, x, tok, cfg, pc), top, zero_act, tokens_BT1
     )
     # the loss accumulator takes every stage's router losses too: one type for all of them
     loss_axes = (
@@ -173,21 +171,33 @@ def _buffer_types(top, blocks_v, micro_MBT1, positions_T, cfg, pc):
 # --- the model's parts, as a stage runs them --------------------------------------------------
 
 
-def _embed(top, tokens_BT1, cfg, pc):
-    """The first virtual stage's input [B_m, T, D]."""
-    return pc.embed(pc.top_hook(top), tokens_BT1[:, :-1], cfg, pc)
+def _stage(cfg, pc, positions_T, first, top, chunk, x_BTD, tokens_BT1, act_axes=None):
+    """A virtual stage as the model's one skeleton (`pieces.trunk`) on its chunk of layers,
+    with its embed piece replaced: the embedding on the first virtual stage, what arrived on
+    the others (`first`: a Python bool where it is known, else traced). ZeRO-3's gathers of the
+    embedding run only where it is used. Returns (stage output [B_m, T, D], its MoE layers'
+    share of the router losses or None)."""
+
+    def embed(t, tokens_BT, *_):
+        if first is True:
+            return pc.embed(pc.top_hook(t), tokens_BT, cfg, pc)
+        if first is False:
+            return x_BTD
+        return jax.lax.cond(
+            first,
+            lambda: _vary(pc.embed(pc.top_hook(t), tokens_BT, cfg, pc), act_axes),
+            lambda: x_BTD,
+        )
+
+    stage_pc = pc.replace(embed=embed, top_hook=pieces.DENSE.top_hook)
+    params = {**top, "blocks": chunk}
+    _, y_BTD, stats, _ = pieces.trunk(params, tokens_BT1[:, :-1], positions_T, cfg, stage_pc)
+    return (y_BTD, pieces.router_loss(stats, cfg)) if cfg.n_experts else (y_BTD, None)
 
 
 def _head_loss(top, y_BTD, tokens_BT1, cfg, pc):
     """The last virtual stage's output: the microbatch's loss."""
-    return pc.loss(pc.head(pc.top_hook(top), y_BTD, cfg, pc), tokens_BT1[:, 1:])
-
-
-def _layers(chunk, x_BTD, positions_T, cfg, pc):
-    """The stage's layers, the same code for every role: the output and, with experts, its
-    MoE layers' share of the router losses (`pieces.router_loss`)."""
-    y_BTD, stats, _ = pieces.run_layers(x_BTD, chunk, positions_T, cfg, pc)
-    return (y_BTD, pieces.router_loss(stats, cfg)) if cfg.n_experts else (y_BTD, None)
+    return pieces.head_loss(pc.top_hook(top), y_BTD, tokens_BT1[:, 1:], cfg, pc)
 
 
 def _chunk_at(blocks_v, c):
@@ -198,9 +208,11 @@ def _chunk_at(blocks_v, c):
 # --- one op of one device ---------------------------------------------------------------------
 
 
-def _core(env: Env, chunk, x_BTD):
-    """`_layers`, typed for the carry (the router losses as the loss)."""
-    y_BTD, aux = _layers(chunk, x_BTD, env.positions_T, env.cfg, env.pc)
+def _core(env: Env, first, top, chunk, x_BTD, tokens_BT1):
+    """`_stage`, typed for the carry (the router losses as the loss)."""
+    y_BTD, aux = _stage(
+        env.cfg, env.pc, env.positions_T, first, top, chunk, x_BTD, tokens_BT1, env.act_axes
+    )
     return _vary(y_BTD, env.act_axes), (_vary(aux, env.loss_axes) if env.moe else None)
 
 
@@ -208,14 +220,6 @@ def _core_cot(env: Env, dy_BTD):
     """The cotangent of `_core`'s outputs: every stage's share of the router losses enters the
     mean, so it is seeded like the loss."""
     return (dy_BTD, env.seed_cot) if env.moe else (dy_BTD, None)
-
-
-def _stage_input(env: Env, first, top, x_BTD, tokens_BT1):
-    """The stage's input: the embedding on the first virtual stage, else what arrived. F, B and W
-    all recompute it: the embedding is cheap."""
-    return jax.lax.cond(
-        first, lambda: _vary(_embed(top, tokens_BT1, env.cfg, env.pc), env.act_axes), lambda: x_BTD
-    )
 
 
 def _output_cot(env: Env, last, top, y_BTD, cot_BTD, tokens_BT1, with_top: bool):
@@ -256,7 +260,7 @@ def _op(env: Env, kind, small, x_BTD, cot_BTD, mb, c, role):
 
 def _forward(env: Env, small, chunk, x_BTD, tokens_BT1, first, last):
     """F: the stage's forward; the last stage adds its loss, the others send their output."""
-    y_BTD, aux = _core(env, chunk, _stage_input(env, first, env.top, x_BTD, tokens_BT1))
+    y_BTD, aux = _core(env, first, env.top, chunk, x_BTD, tokens_BT1)
     loss, send_BTD = jax.lax.cond(
         last,
         lambda: (
@@ -272,11 +276,11 @@ def _forward(env: Env, small, chunk, x_BTD, tokens_BT1, first, last):
 def _weight_grad(env: Env, kind, small, chunk, c, x_BTD, cot_BTD, tokens_BT1, first, last):
     """W, or B when the backward is not split: the stage's forward recomputed inside `jax.vjp`,
     its parameter gradients added to the accumulators and (for B) the input gradient sent."""
-    x, vjp_embed = jax.vjp(lambda t, x: _stage_input(env, first, t, x, tokens_BT1), env.top, x_BTD)
-    y, vjp_core = jax.vjp(lambda ch, x: _core(env, ch, x), chunk, x)
+    y, vjp_stage = jax.vjp(
+        lambda t, ch, x: _core(env, first, t, ch, x, tokens_BT1), env.top, chunk, x_BTD
+    )
     dy, g_head = _output_cot(env, last, env.top, y[0], cot_BTD, tokens_BT1, with_top=True)
-    g_chunk, dx = vjp_core(_core_cot(env, dy))
-    g_embed, dx_in = vjp_embed(dx)
+    g_embed, g_chunk, dx_in = vjp_stage(_core_cot(env, dy))
     small = dict(small)
     small["g_blocks"] = jax.tree.map(lambda acc, g: acc.at[c].add(g), small["g_blocks"], g_chunk)
     small["g_top"] = jax.tree.map(lambda acc, a, b: acc + a + b, small["g_top"], g_head, g_embed)
@@ -285,7 +289,7 @@ def _weight_grad(env: Env, kind, small, chunk, c, x_BTD, cot_BTD, tokens_BT1, fi
 
 def _input_grad(env: Env, chunk, x_BTD, cot_BTD, tokens_BT1, last):
     """ZB-H1's B on a stage past the first: the input gradient alone, no parameter gradient."""
-    y, vjp_core = jax.vjp(lambda x: _core(env, chunk, x), x_BTD)
+    y, vjp_core = jax.vjp(lambda x: _core(env, False, env.top, chunk, x, tokens_BT1), x_BTD)
     dy, _ = _output_cot(env, last, env.top, y[0], cot_BTD, tokens_BT1, with_top=False)
     return _vary(vjp_core(_core_cot(env, dy))[0], env.act_axes)
 

@@ -273,8 +273,27 @@ def check_layers(cfg: ModelConfig, stages: int, virtual_stages: int) -> None:
         )
 
 
-def predict_comm(plan: Plan, act_bytes: float) -> dict:
-    """Bytes of the schedule's transfers, summed over devices: every activation crossing a stage
+def pieces(pc, comp):
+    """The pipe axis substitutes nothing in the model: its schedule replaces the microbatch
+    loop (`execute.accumulate`), and a stage runs the model's skeleton on its chunk."""
+    return pc
+
+
+def activation(shape, comp) -> tuple[int, int, int]:
+    """One microbatch's stage output on one device, [B_m, T, D] (T/t under sequence
+    parallelism): what one transfer carries."""
+    rows = shape.rows_local // comp.plan.config.microbatches
+    seq = shape.seq_len // (comp.t if comp.mode == "sequence" else 1)
+    return rows, seq, shape.d_model
+
+
+def predict_comm(shape, comp) -> dict:
+    """Bytes of the schedule's transfers, summed over the devices of one pipeline (the unit
+    differs from the other axes', which are per device): every activation crossing a stage
     boundary forward and every input gradient crossing it backward, M (vP - 1) of each."""
-    p, v, m = plan.config.stages, plan.config.virtual_stages, plan.config.microbatches
+    if comp.plan is None:
+        return {}
+    config = comp.plan.config
+    p, v, m = config.stages, config.virtual_stages, config.microbatches
+    act_bytes = float(np.prod(activation(shape, comp))) * shape.act_bytes
     return {"collective-permute": 2 * m * (p * v - 1) * act_bytes}

@@ -1,5 +1,6 @@
-"""Data parallelism by hand: replicated params, batch split over the data axes, one gradient
-all-reduce per step.
+"""Data parallelism by hand, the teaching forms (seed 002 ch5): replicated params, batch split
+over the data axes, one gradient all-reduce per step. The trainer's DP is ZeRO stage 0
+(jaxscale/parallel/zero.py), which is the "explicit" form below.
 
 The check_vma subtlety (JAX's shard_map documentation, on check_vma). Inside shard_map, a replicated
 parameter is "invariant" over the data axes; when a varying (per-shard) loss is differentiated with
@@ -8,10 +9,10 @@ ALREADY SUMMED over the shards. So there are two correct forms and one classic b
 
   * "mean_in_loss": pmean the loss, differentiate -> the mean gradient, no gradient collective
     written (autodiff inserts the all-reduce);
-  * "explicit" (used by the trainer): differentiate with respect to a *varying* copy of the
-    params (`pcast`), so each shard keeps its own unreduced gradient; accumulate microbatches
-    locally (common.accumulate); then ONE psum per step -- the DDP all-reduce, written where
-    it happens;
+  * "explicit" (the trainer's, as ZeRO stage 0): differentiate with respect to a *varying*
+    copy of the params (`pcast`), so each shard keeps its own unreduced gradient; accumulate
+    microbatches locally (common.accumulate); then ONE psum per step -- the DDP all-reduce,
+    written where it happens;
   * "extra_pmean" (the bug): differentiate the local loss w.r.t. the invariant params (already
     summed: N x the mean), then pmean again as pmap-era code did -> N x too large.
 """
