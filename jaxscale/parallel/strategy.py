@@ -21,7 +21,7 @@ _DATA = {"dp": 0, "zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _TENSOR = {"tp": "megatron", "tp_sp": "sequence", "tp_gather": "gather_output"}
 _TENSOR_NAME = {mode: name for name, mode in _TENSOR.items()}
 _SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")  # manual, pipe axis (parallel/pp/)
-_EXPERT = "ep"  # manual, expert axis (parallel/ep.py): optional, the axis has one use
+_EXPERT = ("ep",)  # manual, expert axis (parallel/ep.py): optional, the axis has one use
 
 
 @dataclass(frozen=True)
@@ -60,22 +60,10 @@ class Strategy:
                 f"--strategy: unknown strategy {text!r}; write 'auto' or 'manual:' followed by "
                 f"{'/'.join(_DATA)} and/or {'/'.join(_TENSOR)}, e.g. manual:zero3+tp"
             )
-        zero, tensor, schedule = 0, None, None
-        for part in rest.split("+"):
-            if part in _DATA:
-                zero = _DATA[part]
-            elif part in _TENSOR:
-                tensor = _TENSOR[part]
-            elif part in _SCHEDULES:
-                schedule = part
-            elif part == _EXPERT:
-                pass
-            else:
-                raise ValueError(
-                    f"--strategy: unknown part {part!r} in {text!r}; data: "
-                    f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}; "
-                    f"pipeline: {', '.join(_SCHEDULES)}; experts: ep"
-                )
+        chosen = _parts(text, rest)
+        zero = _DATA[chosen["data"]] if "data" in chosen else 0
+        tensor = _TENSOR[chosen["tensor"]] if "tensor" in chosen else None
+        schedule = chosen.get("pipeline")
         return cls(
             mesh,
             "manual",
@@ -89,6 +77,11 @@ class Strategy:
     def with_schedule(self, schedule: str) -> Strategy:
         """This strategy with a pipeline schedule on its pipe axis (the auto path becomes
         manual DP: a schedule is a manual strategy's pipe part)."""
+        if self.schedule and self.schedule != schedule:
+            raise ValueError(
+                f"--schedule {schedule} conflicts with {self.schedule} in --strategy; name the "
+                "schedule once"
+            )
         if schedule not in _SCHEDULES:
             raise ValueError(
                 f"--schedule: unknown pipeline schedule {schedule!r}; choose from "
@@ -106,7 +99,7 @@ class Strategy:
         if self.zero or spec.size("data") != 1 or spec.size("fsdp") != 1:
             parts.append(f"zero{self.zero}" if self.zero else "dp")
         if spec.size("expert") > 1:
-            parts.append(_EXPERT)
+            parts.append(_EXPERT[0])
         if self.tensor:
             parts.append(_TENSOR_NAME[self.tensor])
         if self.schedule:
@@ -116,6 +109,28 @@ class Strategy:
 
     def label(self) -> str:
         return f"{self.path}:{self.name()}"
+
+
+def _parts(text: str, rest: str) -> dict:
+    """{kind: part} of a manual strategy's '+'-joined parts; a part of an unknown name, or two
+    of one kind (zero3+zero1, tp+tp_sp), is refused."""
+    kinds = (("data", _DATA), ("tensor", _TENSOR), ("pipeline", _SCHEDULES), ("experts", _EXPERT))
+    chosen: dict = {}
+    for part in rest.split("+"):
+        kind = next((k for k, names in kinds if part in names and part), None)
+        if kind is None:
+            raise ValueError(
+                f"--strategy: unknown part {part!r} in {text!r}; data: "
+                f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}; "
+                f"pipeline: {', '.join(_SCHEDULES)}; experts: ep"
+            )
+        if kind in chosen:
+            raise ValueError(
+                f"--strategy {text}: {chosen[kind]!r} and {part!r} are both {kind} parts; "
+                "choose one"
+            )
+        chosen[kind] = part
+    return chosen
 
 
 def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
