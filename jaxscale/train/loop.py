@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxscale.config import ModelConfig, TrainConfig
@@ -181,7 +182,10 @@ def train(
                     pending = None
                     _evaluate(built, state, dataset, tcfg, s + 1, result, log)
                 if setup.ckpt_dir and tcfg.ckpt_every and (s + 1) % tcfg.ckpt_every == 0:
-                    checkpoint.save(setup.ckpt_dir, state, meta)
+                    if pending is not None:  # its gradient norm checked before saving
+                        _record(pending, log, result, bar)
+                        pending = None
+                    _save(setup.ckpt_dir, state, meta)
                 if stop.is_set():
                     break
             if pending is not None:
@@ -190,13 +194,13 @@ def train(
             bar.close()
         done = int(jax.device_get(state["step"]))
         if stop.is_set():
-            saved = checkpoint.save(setup.ckpt_dir, state, meta) if setup.ckpt_dir else None
+            saved = _save(setup.ckpt_dir, state, meta) if setup.ckpt_dir else None
             where = f"; checkpoint saved at {setup.ckpt_dir}/{saved}" if saved else ""
             raise Interrupted(f"interrupted after step {done}{where}")
         if not result.evals or result.evals[-1]["step"] != done:
             _evaluate(built, state, dataset, tcfg, done, result, log)
         if setup.ckpt_dir:
-            checkpoint.save(setup.ckpt_dir, state, meta)
+            _save(setup.ckpt_dir, state, meta)
     if setup.sample_tokens and isinstance(dataset, data.TextData):
         tok = data.ByteTokenizer()
         prompt = [int(t) for t in tok.encode(setup.prompt)]
@@ -263,15 +267,38 @@ def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> Non
         k: float(v) if np.ndim(v) == 0 else np.round(np.asarray(v, np.float64), 5).tolist()
         for k, v in jax.device_get(metrics).items()
     }
-    if not math.isfinite(values["loss"]):
-        raise NonFiniteLoss(
-            f"non-finite loss ({values['loss']}) at step {s}; stopping. Lower --lr, enable "
-            f"--grad-clip, or use float32 compute."
-        )
+    for key in ("loss", "grad_norm"):  # a non-finite gradient makes the next params NaN
+        if key in values and not math.isfinite(values[key]):
+            raise NonFiniteLoss(
+                f"non-finite {key.replace('_', ' ')} ({values[key]}) at step {s}; stopping "
+                f"(nothing saved). {_ADVICE}"
+            )
     record = log.train(s, values)
     if record is not None:
         result.history.append(record)
     bar.update(1, note=f"loss {values['loss']:.4f}")
+
+
+_ADVICE = "Lower --lr, enable --grad-clip, or use float32 compute."
+
+
+def _save(ckpt_dir, state, meta):
+    """Save `state` unless a parameter or optimizer value is non-finite (a NaN checkpoint would
+    be resumed from, or served)."""
+    if not bool(_all_finite(state)):
+        step = int(jax.device_get(state["step"]))
+        raise NonFiniteLoss(f"non-finite parameters after step {step}; not saved. {_ADVICE}")
+    return checkpoint.save(ckpt_dir, state, meta)
+
+
+@jax.jit
+def _all_finite(state):
+    leaves = jax.tree.leaves({k: v for k, v in state.items() if k != "step"})
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves if _inexact(x)]))
+
+
+def _inexact(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
 
 
 def _evaluate(built: Built, state, dataset, tcfg: TrainConfig, step: int, result, log) -> None:
@@ -286,4 +313,7 @@ def _evaluate(built: Built, state, dataset, tcfg: TrainConfig, step: int, result
         )
         for s in data.eval_steps(tcfg.eval_batches)
     ]
-    result.evals.append(log.eval(step, float(np.mean(losses)), result.optimal_loss))
+    loss = float(np.mean(losses))
+    result.evals.append(log.eval(step, loss, result.optimal_loss))
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"non-finite eval loss ({loss}) at step {step}; stopping. {_ADVICE}")

@@ -16,7 +16,7 @@ from jaxscale.model import pieces
 from jaxscale.parallel import auto
 from jaxscale.sharding import Sharder
 from jaxscale.tolerances import ATOL, RTOL
-from jaxscale.train import data
+from jaxscale.train import checkpoint, data
 from jaxscale.train.loop import NonFiniteLoss, RunSetup, train
 
 MARKOV_MARGIN = 0.05  # nats above the entropy rate that counts as "near the optimum"
@@ -101,6 +101,40 @@ def test_non_finite_loss_stops_with_a_message():
     )
     with pytest.raises(NonFiniteLoss, match=r"non-finite loss .* at step \d+"):
         train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", progress=False))
+
+
+def _strict_json(line: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_diverged_run_saves_nothing_and_logs_strict_json(tmp_path):
+    """--lr 1e30 for 3 steps: the last step's loss is still finite (it is computed before the
+    update), the parameters after it are not. Before, the run ended "successfully", saved a NaN
+    checkpoint and wrote a bare NaN into metrics.jsonl."""
+    tcfg = TrainConfig(steps=3, global_batch=8, seq_len=16, lr=1e30, warmup_steps=0, eval_every=0)
+    setup = RunSetup(
+        mesh="dp=8",
+        dataset="markov",
+        progress=False,
+        ckpt_dir=str(tmp_path / "ckpt"),
+        metrics_path=str(tmp_path / "metrics.jsonl"),
+    )
+    with pytest.raises(NonFiniteLoss, match=r"non-finite .* (at|after) step \d+"):
+        train(CFG, tcfg, setup)
+    assert checkpoint.steps(setup.ckpt_dir) == ([], [])  # nothing saved, not even a temp
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [_strict_json(line) for line in lines]
+    assert records and records[0]["event"] == "start"
+
+
+def test_metrics_lines_write_non_finite_values_as_null():
+    from jaxscale.train.metrics import strict
+
+    got = strict({"loss": float("nan"), "load": [[1.0, float("inf")]], "step": 3, "ok": 0.5})
+    assert got == {"loss": None, "load": [[1.0, None]], "step": 3, "ok": 0.5}
 
 
 def test_batch_that_does_not_divide_is_rejected_clearly():
