@@ -4,14 +4,17 @@
 batch, data, checkpoint directory, output paths, sampling) and says what the run will do;
 `train` runs it. Metrics of step s are read on the host after step s+1 has been dispatched, so
 the host never stalls the device queue waiting for a loss value. Ctrl-C or SIGTERM stops the
-run after the current step, saves a checkpoint (with a checkpoint directory) and raises
-`Interrupted`; the command line exits 130.
+run after the current step (said at once), saves a checkpoint (with a checkpoint directory) and
+raises `Interrupted`; the command line exits 130. A second Ctrl-C exits 130 at once, saving
+nothing.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -216,26 +219,52 @@ def train(
     return result
 
 
+STOP_NOTE = "stopping after this step (and saving it); Ctrl-C again to abort without saving"
+ABORT_NOTE = "aborted: nothing saved since the last checkpoint"
+
+
 @contextmanager
 def _stop_on_signal():
-    """SIGINT/SIGTERM set a flag the loop checks after each step (a second Ctrl-C stops at once).
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second Ctrl-C exits at once
+    with 130, saving nothing. A thread watches the signals through `signal.set_wakeup_fd`, whose
+    C-level handler writes each one to a pipe at once: so the first is acknowledged, and the
+    second obeyed, even while the main thread is inside a compile or a step (where a Python
+    handler would wait, and an exception raised into jax's C++ code could crash the process).
     Handlers can only be installed from the main thread; elsewhere the flag is never set."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-
-    def handler(signum, frame):
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set()
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    watcher = threading.Thread(target=_watch, args=(read_fd, stop), daemon=True)
+    old = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    watcher.start()
     try:
         yield stop
     finally:
+        signal.set_wakeup_fd(old_fd)
         for sig, h in old.items():
             signal.signal(sig, h)
+        os.write(write_fd, b"\0")  # no signal is 0: the watcher's cue to end
+        watcher.join(timeout=5)
+        os.close(write_fd)
+        os.close(read_fd)
+
+
+def _watch(read_fd: int, stop: threading.Event) -> None:
+    """The signal watcher: acknowledge the first signal, exit 130 on a second Ctrl-C."""
+    while True:
+        for signum in os.read(read_fd, 64):
+            if signum == 0:
+                return
+            if not stop.is_set():
+                stop.set()
+                print(f"\n{STOP_NOTE}", file=sys.stderr, flush=True)
+            elif signum == signal.SIGINT:
+                print(ABORT_NOTE, file=sys.stderr, flush=True)
+                os._exit(130)  # at once: no interpreter teardown under running XLA threads
 
 
 def _initial_state(built: Built, setup: RunSetup, meta, plan: Plan, result: TrainResult):

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -193,3 +194,56 @@ def test_the_console_script_sees_the_same_8_devices_as_python_m(tmp_path):
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads(out.stdout)["device_count"] == 8
+
+
+def _reader(proc) -> list[str]:
+    """Lines of the process's merged output as they arrive (a thread keeps reading)."""
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _wait_for(lines: list[str], text: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if any(text in line for line in lines):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_c_is_acknowledged_at_once_and_a_second_one_exits_130_cleanly(tmp_path):
+    """The first Ctrl-C, sent while the step compiles, is acknowledged before the compile ends;
+    the second exits 130 at once, without a traceback or a segfault (before: an exception raised
+    into the compile, then exit 139), and leaves config.json as it was."""
+    from jaxscale.train.loop import ABORT_NOTE, STOP_NOTE
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "jaxscale", "train", *TINY, "--steps", "300"]
+    cmd += ["--run-dir", str(run)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = _reader(proc)
+    try:
+        assert _wait_for(lines, "config: ", 120), "".join(lines)[-2000:]  # checked
+        deadline = time.monotonic() + 10
+        while not (run / "config.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        config = (run / "config.json").read_text()
+        time.sleep(0.3)  # into the first compile
+        proc.send_signal(signal.SIGINT)
+        assert _wait_for(lines, STOP_NOTE, 10), "".join(lines)[-2000:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 130, "".join(lines)[-2000:]
+    finally:
+        proc.kill()
+    out = "".join(lines)
+    assert ABORT_NOTE in out and "Traceback" not in out, out[-2000:]
+    assert (run / "config.json").read_text() == config
