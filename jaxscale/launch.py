@@ -120,18 +120,22 @@ def _forward(proc, prefix: str, lock, show: bool, verbose: bool, tail: collectio
                 print(f"{prefix} {line}" if prefix else line, flush=True)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM each still-running child's process group, then SIGKILL after a grace period."""
-    for sig, grace_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+def _stop(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
+    """SIGTERM each still-running child's process group (a training run stops after its step
+    and saves), then SIGKILL what is left after `grace_s` -- at once on a Ctrl-C meanwhile."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 3.0)):
         alive = [p for p in procs if p.poll() is None]
         for p in alive:
             try:
                 os.killpg(p.pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + grace_s
-        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        deadline = time.monotonic() + wait_s
+        try:
+            while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except KeyboardInterrupt:  # the second Ctrl-C: kill now
+            print("jaxscale launch: killing the processes now", file=sys.stderr, flush=True)
 
 
 def run_processes(
@@ -141,8 +145,10 @@ def run_processes(
     timeout_s: float,
     all_ranks: bool = False,
     verbose: bool = False,
+    grace_s: float = 120.0,
 ) -> int:
-    """Start the children, forward their output, and supervise them. Returns the exit code."""
+    """Start the children, forward their output, and supervise them. Returns the exit code.
+    On Ctrl-C the children get SIGTERM and `grace_s` seconds to finish their step and save."""
     argv = child_command(cmd)
     port = _free_port()
     envs = [child_env(total_devices, num_processes, i, port) for i in range(num_processes)]
@@ -187,8 +193,14 @@ def run_processes(
             time.sleep(0.05)
     except KeyboardInterrupt:
         failure = ("interrupted", 130)
+        print(
+            f"\njaxscale launch: interrupted; waiting up to {grace_s:g} s for the processes to "
+            "finish their step and save (Ctrl-C again to kill them now)",
+            file=sys.stderr,
+            flush=True,
+        )
     finally:
-        _stop(procs)
+        _stop(procs, grace_s if failure and failure[1] == 130 else 3.0)
         for t in readers:
             t.join(timeout=2.0)
     if failure is None:
@@ -216,7 +228,13 @@ def _launch_main(args) -> int:
     except ValueError as e:
         args.parser.error(str(e))
     return run_processes(
-        args.cmd, args.num_processes, total, args.timeout, args.all_ranks, args.verbose
+        args.cmd,
+        args.num_processes,
+        total,
+        args.timeout,
+        args.all_ranks,
+        args.verbose,
+        args.grace,
     )
 
 
@@ -247,6 +265,13 @@ def add_parser(sub) -> None:
         "--all-ranks",
         action="store_true",
         help="show every process's output, prefixed [pK] (default: process 0's)",
+    )
+    p.add_argument(
+        "--grace",
+        type=positive_float,
+        default=120.0,
+        help="on Ctrl-C, seconds the processes get to finish their step and save before they "
+        "are killed (default 120; a second Ctrl-C kills them at once)",
     )
     p.add_argument("--verbose", action="store_true", help="also show gloo's connection lines")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run")
