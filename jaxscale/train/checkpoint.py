@@ -120,15 +120,9 @@ def restore(
     if step is None:
         raise CheckpointError(f"{path} holds no finished checkpoint")
     fix = _fix(path, step)
+    meta = read_meta(path, step)
+    check_meta(meta, expected_meta, path, step)
     with _manager(path, create=False) as mgr:
-        try:
-            meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        except Exception as e:  # orbax raises many types for unreadable files
-            _quiet_failed_reads()
-            raise CheckpointError(
-                f"checkpoint {path} step {step} is unreadable ({_first_line(e)}); {fix}"
-            ) from e
-        check_meta(meta, expected_meta, path, step)
         target = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
             abstract_state,
@@ -144,6 +138,22 @@ def restore(
                 f"checkpoint {path} step {step} is corrupt ({_first_line(e)}); {fix}"
             ) from e
     return restored["state"], meta
+
+
+def read_meta(directory: str | Path, step: int) -> dict:
+    """The run record a checkpoint step was saved with (model, training, mesh, strategy)."""
+    import orbax.checkpoint as ocp
+
+    path = Path(directory)
+    with _manager(path, create=False) as mgr:
+        try:
+            return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as e:  # orbax raises many types for unreadable files
+            _quiet_failed_reads()
+            raise CheckpointError(
+                f"checkpoint {path} step {step} is unreadable ({_first_line(e)}); "
+                f"{_fix(path, step)}"
+            ) from e
 
 
 def check_meta(meta, expected: dict, path: Path, step: int) -> None:

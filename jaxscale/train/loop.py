@@ -18,6 +18,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +107,11 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
     built = build(strategy, cfg, tcfg)
     end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
     start, notes = _resume_point(setup, end)
+    if start:  # the checkpoint's model must be this one: refused now, before anything is written
+        meta = checkpoint.meta_record(cfg, tcfg, str(built.strategy.mesh), built.label)
+        checkpoint.check_meta(
+            checkpoint.read_meta(setup.ckpt_dir, start), meta, Path(setup.ckpt_dir), start
+        )
     return Plan(built, dataset, start, end, notes)
 
 

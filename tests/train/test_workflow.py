@@ -247,3 +247,20 @@ def test_ctrl_c_is_acknowledged_at_once_and_a_second_one_exits_130_cleanly(tmp_p
     out = "".join(lines)
     assert ABORT_NOTE in out and "Traceback" not in out, out[-2000:]
     assert (run / "config.json").read_text() == config
+
+
+def test_a_refused_resume_writes_nothing(tmp_path, capsys):
+    """Resuming with another model is refused before anything is written: before, config.json
+    was overwritten with the refused settings and every later --resume failed."""
+    run = tmp_path / "run"
+    assert _train(capsys, "--steps", "2", "--run-dir", str(run))[0] == 0
+    config = (run / "config.json").read_text()
+    metrics = (run / "metrics.jsonl").read_text()
+    rc, _, err = _train(
+        capsys, "--steps", "4", "--run-dir", str(run), "--resume", "--d-model", "128"
+    )
+    assert rc == 2 and "different model" in err and '"d_model": [64, 128]' in err, err
+    assert (run / "config.json").read_text() == config
+    assert (run / "metrics.jsonl").read_text() == metrics
+    rc, out, _ = _train(capsys, "--steps", "3", "--run-dir", str(run), "--resume")
+    assert rc == 0 and "resuming from step 2" in out
