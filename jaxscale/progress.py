@@ -23,6 +23,17 @@ class Progress:
         if self.enabled and (self.tty or self.n % self.every == 0 or self.n == self.total):
             self._draw()
 
+    def write(self, line: str) -> None:
+        """Print a result line on stdout as it comes, with the bar (on a terminal) out of its
+        way: cleared first, redrawn after."""
+        drawn = self.enabled and self.tty and self.n
+        if drawn:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+        print(line, flush=True)
+        if drawn and self.n < self.total:
+            self._draw()
+
     def _draw(self) -> None:
         frac = min(self.n / self.total, 1.0)
         elapsed = time.perf_counter() - self.start

@@ -380,32 +380,48 @@ def reference_for(
     return dataclasses.replace(cache[cfg, tcfg], truth0=cache[f32_cfg, f32_tcfg].grads0)
 
 
-def run_cases(cases, progress=None, cfg: ModelConfig = CFG, tcfg: TrainConfig = TCFG):
+def run_cases(
+    cases, progress=None, cfg: ModelConfig = CFG, tcfg: TrainConfig = TCFG, on_result=None
+):
+    """Check every case; `on_result(result)` as each one finishes (a killed run keeps what it
+    printed)."""
     refs: dict = {}
     out = []
     for case in cases:
         out.append(check(case, reference_for(case, refs, cfg, tcfg), cfg, tcfg))
+        if on_result:
+            on_result(out[-1])
         if progress:
             progress.update(1, note=f"{case.label} {case.mesh}")
     return out
 
 
-def format_matrix(results: list[Result]) -> str:
+def matrix_header() -> list[str]:
     head = (
         f"{'case':<40} {'mesh':<17} {'|dloss|':>9} {'grad/tol':>9} {'traj dloss':>10} "
         f"{'traj dnorm':>10} {'traj dparam':>11}  ok"
     )
-    lines = [head, "-" * len(head)]
-    for r in results:
-        if r.error:
-            lines.append(f"{r.label:<40} {r.case.mesh:<17} ✗ {r.error}")
-            continue
-        lines.append(
-            f"{r.label:<40} {r.case.mesh:<17} {r.loss_err:9.1e} {r.grad_ratio:9.2f} "
-            f"{r.traj_loss_err:10.1e} {r.traj_norm_err:10.1e} {r.traj_param_err:11.1e}  "
-            f"{'✓' if r.passed else '✗'}"
-        )
-    lines += _grid(results)
+    return [head, "-" * len(head)]
+
+
+def matrix_row(r: Result) -> str:
+    if r.error:
+        return f"{r.label:<40} {r.case.mesh:<17} ✗ {r.error}"
+    return (
+        f"{r.label:<40} {r.case.mesh:<17} {r.loss_err:9.1e} {r.grad_ratio:9.2f} "
+        f"{r.traj_loss_err:10.1e} {r.traj_norm_err:10.1e} {r.traj_param_err:11.1e}  "
+        f"{'✓' if r.passed else '✗'}"
+    )
+
+
+def format_matrix(results: list[Result]) -> str:
+    lines = [*matrix_header(), *(matrix_row(r) for r in results), *matrix_footer(results)]
+    return "\n".join(lines)
+
+
+def matrix_footer(results: list[Result]) -> list[str]:
+    """The strategy x mesh grid and the tolerances the rows were judged by."""
+    lines = _grid(results)
     lines += [
         "",
         f"f32: first-step loss and gradients pass at rtol {tol.RTOL:g}, atol "
@@ -421,7 +437,7 @@ def format_matrix(results: list[Result]) -> str:
         "one-device bf16 run's plus that band (an MoE router's bf16 gradient is itself "
         "further from f32 than the f32 band).",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def _grid(results: list[Result]) -> list[str]:

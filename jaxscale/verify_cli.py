@@ -18,7 +18,11 @@ def add_parser(sub) -> None:
         "norms, parameters)",
     )
     p.add_argument("--only", default="", help="run only cases whose label or mesh contains this")
-    p.add_argument("--json", action="store_true", help="print one JSON array of the results")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per case, each as it finishes (JSON lines)",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the cases, run nothing")
     p.set_defaults(func=main)
 
@@ -36,11 +40,16 @@ def main(args) -> int:
     if args.dry_run:
         print("\n".join(f"{c.label:<40} {c.mesh}" for c in cases))
         return 0
+    if not args.json:
+        print("\n".join(verify.matrix_header()), flush=True)
+
+    def show(result) -> None:  # each row as its case finishes
+        line = json.dumps(verify.as_json([result])[0]) if args.json else verify.matrix_row(result)
+        bar.write(line)
+
     bar = Progress(len(cases), desc="verify", enabled=not args.json)
-    results = verify.run_cases(cases, progress=bar)
+    results = verify.run_cases(cases, progress=bar, on_result=show)
     bar.close()
-    if args.json:
-        print(json.dumps(verify.as_json(results)))
-    else:
-        print(verify.format_matrix(results))
+    if not args.json:
+        print("\n".join(verify.matrix_footer(results)))
     return 0 if all(r.passed for r in results) else 1

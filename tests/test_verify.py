@@ -150,7 +150,8 @@ def test_verify_cli_prints_the_matrix(capsys):
     assert cli_main(["verify", "--only", "auto:fsdp@"]) == 2  # nothing matches: clear error
     assert "matches no case" in capsys.readouterr().err
     assert cli_main(["verify", "--only", "manual:zero1 dp=8", "--json"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)
+    (line,) = capsys.readouterr().out.splitlines()  # JSON lines: one per case, as it ends
+    row = json.loads(line)
     assert (row["strategy"], row["mesh"], row["stage"], row["passed"]) == ("zero1", "dp=8", 1, True)
     assert row["loss_ok"] and row["grads_ok"] and row["traj_ok"]
 
