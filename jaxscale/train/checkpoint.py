@@ -33,14 +33,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, corrupt, or does not match the run restoring it."""
 
 
-def _manager(directory: Path, create: bool):
+KEEP = 3  # finished checkpoints kept by default (`train --keep-checkpoints`)
+
+
+def _manager(directory: Path, create: bool, keep: int | None = KEEP):
+    """Orbax's manager of `directory`; saving through it deletes all but the newest `keep`
+    (None: keep all)."""
     import orbax.checkpoint as ocp
 
     # orbax logs a warning for every step directory it cannot read; `steps` reports those once
     logging.getLogger("absl").setLevel(logging.ERROR)
 
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=3, create=create, enable_async_checkpointing=False
+        max_to_keep=keep, create=create, enable_async_checkpointing=False
     )
     return ocp.CheckpointManager(directory.absolute(), options=options)
 
@@ -74,9 +79,9 @@ def latest_step(directory: str | Path) -> int | None:
     return complete[-1] if complete else None
 
 
-def save(directory: str | Path, state, meta: dict) -> int:
-    """Write `state` at its step (a no-op if that step is already saved); returns the step.
-    Blocks until the write is complete."""
+def save(directory: str | Path, state, meta: dict, keep: int | None = KEEP) -> int:
+    """Write `state` at its step (a no-op if that step is already saved), keeping the newest
+    `keep` checkpoints; returns the step. Blocks until the write is complete."""
     import orbax.checkpoint as ocp
 
     step = int(jax.device_get(state["step"]))
@@ -87,7 +92,7 @@ def save(directory: str | Path, state, meta: dict) -> int:
     if step in stray:  # an unfinished directory of this very step (never a checkpoint): replace it
         shutil.rmtree(path / str(step))
     try:
-        with _manager(path, create=True) as mgr:
+        with _manager(path, create=True, keep=keep) as mgr:
             mgr.save(
                 step,
                 force=True,

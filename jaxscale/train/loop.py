@@ -67,6 +67,7 @@ class RunSetup:
     sample_tokens: int = 48
     progress: bool = True
     stop_after: int | None = None  # stop at this step (an interruption; the schedule is unchanged)
+    keep_checkpoints: int = checkpoint.KEEP  # the newest kept; older ones are deleted
 
 
 @dataclass
@@ -91,6 +92,8 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
         raise ValueError(f"--mesh {setup.mesh}: {e}") from None
     if tcfg.seq_len > cfg.max_seq:
         raise ValueError(f"--seq-len {tcfg.seq_len} exceeds the model's --max-seq {cfg.max_seq}")
+    if setup.keep_checkpoints < 1:
+        raise ValueError(f"--keep-checkpoints must be >= 1, got {setup.keep_checkpoints}")
     if setup.stop_after is not None and setup.stop_after < 1:
         raise ValueError(f"--stop-after must be >= 1, got {setup.stop_after}")
     dataset = data.make_dataset(setup.dataset)
@@ -194,7 +197,7 @@ def train(
                     if pending is not None:  # its gradient norm checked before saving
                         _record(pending, log, result, bar)
                         pending = None
-                    _save(setup.ckpt_dir, state, meta)
+                    _save(setup, state, meta)
                 if stop.is_set():
                     break
             if pending is not None:
@@ -203,13 +206,13 @@ def train(
             bar.close()
         done = int(jax.device_get(state["step"]))
         if stop.is_set():
-            saved = _save(setup.ckpt_dir, state, meta) if setup.ckpt_dir else None
+            saved = _save(setup, state, meta) if setup.ckpt_dir else None
             where = f"; checkpoint saved at {setup.ckpt_dir}/{saved}" if saved else ""
             raise Interrupted(f"interrupted after step {done}{where}")
         if not result.evals or result.evals[-1]["step"] != done:
             _evaluate(built, state, dataset, tcfg, done, result, log)
         if setup.ckpt_dir:
-            _save(setup.ckpt_dir, state, meta)
+            _save(setup, state, meta)
     if setup.sample_tokens and isinstance(dataset, data.TextData):
         tok = data.ByteTokenizer()
         prompt = [int(t) for t in tok.encode(setup.prompt)]
@@ -317,13 +320,13 @@ def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> Non
 _ADVICE = "Lower --lr, enable --grad-clip, or use float32 compute."
 
 
-def _save(ckpt_dir, state, meta):
+def _save(setup: RunSetup, state, meta):
     """Save `state` unless a parameter or optimizer value is non-finite (a NaN checkpoint would
     be resumed from, or served)."""
     if not bool(_all_finite(state)):
         step = int(jax.device_get(state["step"]))
         raise NonFiniteLoss(f"non-finite parameters after step {step}; not saved. {_ADVICE}")
-    return checkpoint.save(ckpt_dir, state, meta)
+    return checkpoint.save(setup.ckpt_dir, state, meta, keep=setup.keep_checkpoints)
 
 
 @jax.jit

@@ -130,6 +130,18 @@ def test_a_diverged_run_saves_nothing_and_logs_strict_json(tmp_path):
     assert records and records[0]["event"] == "start"
 
 
+def test_checkpoint_retention_keeps_the_newest_n(tmp_path):
+    tcfg = TrainConfig(steps=4, global_batch=8, seq_len=16, eval_every=0, ckpt_every=1)
+    ckpt = str(tmp_path / "ckpt")
+    setup = RunSetup(
+        mesh="dp=8", dataset="markov", progress=False, ckpt_dir=ckpt, keep_checkpoints=2
+    )
+    train(CFG, tcfg, setup)
+    assert checkpoint.steps(ckpt) == ([3, 4], [])
+    with pytest.raises(ValueError, match="--keep-checkpoints must be >= 1"):
+        train(CFG, tcfg, RunSetup(mesh="dp=8", dataset="markov", keep_checkpoints=0))
+
+
 def test_metrics_lines_write_non_finite_values_as_null():
     from jaxscale.train.metrics import strict
 
