@@ -75,8 +75,9 @@ class Strategy:
         )
 
     def with_schedule(self, schedule: str) -> Strategy:
-        """This strategy with a pipeline schedule on its pipe axis (the auto path becomes
-        manual DP: a schedule is a manual strategy's pipe part)."""
+        """This strategy with a pipeline schedule on its pipe axis. The auto path becomes the
+        manual strategy its mesh implies (a schedule is a manual strategy's pipe part): Megatron
+        TP on a tensor axis, ZeRO-3 on an fsdp axis (as auto shards there), DP otherwise."""
         if self.schedule and self.schedule != schedule:
             raise ValueError(
                 f"--schedule {schedule} conflicts with {self.schedule} in --strategy; name the "
@@ -87,7 +88,11 @@ class Strategy:
                 f"--schedule: unknown pipeline schedule {schedule!r}; choose from "
                 f"{', '.join(_SCHEDULES)}"
             )
-        return replace(self, path="manual", schedule=schedule)
+        if self.path != "auto":
+            return replace(self, schedule=schedule)
+        tensor = _TENSOR["tp"] if self.mesh.size("tensor") > 1 else None
+        zero = 3 if self.mesh.size("fsdp") > 1 else 0
+        return replace(self, path="manual", zero=zero, tensor=tensor, schedule=schedule)
 
     def name(self, spec: MeshSpec | None = None) -> str:
         """'dp_fsdp_tp' (auto: the mesh's axes), 'zero3+tp_sp' (manual: the choices)."""

@@ -110,6 +110,8 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
     built = build(strategy, cfg, tcfg)
     end = tcfg.steps if setup.stop_after is None else min(setup.stop_after, tcfg.steps)
     start, notes = _resume_point(setup, end)
+    if setup.schedule and setup.strategy.strip() == "auto":
+        notes.insert(0, f"--schedule {setup.schedule}: {built.label}, the parts the mesh implies")
     if start:  # the checkpoint's model must be this one: refused now, before anything is written
         meta = checkpoint.meta_record(cfg, tcfg, str(built.strategy.mesh), built.label)
         checkpoint.check_meta(

@@ -39,3 +39,18 @@ def test_the_mesh_is_parsed_once_and_printed_as_written():
     assert strategy.label() == "manual:dp+1f1b(M=1)"
     with pytest.raises(ValueError, match="--mesh dp=x"):
         Strategy("dp=x")
+
+
+@pytest.mark.parametrize(
+    "mesh, label",
+    [
+        ("pp=2,dp=4", "manual:dp+1f1b(M=4)"),
+        ("pp=2,dp=2,tp=2", "manual:dp+tp+1f1b(M=4)"),
+        ("pp=2,fsdp=2,tp=2", "manual:zero3+tp+1f1b(M=4)"),
+    ],
+)
+def test_a_schedule_on_the_auto_path_takes_the_parts_the_mesh_implies(mesh, label):
+    """`--mesh pp=2,dp=2,tp=2 --schedule 1f1b` needs no --strategy manual:dp+tp: the mesh says
+    what each axis is for."""
+    strategy = Strategy.parse("auto", mesh, microbatches=4).with_schedule("1f1b")
+    assert strategy.label() == label
