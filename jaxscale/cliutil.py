@@ -268,15 +268,23 @@ def command_name(args: argparse.Namespace) -> str:
     return " ".join(p for p in parts if p)
 
 
-def guarded(handler):
-    """Turn a ValueError from the library into a one-line error and exit code 2."""
+def fail(command: str, message) -> int:
+    """Print the one-line error every command gives for bad input, and return its exit code 2."""
+    print(f"jaxscale {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def guarded(handler, *errors: type[Exception]):
+    """Turn a ValueError from the library, or any of `errors` (the user-input errors that are
+    not ValueErrors, e.g. a CheckpointError), into a one-line error and exit code 2. A handler
+    that imports `errors` lazily calls `guarded(body, SomeError)(args)` from inside itself."""
+    caught = (ValueError, *errors)
 
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except ValueError as err:
-            print(f"jaxscale {command_name(args)}: error: {err}", file=sys.stderr)
-            return 2
+        except caught as err:
+            return fail(command_name(args), err)
 
     return run
 

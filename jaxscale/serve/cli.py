@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from jaxscale.cliutil import positive_int
+from jaxscale.cliutil import guarded, positive_int
 
 
 def add_parser(sub) -> None:
@@ -44,27 +44,29 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    from jaxscale.train.checkpoint import CheckpointError
+
+    return guarded(_main, CheckpointError)(args)  # bad input: one line and exit 2
+
+
+def _main(args) -> int:
     import uvicorn
 
     from jaxscale.serve.engine import Engine, EngineConfig
     from jaxscale.serve.server import make_app
-    from jaxscale.train.checkpoint import CheckpointError, load_model
+    from jaxscale.train.checkpoint import load_model
 
-    try:
-        cfg, params = load_model(args.ckpt_dir)
-        ecfg = EngineConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            page_size=args.page_size,
-            n_pages=args.n_pages,
-            prefix_cache=not args.no_prefix_cache,
-        )
-        if cfg.n_experts:
-            raise ValueError("serving an MoE model is not implemented (its cached decode)")
-        engine = Engine(params, cfg, ecfg)
-    except (CheckpointError, ValueError) as e:
-        print(f"jaxscale serve: error: {e}", file=sys.stderr)
-        return 2
+    cfg, params = load_model(args.ckpt_dir)
+    ecfg = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        page_size=args.page_size,
+        n_pages=args.n_pages,
+        prefix_cache=not args.no_prefix_cache,
+    )
+    if cfg.n_experts:
+        raise ValueError("serving an MoE model is not implemented (its cached decode)")
+    engine = Engine(params, cfg, ecfg)
     print(
         f"serving {args.model_name} (d_model {cfg.d_model}, {cfg.n_layers} layers, context "
         f"{cfg.max_seq}) on http://{args.host}:{args.port}/v1",

@@ -18,6 +18,7 @@ from pathlib import Path
 from jaxscale.cliutil import (
     add_dataclass_args,
     build_config,
+    guarded,
     non_negative_int,
     positive_int,
     writable_dir,
@@ -215,30 +216,32 @@ def _load_config(args) -> dict:
 
 
 def main(args) -> int:
-    from jaxscale.devices import describe_devices
     from jaxscale.train.checkpoint import CheckpointError
+
+    return guarded(_main, CheckpointError)(args)  # bad input: one line and exit 2
+
+
+def _main(args) -> int:
+    from jaxscale.devices import describe_devices
     from jaxscale.train.loop import Interrupted, NonFiniteLoss, RunSetup, prepare, train
 
-    try:
-        cfg, tcfg, run, paths = resolve(args)
-        setup = RunSetup(
-            mesh=run["mesh"],
-            strategy=run["strategy"],
-            schedule=run["schedule"],
-            microbatches=run["microbatches"],
-            virtual_stages=run["virtual_stages"],
-            dataset=run["data"],
-            ckpt_dir=paths["ckpt_dir"],
-            resume=args.resume,
-            metrics_path=paths["metrics"],
-            prompt=run["prompt"],
-            sample_tokens=run["sample_tokens"],
-            progress=not args.no_progress,
-            stop_after=args.stop_after,
-        )
-        plan = prepare(cfg, tcfg, setup)
-    except (ValueError, CheckpointError) as e:
-        return _error(e)
+    cfg, tcfg, run, paths = resolve(args)
+    setup = RunSetup(
+        mesh=run["mesh"],
+        strategy=run["strategy"],
+        schedule=run["schedule"],
+        microbatches=run["microbatches"],
+        virtual_stages=run["virtual_stages"],
+        dataset=run["data"],
+        ckpt_dir=paths["ckpt_dir"],
+        resume=args.resume,
+        metrics_path=paths["metrics"],
+        prompt=run["prompt"],
+        sample_tokens=run["sample_tokens"],
+        progress=not args.no_progress,
+        stop_after=args.stop_after,
+    )
+    plan = prepare(cfg, tcfg, setup)
     config = {"model": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg), "run": run}
     print(f"devices: {describe_devices()}")
     steps = f"steps {plan.start}..{plan.end}" if plan.start < plan.end else "nothing to train"
@@ -256,8 +259,6 @@ def main(args) -> int:
         (paths["run_dir"] / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     try:
         result = train(cfg, tcfg, setup, plan)
-    except (ValueError, CheckpointError) as e:
-        return _error(e)
     except NonFiniteLoss as e:
         print(f"jaxscale train: {e}", file=sys.stderr)
         return 3
@@ -270,11 +271,6 @@ def main(args) -> int:
 
         print(f"plot: {plot_metrics(paths['metrics'], paths['run_dir'] / 'loss.png')}")
     return 0
-
-
-def _error(e: Exception) -> int:
-    print(f"jaxscale train: error: {e}", file=sys.stderr)
-    return 2
 
 
 def _report(result) -> None:
