@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from jaxscale.cliutil import fail
 
 
 def add_parser(sub) -> None:
@@ -35,8 +36,7 @@ def main(args) -> int:
 
     cases = [c for c in verify.CASES if args.only in f"{c.label} {c.mesh}"]
     if not cases:
-        print(f"jaxscale verify: error: --only {args.only!r} matches no case", file=sys.stderr)
-        return 2
+        return fail("verify", f"--only {args.only!r} matches no case")
     if args.dry_run:
         print("\n".join(f"{c.label:<40} {c.mesh}" for c in cases))
         return 0

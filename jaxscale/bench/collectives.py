@@ -15,7 +15,6 @@ indicative, and say nothing about interconnects (the output says so).
 import json
 import re
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 
 from jaxscale.bench.collective_plots import plot_measurements
 from jaxscale.calc import comm
-from jaxscale.cliutil import non_negative_int, positive_float, positive_int
+from jaxscale.cliutil import fail, non_negative_int, positive_float, positive_int
 from jaxscale.render import fmt_bytes
 
 VARIANTS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute", "ring")
@@ -230,8 +229,7 @@ def main(args, dry_run: bool = False) -> int:
     try:
         sizes, ops = _validate(args)
     except ValueError as e:
-        print(f"jaxscale bench collectives: error: {e}", file=sys.stderr)
-        return 2
+        return fail("bench collectives", e)
     if dry_run:
         print(f"ops {', '.join(ops)}; sizes {', '.join(format_bytes(s) for s in sizes)}")
         return 0
@@ -243,12 +241,10 @@ def main(args, dry_run: bool = False) -> int:
     n = jax.device_count()
     platform = jax.default_backend()
     if n < 2:  # XLA drops collectives over one device: nothing to measure
-        print(
-            f"jaxscale bench collectives: error: needs at least 2 devices, {platform} has {n} "
-            "(on CPU set JAX_NUM_CPU_DEVICES=8)",
-            file=sys.stderr,
+        return fail(
+            "bench collectives",
+            f"needs at least 2 devices, {platform} has {n} (on CPU set JAX_NUM_CPU_DEVICES=8)",
         )
-        return 2
     budget = args.budget_s if jax.process_count() == 1 else None
     rows = [measure(op, n, s, args.repeats, args.warmup, budget) for op in ops for s in sizes]
     fits = [fit_alpha_beta([r for r in rows if r.variant == op], n) for op in ops]

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from jaxscale.calc import scaling as calc_scaling
+from jaxscale.cliutil import fail
 
 MODES = ("strong", "weak")
 
@@ -217,8 +218,7 @@ def main(args) -> int:
                     "devices (strong scaling keeps it fixed)"
                 )
     except ValueError as e:
-        print(f"jaxscale bench scaling: error: {e}", file=sys.stderr)
-        return 2
+        return fail("bench scaling", e)
     env = report.environment()
     backend = jax.default_backend()
     label = "indicative: simulated CPU devices" if backend == "cpu" else f"real: {backend}"

@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxscale.calc import kv as calc_kv
 from jaxscale.calc import prefix as calc_prefix
+from jaxscale.cliutil import fail
 from jaxscale.config import ModelConfig
 from jaxscale.sim import batching as sim
 
@@ -395,13 +396,11 @@ def main(args) -> int:
             import openai  # noqa: F401
             import uvicorn  # noqa: F401
         except ImportError as e:
-            print(
-                f"jaxscale bench serve: error: the HTTP runs need the server stack and the "
-                f"openai client ({e.name} is missing): pip install -e '.[dev]', or pass "
-                "--no-http",
-                file=sys.stderr,
+            return fail(
+                "bench serve",
+                f"the HTTP runs need the server stack and the openai client ({e.name} is "
+                "missing): pip install -e '.[dev]', or pass --no-http",
             )
-            return 2
     print(
         f"bench serve: model d_model {setup.cfg.d_model}, {setup.cfg.n_layers} layers, "
         f"context {setup.cfg.max_seq}; {setup.n_requests} requests of {setup.prompt_len} + "

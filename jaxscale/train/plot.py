@@ -7,10 +7,9 @@ again, its later record wins, so a plot of an interrupted-and-resumed run is one
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from jaxscale.cliutil import writable_path
+from jaxscale.cliutil import fail, writable_path
 from jaxscale.render import figure
 
 
@@ -86,6 +85,5 @@ def main(args) -> int:
         read_metrics(run)  # every input problem before anything is written
         print(f"wrote {plot_metrics(run, out)}")
     except ValueError as e:
-        print(f"jaxscale plot: error: {e}", file=sys.stderr)
-        return 2
+        return fail("plot", e)
     return 0
