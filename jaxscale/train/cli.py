@@ -76,13 +76,13 @@ def add_parser(sub) -> None:
         type=positive_int,
         default=None,
         help="pipeline microbatches per data shard, the gradient accumulation of a "
-        "pipeline (default 1), e.g. 8",
+        "pipeline (default: the pipe size P), e.g. 8",
     )
     p.add_argument(
         "--virtual-stages",
         type=positive_int,
         default=None,
-        help="model chunks per pipeline device, for --schedule interleaved (default 1), e.g. 2",
+        help="model chunks per pipeline device, for --schedule interleaved (default 2)",
     )
     p.add_argument(
         "--model",
@@ -140,6 +140,13 @@ def add_parser(sub) -> None:
         help="tokens to sample at the end; 0: no sample (default 48)",
     )
     p.add_argument(
+        "--keep-checkpoints",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="keep the newest N finished checkpoints, delete older ones (default 3)",
+    )
+    p.add_argument(
         "--stop-after",
         type=positive_int,
         default=None,
@@ -169,8 +176,8 @@ def resolve(args) -> tuple[ModelConfig, TrainConfig, dict, dict]:
         "mesh": "dp=-1",
         "strategy": "auto",
         "schedule": None,
-        "microbatches": 1,
-        "virtual_stages": 1,
+        "microbatches": None,  # a pipeline's default: the pipe size (loop.prepare)
+        "virtual_stages": None,  # 2 for the interleaved schedule, else 1
         "data": "stdlib",
         "prompt": "def ",
         "sample_tokens": 48,
@@ -240,6 +247,7 @@ def _main(args) -> int:
         sample_tokens=run["sample_tokens"],
         progress=not args.no_progress,
         stop_after=args.stop_after,
+        keep_checkpoints=args.keep_checkpoints,
     )
     plan = prepare(cfg, tcfg, setup)
     config = {"model": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg), "run": run}

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import jax
@@ -57,8 +57,8 @@ class RunSetup:
     mesh: str = "dp=-1"
     strategy: str = "auto"  # "auto" or "manual:<data>+<tensor>" (jaxscale/parallel/compose.py)
     schedule: str | None = None  # pipeline schedule over the pp axis (manual strategies)
-    microbatches: int = 1  # pipeline microbatches per data shard
-    virtual_stages: int = 1  # interleaved: model chunks per pipeline device
+    microbatches: int | None = None  # pipeline microbatches per data shard (default: P)
+    virtual_stages: int | None = None  # interleaved: model chunks per device (default 2)
     dataset: str | None = None  # 'stdlib' (default), 'markov', 'copy', or a text file
     ckpt_dir: str | None = None
     resume: bool = False
@@ -83,13 +83,19 @@ class Plan:
 
 def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
     """Every check that needs no compile; raises ValueError or CheckpointError naming the input."""
-    strategy = Strategy.parse(setup.strategy, setup.mesh, setup.microbatches, setup.virtual_stages)
+    strategy = Strategy.parse(
+        setup.strategy, setup.mesh, setup.microbatches or 1, setup.virtual_stages or 1
+    )
     if setup.schedule:  # a pipeline schedule is a manual strategy's pipe part
         strategy = strategy.with_schedule(setup.schedule)
     try:
-        strategy.mesh.resolve(jax.device_count())
+        spec = strategy.mesh.resolve(jax.device_count())
     except ValueError as e:
         raise ValueError(f"--mesh {setup.mesh}: {e}") from None
+    if strategy.schedule:  # working defaults: the pipe full (M = P), two chunks if interleaved
+        m = setup.microbatches or spec.size("pipe")
+        v = setup.virtual_stages or (2 if strategy.schedule == "interleaved" else 1)
+        strategy = replace(strategy, microbatches=m, virtual_stages=v)
     if tcfg.seq_len > cfg.max_seq:
         raise ValueError(f"--seq-len {tcfg.seq_len} exceeds the model's --max-seq {cfg.max_seq}")
     if setup.keep_checkpoints < 1:

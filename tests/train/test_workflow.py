@@ -264,3 +264,16 @@ def test_a_refused_resume_writes_nothing(tmp_path, capsys):
     assert (run / "metrics.jsonl").read_text() == metrics
     rc, out, _ = _train(capsys, "--steps", "3", "--run-dir", str(run), "--resume")
     assert rc == 0 and "resuming from step 2" in out
+
+
+def test_a_schedule_alone_runs_with_working_defaults(capsys):
+    """`--schedule interleaved` alone on pp=2 (before: refused for --virtual-stages, then for
+    --microbatches), with a tensor axis the mesh names (before: refused until --strategy
+    manual:dp+tp was spelled out)."""
+    mesh = ["--mesh", "pp=2,dp=2,tp=2", "--layers", "4", "--dry-run"]
+    rc, out, err = _train(capsys, *mesh, "--schedule", "interleaved")
+    assert rc == 0, err
+    assert "run: manual:dp+tp+interleaved(M=2 v=2) on pp=2,dp=2,tp=2" in out
+    assert "the parts the mesh implies" in out
+    rc, out, err = _train(capsys, *mesh, "--schedule", "1f1b", "--keep-checkpoints", "5")
+    assert rc == 0 and "manual:dp+tp+1f1b(M=2)" in out, err
