@@ -10,6 +10,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 # --- argparse types ---------------------------------------------------------------------------
@@ -86,37 +87,56 @@ def non_negative_float(text: str) -> float:
 
 def writable_path(text: str) -> str:
     """A file path that can be written: not a directory, and its nearest existing ancestor is a
-    writable directory (missing parents are created when the file is written)."""
+    directory a file can be created in (tried: a probe file is created and removed; missing
+    parents are created when the file is written)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path")
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path")
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not writable")
+    if path.exists():
+        _probe_append(path)
+        return text
+    _probe_create(text, path.parent)
     return text
 
 
 def writable_dir(text: str) -> str:
-    """A directory that exists or can be created, and can be written into."""
+    """A directory that exists or can be created, and can be written into (tried: a probe
+    file is created and removed in it, or in its nearest existing ancestor)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path")
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
-    ancestor = path
+    _probe_create(text, path)
+    return text
+
+
+def _probe_create(text: str, directory: Path) -> None:
+    """Create and remove a file in `directory`'s nearest existing ancestor: os.access alone
+    says yes to root, and to paths such as /proc/x that refuse every new file."""
+    ancestor = directory
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor} is not writable")
-    return text
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".jaxscale-probe-", dir=ancestor)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {ancestor}: {reason}") from None
+
+
+def _probe_append(path: Path) -> None:
+    try:
+        with path.open("a"):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise argparse.ArgumentTypeError(f"cannot write {path}: {reason}") from None
 
 
 def fraction(text: str) -> float:

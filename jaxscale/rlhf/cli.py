@@ -6,7 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jaxscale.cliutil import add_command, add_dataclass_args, build_config, guarded, positive_int
+from jaxscale.cliutil import (
+    add_command,
+    add_dataclass_args,
+    build_config,
+    guarded,
+    positive_int,
+    writable_dir,
+)
 
 SUMMARY_KEYS = (
     "true_score",
@@ -43,7 +50,9 @@ def add_parser(sub) -> None:
         "dp=2,tp=4 (default fsdp=-1)",
     )
     add_stage_flags(p)
-    p.add_argument("--out", default=None, help="directory for metrics.jsonl and rlhf.png")
+    p.add_argument(
+        "--out", type=writable_dir, default=None, help="directory for metrics.jsonl and rlhf.png"
+    )
     p.add_argument(
         "--memory",
         action="store_true",

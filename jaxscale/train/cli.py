@@ -190,7 +190,23 @@ def resolve(args) -> tuple[ModelConfig, TrainConfig, dict, dict]:
         "ckpt_dir": args.ckpt_dir or (str(run_dir / "checkpoints") if run_dir else None),
         "metrics": args.metrics or (str(run_dir / "metrics.jsonl") if run_dir else None),
     }
+    _check_run_paths(paths)
     return cfg, tcfg, run, paths
+
+
+def _check_run_paths(paths: dict) -> None:
+    """The paths --run-dir implies, checked as the flags are (before anything compiles):
+    RUN_DIR/checkpoints a directory, RUN_DIR/metrics.jsonl and RUN_DIR/loss.png files."""
+    run_dir = paths["run_dir"]
+    if run_dir is None:
+        return
+    implied = [(writable_dir, paths["ckpt_dir"]), (writable_path, paths["metrics"])]
+    implied.append((writable_path, str(run_dir / "loss.png")))
+    for check, path in implied:
+        try:
+            check(path)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"--run-dir {run_dir}: {e}") from None
 
 
 def _load_config(args) -> dict:

@@ -277,3 +277,31 @@ def test_a_schedule_alone_runs_with_working_defaults(capsys):
     assert "the parts the mesh implies" in out
     rc, out, err = _train(capsys, *mesh, "--schedule", "1f1b", "--keep-checkpoints", "5")
     assert rc == 0 and "manual:dp+tp+1f1b(M=2)" in out, err
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--ckpt-dir", "/proc/x"], "cannot create /proc/x"),  # os.access says yes (root)
+        (["--metrics", "/proc/x/m.jsonl"], "cannot create /proc/x/m.jsonl"),
+        (["--run-dir", "/proc/x"], "cannot create /proc/x"),
+    ],
+)
+def test_unwritable_outputs_are_refused_before_anything_runs(flags, message, capsys):
+    with pytest.raises(SystemExit) as exc:  # the flag's type tries a probe file
+        cli_main(["train", *TINY, *flags, "--steps", "2", "--dry-run"])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("blocked", ["checkpoints", "metrics.jsonl", "loss.png"])
+def test_the_paths_a_run_directory_implies_are_checked_in_a_dry_run(tmp_path, capsys, blocked):
+    """RUN_DIR/checkpoints a file (or metrics.jsonl, loss.png a directory): before, --dry-run
+    said OK and the run failed after training."""
+    run = tmp_path / "run"
+    run.mkdir()
+    if blocked == "checkpoints":
+        (run / blocked).write_text("")
+    else:
+        (run / blocked).mkdir()
+    rc, out, err = _train(capsys, "--run-dir", str(run), "--steps", "2", "--dry-run")
+    assert rc == 2 and f"--run-dir {run}: " in err and blocked in err, (out, err)
