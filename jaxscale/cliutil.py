@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import re
@@ -237,6 +238,44 @@ def build_config(cls, args: argparse.Namespace, base=None):
         return dataclasses.replace(base, **changes) if base is not None else cls(**changes)
     except ValueError as e:
         raise ValueError(flag_names(str(e), cls)) from None
+
+
+_JSON_KINDS = {
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": (
+        "a finite number",
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    ),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+}
+
+
+def check_section(where: str, values, kinds: dict, choices: dict | None = None) -> None:
+    """One section of a config file, field by field as its flags would take it: an object,
+    known keys, each value of its field's kind ("int", "float", "str", "bool"; "int?" and
+    "str?" also take null) and among its choices. The error names the key and the value."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where}: expected an object of fields, got {json.dumps(values)}")
+    for key, value in values.items():
+        if key not in kinds:
+            raise ValueError(f"{where}: unknown field {key!r} (known: {', '.join(kinds)})")
+        kind = kinds[key]
+        if kind.endswith("?") and value is None:
+            continue
+        word, ok = _JSON_KINDS[kind.rstrip("?")]
+        if not ok(value):
+            raise ValueError(f"{where}.{key}: expected {word}, got {json.dumps(value)}")
+        allowed = (choices or {}).get(key)
+        if allowed and value not in allowed:
+            raise ValueError(f"{where}.{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def dataclass_kinds(cls) -> tuple[dict, dict]:
+    """(kinds, choices) of a config dataclass's fields, for `check_section`."""
+    fields = dataclasses.fields(cls)
+    choices = {f.name: f.metadata["choices"] for f in fields if f.metadata.get("choices")}
+    return {f.name: str(f.type) for f in fields}, choices
 
 
 def flag_names(message: str, cls) -> str:

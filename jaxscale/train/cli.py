@@ -18,6 +18,8 @@ from pathlib import Path
 from jaxscale.cliutil import (
     add_dataclass_args,
     build_config,
+    check_section,
+    dataclass_kinds,
     guarded,
     non_negative_int,
     positive_int,
@@ -26,16 +28,17 @@ from jaxscale.cliutil import (
 )
 from jaxscale.config import MODEL_PRESETS, ModelConfig, TrainConfig
 
-RUN_FIELDS = (
-    "mesh",
-    "strategy",
-    "schedule",
-    "microbatches",
-    "virtual_stages",
-    "data",
-    "prompt",
-    "sample_tokens",
-)
+RUN_KINDS = {  # a config file's run section, as the flags take it
+    "mesh": "str",
+    "strategy": "str",
+    "schedule": "str?",
+    "microbatches": "int?",
+    "virtual_stages": "int?",
+    "data": "str",
+    "prompt": "str",
+    "sample_tokens": "int",
+}
+RUN_FIELDS = tuple(RUN_KINDS)
 EXAMPLES = """examples:
   jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --run-dir runs/a
   jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
@@ -224,17 +227,21 @@ def _load_config(args) -> dict:
         saved = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"--config {path}: cannot read it as JSON ({type(e).__name__})") from None
-    known = {"model": ModelConfig, "train": TrainConfig}
-    if not isinstance(saved, dict) or set(saved) - {"model", "train", "run"}:
+    if not isinstance(saved, dict):
         raise ValueError(f"--config {path}: expected an object with model, train and run")
-    for section, cls in known.items():
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(saved.get(section, {})) - names
-        if unknown:
-            raise ValueError(f"--config {path}: unknown {section} field(s) {sorted(unknown)}")
-    unknown = set(saved.get("run", {})) - set(RUN_FIELDS)
-    if unknown:
-        raise ValueError(f"--config {path}: unknown run field(s) {sorted(unknown)}")
+    stray = set(saved) - {"model", "train", "run"}
+    if stray:
+        raise ValueError(
+            f"--config {path}: unknown section(s) {sorted(stray)}; expected model, train, run"
+        )
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        check_section(f"--config {path}: {section}", saved.get(section, {}), *dataclass_kinds(cls))
+    check_section(f"--config {path}: run", saved.get("run", {}), RUN_KINDS)
+    try:  # the values' ranges, checked by the configs themselves (a file sets the tiny preset)
+        MODEL_PRESETS["tiny"].replace(**saved.get("model", {}))
+        TrainConfig(**saved.get("train", {}))
+    except ValueError as e:
+        raise ValueError(f"--config {path}: {e}") from None
     return saved
 
 

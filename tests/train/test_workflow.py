@@ -305,3 +305,29 @@ def test_the_paths_a_run_directory_implies_are_checked_in_a_dry_run(tmp_path, ca
         (run / blocked).mkdir()
     rc, out, err = _train(capsys, "--run-dir", str(run), "--steps", "2", "--dry-run")
     assert rc == 2 and f"--run-dir {run}: " in err and blocked in err, (out, err)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"model": {"d_model": "big"}}, 'model.d_model: expected an integer, got "big"'),
+        ({"train": {"lr": "x"}}, 'train.lr: expected a finite number, got "x"'),
+        ({"train": {"steps": True}}, "train.steps: expected an integer, got true"),
+        ({"run": {"mesh": 5}}, "run.mesh: expected a string, got 5"),
+        ({"run": {"strategy": None}}, "run.strategy: expected a string, got null"),
+        ({"run": {"data": 42}}, "run.data: expected a string, got 42"),
+        ({"model": "tiny"}, 'model: expected an object of fields, got "tiny"'),
+        ({"model": {}, "extra": 1}, "unknown section(s) ['extra']"),
+        ({"model": {"width": 3}}, "model: unknown field 'width'"),
+        ({"model": {"mlp": "relu2"}}, "model.mlp: 'relu2' is not one of"),
+        ({"train": {"steps": -1}}, "steps must be"),
+    ],
+)
+def test_a_config_file_is_checked_field_by_field(tmp_path, capsys, config, message):
+    """Each wrong value is one line naming the key (before: tracebacks, silent acceptance of
+    `"steps": true`, or "unknown model field(s) ['i', 'n', 't', 'y']")."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    rc, _, err = _train(capsys, "--config", str(path), "--dry-run")
+    assert rc == 2 and f"--config {path}: " in err and message in err, err
+    assert "Traceback" not in err
