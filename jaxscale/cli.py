@@ -73,10 +73,13 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from jaxscale.compat import use_fast_compile_xla_flags
-    from jaxscale.devices import default_cpu_devices
+    from jaxscale.devices import cpu_devices_error, default_cpu_devices
     from jaxscale.launch import maybe_initialize_distributed
 
     default_cpu_devices()
+    if error := cpu_devices_error():
+        print(f"jaxscale: error: {error}", file=sys.stderr)
+        return 2
     use_fast_compile_xla_flags()  # jax 0.10's XLA:CPU: the same program in ~60% of the compile
     maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     parser = build_parser()

@@ -37,6 +37,21 @@ def default_cpu_devices() -> None:
         os.environ[DEFAULTED] = "1"
 
 
+def cpu_devices_error() -> str | None:
+    """What is wrong with a JAX_NUM_CPU_DEVICES the user set (jax would raise deep inside its
+    start-up, or take -3 as 1), or None."""
+    text = os.environ.get("JAX_NUM_CPU_DEVICES")
+    if text is None or os.environ.get(DEFAULTED):
+        return None
+    try:
+        ok = int(text) >= 1
+    except ValueError:
+        ok = False
+    if ok:
+        return None
+    return f"JAX_NUM_CPU_DEVICES={text}: expected a positive integer (simulated CPU devices)"
+
+
 def describe_devices() -> str:
     """'8 x cpu (simulated: ...)' -- how many devices this run has, and why."""
     import jax

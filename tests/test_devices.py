@@ -41,3 +41,12 @@ def test_mfu_is_model_flops_rate_over_peak_and_never_on_cpu():
     assert devices.mfu(494.75e12, 1.0, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
     assert devices.mfu(1e12, 1.0, "cpu") is None
     assert devices.mfu(1e12, 0.0, "TPU v5 lite") is None
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-3", ""])
+def test_a_bad_device_count_is_one_line_not_a_traceback(value, monkeypatch, capsys):
+    """Before: a jax traceback for 0 and abc, and -3 silently ran on one device."""
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", value)
+    monkeypatch.delenv("JAXSCALE_DEFAULTED_CPU_DEVICES", raising=False)
+    assert cli_main(["doctor"]) == 2
+    assert f"JAX_NUM_CPU_DEVICES={value}: expected a positive integer" in capsys.readouterr().err
