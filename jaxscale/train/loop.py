@@ -118,6 +118,13 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
     start, notes = _resume_point(setup, end)
     if setup.schedule and setup.strategy.strip() == "auto":
         notes.insert(0, f"--schedule {setup.schedule}: {built.label}, the parts the mesh implies")
+    if setup.sample_tokens and isinstance(dataset, data.TextData):
+        room = cfg.max_seq - len(data.ByteTokenizer().encode(setup.prompt))
+        if setup.sample_tokens > room:
+            notes.append(
+                f"--sample-tokens {setup.sample_tokens}: the sample stops at {room} tokens "
+                f"(the prompt's and the sample's together fill max_seq={cfg.max_seq})"
+            )
     if start:  # the checkpoint's model must be this one: refused now, before anything is written
         meta = checkpoint.meta_record(cfg, tcfg, str(built.strategy.mesh), built.label)
         checkpoint.check_meta(

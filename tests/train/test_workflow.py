@@ -331,3 +331,12 @@ def test_a_config_file_is_checked_field_by_field(tmp_path, capsys, config, messa
     rc, _, err = _train(capsys, "--config", str(path), "--dry-run")
     assert rc == 2 and f"--config {path}: " in err and message in err, err
     assert "Traceback" not in err
+
+
+def test_a_sample_longer_than_the_context_says_where_it_stops(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    argv = ["--data", str(corpus), "--layers", "1", "--seq-len", "16", "--dry-run"]
+    rc, out, err = _train(capsys, *argv, "--sample-tokens", "100000")
+    assert rc == 0, err
+    assert "--sample-tokens 100000: the sample stops at 124 tokens" in out  # 128 - len("def ")
