@@ -105,7 +105,7 @@ class RLHFConfig:
         for name in ("lr", "clip_eps", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        for name in ("beta", "kl_target", "vf_coef", "ent_coef", "gen_devices"):
+        for name in ("beta", "kl_target", "vf_coef", "ent_coef", "gen_devices", "seed"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
         for name in ("gamma", "lam"):

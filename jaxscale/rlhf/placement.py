@@ -42,6 +42,7 @@ def meshes(spec: str, placement: str, gen_devices: int = 0, devices=None) -> Mes
     """Co-located: the training mesh `spec` over every device, generation on it too.
     Disaggregated: `spec` over the first n - g devices, `dp=g` over the last g (default half)."""
     devices = list(jax.devices() if devices is None else devices)
+    _check_axes(parse_mesh(spec))
     if placement == "colocated":
         m = build_mesh(spec, devices)
         return Meshes(m, m, placement)
@@ -53,6 +54,17 @@ def meshes(spec: str, placement: str, gen_devices: int = 0, devices=None) -> Mes
         )
     parse_mesh(spec).resolve(len(devices) - g)  # a clear error if the spec does not fit
     return Meshes(build_mesh(spec, devices[:-g]), build_mesh("dp=-1", devices[-g:]), placement)
+
+
+def _check_axes(spec) -> None:
+    """RLHF trains on the auto path's axes; a pipe or expert axis would only replicate work (and
+    its transfers then disagree with the prediction), so it is refused as everywhere else."""
+    for axis, short, what in (("pipe", "pp", "pipeline schedule"), ("expert", "ep", "experts")):
+        if spec.size(axis) > 1:
+            raise ValueError(
+                f"{short}={spec.size(axis)} is unused: the RLHF models run no {what}; "
+                "use dp, fsdp and tp"
+            )
 
 
 def _overlap(a: tuple[slice, ...], b: tuple[slice, ...], shape) -> int:

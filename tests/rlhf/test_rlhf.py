@@ -258,6 +258,9 @@ def test_phase_memory_against_the_calculator(tiny):
         (["--stale"], "--stale"),
         (["--minibatches", "3"], "--minibatches"),
         (["--algo", "sgd"], "--algo"),
+        (["--seed", "-1", "--dry-run"], "--seed"),  # before: passed --dry-run, failed later
+        (["--mesh", "pp=2,fsdp=4", "--dry-run"], "pp=2 is unused"),  # before: accepted
+        (["--mesh", "ep=2,dp=4", "--dry-run"], "ep=2 is unused"),
     ],
 )
 def test_cli_refuses_bad_settings(argv, flag, capsys):
