@@ -161,7 +161,11 @@ def add_parser(sub) -> None:
         action="store_true",
         help="check everything, print the resolved configuration, compile nothing",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar: each logged step (--log-every) is a line instead",
+    )
     add_dataclass_args(p.add_argument_group("model (on top of --model)"), ModelConfig)
     add_dataclass_args(p.add_argument_group("training"), TrainConfig)
     p.set_defaults(func=main)
@@ -289,7 +293,7 @@ def _main(args) -> int:
         paths["run_dir"].mkdir(parents=True, exist_ok=True)
         (paths["run_dir"] / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     try:
-        result = train(cfg, tcfg, setup, plan)
+        result = train(cfg, tcfg, setup, plan, say=print)
     except NonFiniteLoss as e:
         print(f"jaxscale train: {e}", file=sys.stderr)
         return 3

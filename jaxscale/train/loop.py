@@ -18,6 +18,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -187,6 +188,9 @@ def train(
             desc=f"train {built.label} {built.strategy.mesh}",
             enabled=setup.progress,
         )
+        # without the bar, each logged step is a line (the bar shows the loss otherwise)
+        lines = (lambda line: None) if setup.progress else say
+        record = partial(_record, log=log, result=result, bar=bar, say=lines)
         pending = None  # (step, metrics) of the last dispatched step, read one step late
         try:
             for s in range(start, plan.end):
@@ -202,21 +206,21 @@ def train(
                 if terms is not None:
                     metrics = {**metrics, **terms}
                 if pending is not None:
-                    _record(pending, log, result, bar)
+                    record(pending)
                 pending = (s, metrics)
                 if tcfg.eval_every and (s + 1) % tcfg.eval_every == 0:
-                    _record(pending, log, result, bar)  # first, so the file stays in step order
+                    record(pending)  # first, so the file stays in step order
                     pending = None
                     _evaluate(built, state, dataset, tcfg, s + 1, result, log)
                 if setup.ckpt_dir and tcfg.ckpt_every and (s + 1) % tcfg.ckpt_every == 0:
                     if pending is not None:  # its gradient norm checked before saving
-                        _record(pending, log, result, bar)
+                        record(pending)
                         pending = None
                     _save(setup, state, meta)
                 if stop.is_set():
                     break
             if pending is not None:
-                _record(pending, log, result, bar)
+                record(pending)
         finally:
             bar.close()
         done = int(jax.device_get(state["step"]))
@@ -314,7 +318,7 @@ def routing_metrics(terms: dict) -> dict:
     }
 
 
-def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> None:
+def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress, say) -> None:
     s, metrics = pending
     values = {
         k: float(v) if np.ndim(v) == 0 else np.round(np.asarray(v, np.float64), 5).tolist()
@@ -329,6 +333,7 @@ def _record(pending, log: MetricsLog, result: TrainResult, bar: Progress) -> Non
     record = log.train(s, values)
     if record is not None:
         result.history.append(record)
+        say(f"step {s:5d}  loss {values['loss']:.4f}")
     bar.update(1, note=f"loss {values['loss']:.4f}")
 
 

@@ -340,3 +340,13 @@ def test_a_sample_longer_than_the_context_says_where_it_stops(tmp_path, capsys):
     rc, out, err = _train(capsys, *argv, "--sample-tokens", "100000")
     assert rc == 0, err
     assert "--sample-tokens 100000: the sample stops at 124 tokens" in out  # 128 - len("def ")
+
+
+def test_no_progress_hides_the_bar_not_the_losses(capsys):
+    rc, out, err = _train(capsys, "--steps", "3", "--log-every", "1")  # TINY has --no-progress
+    assert rc == 0, err
+    assert [line.split()[:3] for line in out.splitlines() if "  loss " in line] == [
+        ["step", "0", "loss"],
+        ["step", "1", "loss"],
+        ["step", "2", "loss"],
+    ]
