@@ -64,3 +64,14 @@ def _aot_unavailable() -> bool:
     from jaxscale.analysis import aot
 
     return aot.aot_unavailable_reason() is not None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["train", "--mesh", "dp=3", "--dry-run"], ["train", "--mesh", "pp=2,dp=4", "--dry-run"]],
+)
+def test_the_errors_the_readme_quotes_are_the_ones_printed(argv, capsys):
+    assert cli_main(argv) == 2
+    message = capsys.readouterr().err.strip().split("error: ", 1)[1]
+    quoted = re.findall(r"`([^`]*)`", README.read_text())
+    assert any(len(q) >= 20 and q in message for q in quoted), message
