@@ -73,5 +73,5 @@ def _aot_unavailable() -> bool:
 def test_the_errors_the_readme_quotes_are_the_ones_printed(argv, capsys):
     assert cli_main(argv) == 2
     message = capsys.readouterr().err.strip().split("error: ", 1)[1]
-    quoted = re.findall(r"`([^`]*)`", README.read_text())
+    quoted = [" ".join(q.split()) for q in re.findall(r"`([^`]*)`", README.read_text())]
     assert any(len(q) >= 20 and q in message for q in quoted), message
