@@ -15,6 +15,7 @@ instantly. matplotlib is imported only when a figure is drawn (`figure`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -187,3 +188,20 @@ def figure(
         fig.savefig(path, dpi=dpi)
     finally:
         plt.close(fig)
+
+
+def strict(value):
+    """`value` with every non-finite float as null, so it dumps as strict JSON (a bare NaN is
+    not JSON, and most readers other than Python's refuse it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict(v) for v in value]
+    return value
+
+
+def json_line(record: dict) -> str:
+    """One metrics line: strict JSON, non-finite values as null."""
+    return json.dumps(strict(record), allow_nan=False)

@@ -121,10 +121,15 @@ def _train(args) -> int:
         d = Path(args.out)
         summary["metrics"] = str(run.write_metrics(out, d / "metrics.jsonl"))
         summary["plot"] = str(run.plot_curves({cfg.algo: out}, d / "learning_curve.png"))
+    bad = out.first_non_finite()
     if args.json:
         print(json.dumps(summary))
-        return 0
-    print(_summary_text(out, summary))
+    else:
+        print(_summary_text(out, summary))
+    if bad:  # a diverged run is not a result: say so, and exit as train does (3)
+        where = ", ".join(f"seed {seed} from update {u}" for seed, u in bad.items())
+        print(f"jaxscale rl: non-finite losses ({where}); lower --lr", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxscale.render import json_line
 from jaxscale.rl import env as envs
 from jaxscale.rl.config import RLConfig
 
@@ -42,6 +43,14 @@ class Outcome:
             hit = np.nonzero(row >= self.threshold)[0]
             out.append(int(self.eval_steps()[hit[0]]) if hit.size else None)
         return out
+
+    def first_non_finite(self) -> dict[int, int]:
+        """{seed: the first update (1-based) with a non-finite loss or statistic}."""
+        bad = np.zeros((len(self.seeds), self.cfg.n_updates), bool)
+        for v in self.metrics.values():
+            bad |= ~np.isfinite(np.asarray(v, np.float64).reshape(bad.shape))
+        rows = zip(self.seeds, bad, strict=True)
+        return {seed: int(np.argmax(row)) + 1 for seed, row in rows if row.any()}
 
     def summary(self) -> dict:
         solved = self.solved_at()
@@ -100,7 +109,7 @@ def write_metrics(out: Outcome, path: Path) -> Path:
             for u in range(cfg.n_updates):
                 rec = {"seed": seed, "update": u + 1, "env_steps": (u + 1) * cfg.batch}
                 rec |= {k: float(v[s, u]) for k, v in out.metrics.items()}
-                f.write(json.dumps(rec) + "\n")
+                f.write(json_line(rec) + "\n")
             for j, steps in enumerate(out.eval_steps()):
                 f.write(
                     json.dumps(

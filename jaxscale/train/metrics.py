@@ -10,8 +10,6 @@ it has one. The first record of a run says where it starts.
 
 from __future__ import annotations
 
-import json
-import math
 import time
 import uuid
 from collections import deque
@@ -21,6 +19,7 @@ import jax
 
 from jaxscale.devices import mfu
 from jaxscale.model import counts
+from jaxscale.render import json_line
 
 
 class MetricsLog:
@@ -58,7 +57,7 @@ class MetricsLog:
             "time_s": round(time.perf_counter() - self.t0, 3),
         }
         if self.file is not None:
-            self.file.write(json.dumps(strict(record), allow_nan=False) + "\n")
+            self.file.write(json_line(record) + "\n")
             self.file.flush()
         return record
 
@@ -100,15 +99,3 @@ class MetricsLog:
         if optimal is not None:
             record["optimal_loss"] = optimal
         return self._write(record)
-
-
-def strict(value):
-    """`value` with every non-finite float as null, so each line is strict JSON (a bare NaN is
-    not JSON, and most readers other than Python's refuse it)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: strict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [strict(v) for v in value]
-    return value

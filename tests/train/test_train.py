@@ -143,7 +143,7 @@ def test_checkpoint_retention_keeps_the_newest_n(tmp_path):
 
 
 def test_metrics_lines_write_non_finite_values_as_null():
-    from jaxscale.train.metrics import strict
+    from jaxscale.render import strict
 
     got = strict({"loss": float("nan"), "load": [[1.0, float("inf")]], "step": 3, "ok": 0.5})
     assert got == {"loss": None, "load": [[1.0, None]], "step": 3, "ok": 0.5}
