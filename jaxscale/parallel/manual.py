@@ -13,6 +13,7 @@ Shapes: the batch [B, T+1] enters as [B_data, T+1] per device (split over the da
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 
@@ -169,8 +170,9 @@ def init(m: Manual):
 
 
 def predict(m: Manual, step_shape, cfg: ModelConfig, batch: int, seq_len: int):
-    """({op: bytes per device}, None), the sum of every axis's prediction; or (None, why)."""
-    comp = m.comp
+    """({op: bytes per device}, None), the sum of every axis's prediction for `cfg` (the model
+    the step runs, or a variant of it: remat, dtype); or (None, why)."""
+    comp = dataclasses.replace(m.comp, cfg=cfg)
     if comp.plan is not None:
         return None, (
             "a pipeline's other collectives sit in the schedule's conditionals, where the "

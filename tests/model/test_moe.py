@@ -264,3 +264,65 @@ def test_sharded_routing_terms_equal_the_reference(text, cf, drops):
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=RTOL, atol=ATOL, err_msg=key)
     assert (float(want["drop_fraction"]) > 0.05) == drops
+
+
+def _numpy_route(h_BTD, w_router_DE, k):
+    """The router from moe.py's docstring, float64: softmax(h W_router), the k largest
+    probabilities, renormalised to sum to 1 when k > 1 (k = 1 keeps the raw probability)."""
+    logits_BTE = np.asarray(h_BTD, np.float64) @ np.asarray(w_router_DE, np.float64)
+    e_BTE = np.exp(logits_BTE - logits_BTE.max(-1, keepdims=True))
+    probs_BTE = e_BTE / e_BTE.sum(-1, keepdims=True)
+    expert_BTX = np.argsort(-probs_BTE, axis=-1, kind="stable")[..., :k]
+    top_BTX = np.take_along_axis(probs_BTE, expert_BTX, -1)
+    gates_BTX = top_BTX / top_BTX.sum(-1, keepdims=True) if k > 1 else top_BTX
+    return probs_BTE, gates_BTX, expert_BTX
+
+
+def _numpy_moe_layer(h_BTD, p, k):
+    """The dropless SwiGLU MoE MLP from its equation, float64, a loop over tokens: y = the sum
+    over the token's k experts of gate * W_down (silu(h W_gate) * h W_up)."""
+    w = {key: np.asarray(p[key], np.float64) for key in moe.MOE_KEYS}
+    h_BTD = np.asarray(h_BTD, np.float64)
+    _, gates_BTX, expert_BTX = _numpy_route(h_BTD, w["w_router_DE"], k)
+    y_BTD = np.zeros_like(h_BTD)
+    for b, t, x in np.ndindex(*gates_BTX.shape):
+        e, h_D = expert_BTX[b, t, x], h_BTD[b, t]
+        gate_F, up_F = h_D @ w["we_gate_EDF"][e], h_D @ w["we_up_EDF"][e]
+        act_F = gate_F / (1 + np.exp(-gate_F)) * up_F
+        y_BTD[b, t] += gates_BTX[b, t, x] * (act_F @ w["we_down_EFD"][e])
+    return y_BTD
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_router_gates_are_the_chosen_probabilities_renormalised(k):
+    """The router against its stated rule in NumPy. Catches gates left unnormalised for k > 1
+    (their sum would be the chosen experts' share of the probability, about 0.55 here, not 1), a
+    k = 1 gate renormalised to 1, and a wrong choice or order of experts. reference_mlp calls
+    `route` itself, so the layer-vs-oracle tests above cannot see a bug in the gates."""
+    cfg = CFG.replace(top_k=k)
+    p, h_BTD = _layer(cfg), _h()
+    _, probs_BTE, gates_BTX, expert_BTX = moe.route(h_BTD, p["w_router_DE"], cfg)
+    want_probs, want_gates, want_experts = _numpy_route(h_BTD, p["w_router_DE"], k)
+    np.testing.assert_allclose(probs_BTE, want_probs, rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(np.asarray(expert_BTX), want_experts)
+    np.testing.assert_allclose(gates_BTX, want_gates, rtol=RTOL, atol=ATOL)
+    if k > 1:  # the rule itself: one unit of weight per token, split over its k experts
+        np.testing.assert_allclose(np.sum(gates_BTX, -1), 1.0, rtol=RTOL)
+    # the other rule (renormalised at k = 1, raw at k > 1) is far outside the tolerance here
+    raw_BTX = np.take_along_axis(want_probs, want_experts, -1)
+    other = raw_BTX / raw_BTX.sum(-1, keepdims=True) if k == 1 else raw_BTX
+    assert np.abs(other - want_gates).max() > 100 * (ATOL + RTOL)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_moe_layer_combine_weights_equal_a_numpy_layer(k):
+    """The whole dropless layer (route, scatter, experts, gate-weighted combine) against a NumPy
+    loop written from the equation, sharing no code with moe.py: a combine that weights the
+    experts' outputs by anything but the renormalised gates (k > 1) or the raw top probability
+    (k = 1) fails here."""
+    cfg = CFG.replace(top_k=k, moe_mode="dropless")
+    assert cfg.mlp == "swiglu"  # the NumPy layer's activation
+    p, h_BTD = _layer(cfg), _h(B=2, T=8)
+    y_BTD, stats = moe.moe_mlp(h_BTD, p, cfg, pieces.DENSE)
+    assert float(stats["drop"]) == 0.0
+    np.testing.assert_allclose(y_BTD, _numpy_moe_layer(h_BTD, p, k), rtol=RTOL, atol=ATOL)

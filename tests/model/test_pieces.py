@@ -91,6 +91,28 @@ def test_rms_norm_and_cross_entropy_match_their_formulas():
     assert float(got) == pytest.approx(want, rel=RTOL)
 
 
+@pytest.mark.parametrize("eps", [1e-6, 1e-5])
+def test_rms_norm_puts_eps_inside_the_square_root_on_small_inputs(eps):
+    """x / sqrt(mean(x^2) + eps) * scale, on rows whose mean square is comparable to eps (RMS
+    1e-4 .. 1e-2). On unit-scale inputs eps changes the output by ~eps, below the tolerance, so
+    the test above cannot tell eps inside the root from x / (sqrt(mean(x^2)) + eps), x times
+    (rsqrt(mean(x^2)) + eps) or a missing eps; here each is ~1.4x too large at RMS 1e-3 and
+    ~10x at RMS 1e-4 (eps 1e-6)."""
+    rms_B = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
+    x_BTD = RNG.normal(size=(5, 3, 32)) * rms_B[:, None, None]
+    scale_D = RNG.normal(size=32)
+    ms_BT1 = np.mean(x_BTD**2, axis=-1, keepdims=True)
+    want = x_BTD / np.sqrt(ms_BT1 + eps) * scale_D
+    got = pieces.rms_norm(jnp.asarray(x_BTD, jnp.float32), jnp.asarray(scale_D, jnp.float32), eps)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    for wrong in (
+        x_BTD / (np.sqrt(ms_BT1) + eps) * scale_D,
+        x_BTD * (1 / np.sqrt(ms_BT1) + eps) * scale_D,
+        x_BTD / np.sqrt(ms_BT1) * scale_D,
+    ):  # the inputs tell the rules apart, far beyond the tolerance
+        assert np.abs(wrong - want).max() > 100 * (ATOL + RTOL * np.abs(want).max())
+
+
 def _numpy_forward(p, tokens, cfg: ModelConfig):
     """The transformer from its equations, float64, loops over layers and heads."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)

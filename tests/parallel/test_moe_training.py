@@ -9,15 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 from jaxscale import verify
+from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.bench import experts as bench_experts
 from jaxscale.bench import meshes
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.lessons import experts
-from jaxscale.parallel.compose import Strategy
+from jaxscale.parallel.compose import Strategy, build
 from jaxscale.tolerances import COMM_RTOL, TRAJ_ATOL
 from jaxscale.train.loop import RunSetup, train
 
@@ -178,3 +180,28 @@ def test_bench_experts_dry_run_lists_the_rows(capsys):
     want = [[c.strategy.label(), c.mesh] for c in bench_experts.ROWS]
     assert [line.split() for line in out] == want
     assert all(c.model for c in bench_experts.ROWS)  # the MoE cases, and only they
+
+
+def test_remat_moe_step_all_to_alls_equal_the_prediction():
+    """A rematerialised expert-parallel step runs each MoE layer's forward twice, so it has 6
+    all-to-alls of E x B_l x C x D per layer, not 4 (ep.py): the census of the compiled step
+    equals both the closed form and `predict_comm`, and the 4-per-layer count a prediction
+    ignoring remat gives is outside COMM_RTOL. The slow bench test sees the step without remat."""
+    cfg = verify.CFG.replace(**dict(verify.MOE), remat=True)
+    batch, seq_len = 16, 32
+    tcfg = TrainConfig(global_batch=batch, seq_len=seq_len)
+    built = build(Strategy.parse("manual:dp+ep", "ep=4,dp=2"), cfg, tcfg)
+    with jax.set_mesh(built.mesh):
+        _, report = compile_with_report(built.step, *built.abstract_args(batch, seq_len))
+    measured = report.collective_totals()["all-to-all"]
+    predicted, why = built.predict_comm(cfg, batch, seq_len)
+    assert why is None
+    rows_local = batch // 8  # the batch splits over dp and ep
+    one_a2a = cfg.n_experts * rows_local * cfg.capacity(seq_len) * cfg.d_model * 4  # f32
+    assert measured.count == 6 * cfg.n_moe_layers
+    assert measured.total_bytes == pytest.approx(6 * cfg.n_moe_layers * one_a2a, rel=COMM_RTOL)
+    assert measured.total_bytes == pytest.approx(predicted["all-to-all"], rel=COMM_RTOL)
+    plain = cfg.replace(remat=False)
+    no_remat, _ = build(built.strategy, plain, tcfg).predict_comm(plain, batch, seq_len)
+    assert no_remat["all-to-all"] == 4 * cfg.n_moe_layers * one_a2a
+    assert measured.total_bytes != pytest.approx(no_remat["all-to-all"], rel=COMM_RTOL)
