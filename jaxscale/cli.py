@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Command groups that live in their own modules; each exposes add_parser(subparsers).
 _OPTIONAL_COMMAND_MODULES = (
     "jaxscale.train.cli",  # train
-    "jaxscale.bench.cli",  # bench [meshes|collectives]
+    "jaxscale.bench.cli",  # bench [SUITE]
     "jaxscale.verify_cli",  # verify
     "jaxscale.sim.cli",  # simulate …
     "jaxscale.advise_cli",  # advise

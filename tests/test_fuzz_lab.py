@@ -15,7 +15,7 @@ from cli_fuzz import check, commands, hostile, run, value_flags
 METRICS = json.dumps({"run_id": "r", "step": 0, "loss": 5.0, "lr": 0.0, "grad_norm": 1.0})
 BASE = {  # the arguments each command runs with, so that a good value is cheap
     ("train",): ["--dry-run", "--data", "markov"],
-    ("bench",): ["--dry-run"],
+    ("bench", "meshes"): ["--dry-run"],
     ("verify",): ["--dry-run"],
     ("launch",): ["--", "python", "-c", "pass"],
     ("hello",): ["--json"],

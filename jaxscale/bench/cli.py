@@ -1,5 +1,11 @@
-"""`jaxscale bench [meshes|collectives|rl]`: the mesh comparison (default), collective timings, or
-PPO beside rejax's (`jaxscale.rl.bench`)."""
+"""`jaxscale bench [SUITE]`: the mesh comparison (`meshes`, the default when no suite is named),
+the pipeline schedules, the MoE rows, strong/weak scaling, the serving engine, collective timings,
+or PPO beside rejax's (`jaxscale.rl.bench`).
+
+Each suite is a subcommand with only the flags it reads (a flag of another suite is an argparse
+error), registered by its `_add_<suite>(sub)`, and runs through its `_run_<suite>` handler, which
+imports the suite's module (and jax) only when it runs.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +16,17 @@ from pathlib import Path
 from jaxscale.cliutil import comma_list, positive_int, writable_dir, writable_path
 from jaxscale.config import MODEL_PRESETS
 
+DEFAULT_SUITE = "meshes"
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
         "pipeline schedules against their formulas ('bench pipeline'), MoE rows with their "
-        "all-to-alls ('bench experts'), strong/weak scaling ('bench scaling'), time collectives "
-        "('bench collectives'), or PPO beside rejax ('bench rl')",
+        "all-to-alls ('bench experts'), strong/weak scaling ('bench scaling'), the serving "
+        "engine under load ('bench serve'), time collectives ('bench collectives'), or PPO "
+        "beside rejax ('bench rl')",
         description="The mesh comparison (default): every strategy x mesh compiled, its memory, "
         "FLOPs and collectives measured beside the predictions, and a short trajectory checked "
         "against one device. 'bench pipeline' runs each pipeline schedule: bubble and "
@@ -26,25 +35,146 @@ def add_parser(sub) -> None:
         "MoE model: all-to-all bytes against 4 per MoE layer, the seed's EP-vs-TP table. "
         "'bench scaling' runs one strategy's strong and weak scaling over 1, 2, 4, 8 devices "
         "against its prediction (calc scaling's efficiencies). "
+        "'bench serve' loads the serving engine in process and over HTTP. "
         "'bench collectives' times each collective over message sizes. "
         "'bench rl' "
-        "times jaxscale's PPO beside rejax's on CartPole (steps/s, time to 475).",
+        "times jaxscale's PPO beside rejax's on CartPole (steps/s, time to 475). "
+        "With no SUITE, 'bench' is 'bench meshes' and takes its flags: "
+        "'jaxscale bench meshes --help' lists them; 'jaxscale bench SUITE --help', each suite's.",
         epilog="examples:\n  jaxscale bench --model tiny --strategies auto:fsdp,manual:zero3 "
         "--steps 3\n  jaxscale bench --strategies manual:zero3+tp --meshes 'fsdp=2,tp=4;"
         "fsdp=4,tp=2'\n  jaxscale bench --target tpu:v5e:2x4\n  jaxscale bench collectives "
         "--sizes 1K:16M\n  jaxscale bench pipeline --sweep 4,8,16\n  "
         "jaxscale bench scaling --strategies auto:fsdp"
         "\n  jaxscale bench rl",
+        usage="%(prog)s [-h] [SUITE] [flags]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    suites = ["meshes", "pipeline", "experts", "scaling", "serve", "collectives", "rl"]
-    p.add_argument("suite", nargs="?", default="meshes", choices=suites)
+    suites = p.add_subparsers(
+        dest="suite", metavar="SUITE", title="suites (default meshes)", prog=p.prog
+    )
+    for add in SUITES:
+        add(suites)
+    _parse_suites(p, suites)
+
+
+def _parse_suites(p: argparse.ArgumentParser, suites) -> None:
+    """`jaxscale bench [flags]` parses as `jaxscale bench meshes [flags]`: argparse has no
+    default subcommand, so the bench parser puts `meshes` before arguments that start with a flag
+    (other than -h) or before none; a word that is no suite stays an invalid choice of SUITE. A
+    flag the suite does not take is refused by the suite's parser, which names itself (exit 2)."""
+    parse = p.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        args = [] if args is None else list(args)
+        if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
+            args.insert(0, DEFAULT_SUITE)
+        namespace, extras = parse(args, namespace)
+        if extras:
+            suites.choices[namespace.suite].error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    p.parse_known_args = parse_known_args
+
+
+def _suite(sub, name: str, *, help: str, description: str, examples: list[str]):
+    """A suite's parser: its description, then its example commands as typed."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+# --- the flags several suites share -------------------------------------------------------------
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default="small",
         choices=sorted(MODEL_PRESETS),
         help="model preset (default small)",
     )
+    p.add_argument(
+        "--global-batch", type=positive_int, default=16, help="sequences per step (default 16)"
+    )
+    p.add_argument(
+        "--seq-len", type=positive_int, default=64, help="tokens per sequence (default 64)"
+    )
+
+
+def _add_steps(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=2,
+        help="timed steps per row: the checked trajectory runs one more, untimed (default 2)",
+    )
+
+
+def _add_outputs(p: argparse.ArgumentParser, png: str | None) -> None:
+    """--out; --plot and --no-plot where the suite draws a PNG (`png`: its default path);
+    --json; --dry-run."""
+    p.add_argument(
+        "--out",
+        type=writable_dir,
+        default="results",
+        help="directory for the JSON report and the PNG (default results)"
+        if png
+        else "directory for the JSON report (default results)",
+    )
+    if png:
+        p.add_argument("--plot", type=writable_path, default=None, help=f"PNG path (default {png})")
+        p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the arguments and list the rows, compile nothing",
+    )
+
+
+def plot_path(args, name: str) -> str | None:
+    if args.no_plot:
+        return None
+    return args.plot or str(Path(args.out) / f"{name}.png")
+
+
+# --- the suites, in the order `jaxscale bench --help` lists them --------------------------------
+
+
+def _add_meshes(sub) -> None:
+    p = _suite(
+        sub,
+        "meshes",
+        help="strategies x meshes: memory, FLOPs, collectives, equivalence (the default suite)",
+        description="The mesh comparison (the default: 'jaxscale bench' runs it): every "
+        "strategy x mesh compiled, its memory, FLOPs and collectives measured beside the "
+        "predictions, and a short trajectory checked against one device.",
+        examples=[
+            "jaxscale bench --model tiny --strategies auto:fsdp,manual:zero3 --steps 3",
+            "jaxscale bench --strategies manual:zero3+tp --meshes 'fsdp=2,tp=4;fsdp=4,tp=2'",
+            "jaxscale bench --target tpu:v5e:2x4",
+        ],
+    )
+    _add_model(p)
+    _add_rows(p)
+    _add_steps(p)
+    p.add_argument(
+        "--remat-layers",
+        type=positive_int,
+        default=8,
+        help="layers of the model used for the remat vs sqrt(L) comparison (default 8)",
+    )
+    _add_outputs(p, "OUT/bench_meshes.png; OUT/bench_<topology>.png with --target")
+    p.set_defaults(func=_run_meshes)
+
+
+def _add_rows(p: argparse.ArgumentParser) -> None:
+    """The mesh comparison's rows: strategies, meshes, and where they run."""
     p.add_argument(
         "--strategies",
         default="",
@@ -64,79 +194,189 @@ def add_parser(sub) -> None:
         help="mesh specs, ';'-separated (dp=4,tp=2;...): the auto path on each, or "
         "every --strategies entry on each",
     )
-    p.add_argument(
-        "--global-batch", type=positive_int, default=16, help="sequences per step (default 16)"
-    )
-    p.add_argument(
-        "--seq-len", type=positive_int, default=64, help="tokens per sequence (default 64)"
-    )
-    p.add_argument(
-        "--steps",
-        type=positive_int,
-        default=2,
-        help="timed steps per row: the checked trajectory runs one more, untimed (default 2)",
-    )
-    p.add_argument(
-        "--out",
-        type=writable_dir,
-        default="results",
-        help="directory for the JSON report and the PNG (default results)",
-    )
-    p.add_argument(
-        "--plot", type=writable_path, default=None, help="PNG path (default OUT/bench_<suite>.png)"
-    )
-    p.add_argument("--no-plot", action="store_true", help="write no PNG")
-    p.add_argument(
-        "--remat-layers",
-        type=positive_int,
-        default=8,
-        help="layers of the model used for the remat vs sqrt(L) comparison (default 8)",
+
+
+def _add_pipeline(sub) -> None:
+    p = _suite(
+        sub,
+        "pipeline",
+        help="pipeline schedules against their formulas: bubble, permute bytes, temporaries",
+        description="Runs each pipeline schedule: bubble and collective-permute bytes against "
+        "their formulas, temporaries as M grows, the executed grids.",
+        examples=["jaxscale bench pipeline --sweep 4,8,16"],
     )
     p.add_argument(
         "--sweep",
         type=comma_list(positive_int),
         default=[4, 8, 16, 32],
-        help="pipeline suite: microbatch counts M at which every schedule is "
-        "compiled for its compile time, tick programs and temporaries (default "
-        "4,8,16,32; make bench runs 8,32)",
+        help="microbatch counts M at which every schedule is compiled for its compile time, "
+        "tick programs and temporaries (default 4,8,16,32; make bench runs 8,32)",
     )
+    _add_outputs(p, "OUT/bench_pipeline.png")
+    p.set_defaults(func=_run_pipeline)
+
+
+def _add_experts(sub) -> None:
+    p = _suite(
+        sub,
+        "experts",
+        help="MoE rows with their all-to-alls, EP vs TP",
+        description="Runs expert parallelism, TP of experts and the auto path on an MoE model: "
+        "all-to-all bytes against 4 per MoE layer, the seed's EP-vs-TP table.",
+        examples=["jaxscale bench experts"],
+    )
+    _add_steps(p)
+    _add_outputs(p, None)
+    p.set_defaults(func=_run_experts)
+
+
+def _add_scaling(sub) -> None:
+    p = _suite(
+        sub,
+        "scaling",
+        help="strong/weak scaling of one strategy over 1, 2, 4, 8 devices",
+        description="Runs one strategy's strong and weak scaling over 1, 2, 4, 8 devices "
+        "against its prediction (calc scaling's efficiencies).",
+        examples=["jaxscale bench scaling --strategies auto:fsdp"],
+    )
+    _add_model(p)
+    p.add_argument(
+        "--strategies",
+        default="",
+        help="the strategy to scale, a label such as auto:fsdp or manual:zero3 (a list: its "
+        "first; default auto:dp)",
+    )
+    _add_steps(p)
     p.add_argument(
         "--devices",
         type=comma_list(positive_int),
         default=None,
-        help="scaling suite: device counts, starting at 1 (default 1,2,4,... up to "
-        "the devices there are), e.g. 1,2,4,8",
+        help="device counts, starting at 1 (default 1,2,4,... up to the devices there are), "
+        "e.g. 1,2,4,8",
     )
     p.add_argument(
         "--mode",
         choices=("strong", "weak", "both"),
         default="both",
-        help="scaling suite: strong (global batch fixed), weak (--global-batch per "
-        "device) or both (default)",
+        help="strong (global batch fixed), weak (--global-batch per device) or both (default)",
+    )
+    _add_outputs(p, "OUT/bench_scaling.png")
+    p.set_defaults(func=_run_scaling)
+
+
+def _add_serve(sub) -> None:
+    p = _suite(
+        sub,
+        "serve",
+        help="the serving engine under load, in process and over HTTP",
+        description="The engine under Poisson load in process and over HTTP (TTFT, TPOT, "
+        "throughput), continuous vs static batching beside 'simulate batching', paged vs "
+        "contiguous capacity beside 'calc kv', the prefix cache's hit rate beside 'calc prefix'.",
+        examples=["jaxscale bench serve --requests 8 --no-http"],
     )
     p.add_argument(
         "--requests",
         type=positive_int,
         default=24,
-        help="serve suite: requests per load level (default 24)",
+        help="requests per load level (default 24)",
     )
-    p.add_argument("--no-http", action="store_true", help="serve suite: skip the HTTP runs")
-    p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check the arguments and list the rows, compile nothing",
-    )
+    p.add_argument("--no-http", action="store_true", help="skip the HTTP runs")
+    _add_outputs(p, "OUT/bench_serve.png")
+    p.set_defaults(func=_run_serve)
+
+
+def _add_collectives(sub) -> None:
     from jaxscale.bench import collectives
 
+    p = _suite(
+        sub,
+        "collectives",
+        help="time each collective over message sizes, with a fitted alpha-beta model",
+        description="Times each collective over message sizes: latency and bus bandwidth, an "
+        "alpha-beta fit.",
+        examples=["jaxscale bench collectives --sizes 1K:16M"],
+    )
     collectives.add_arguments(p)
-    p.set_defaults(func=main)
+    _add_outputs(p, "OUT/bench_collectives.png")
+    p.set_defaults(func=_run_collectives)
 
 
-def plot_path(args, name: str) -> str | None:
-    if args.no_plot:
-        return None
-    return args.plot or str(Path(args.out) / f"{name}.png")
+def _add_rl(sub) -> None:
+    p = _suite(
+        sub,
+        "rl",
+        help="jaxscale's PPO beside rejax's on CartPole",
+        description="Times jaxscale's PPO beside rejax's on CartPole (steps/s, time to 475).",
+        examples=["jaxscale bench rl"],
+    )
+    _add_outputs(p, "OUT/bench_rl.png")
+    p.set_defaults(func=_run_rl)
+
+
+SUITES = (
+    _add_meshes,
+    _add_pipeline,
+    _add_experts,
+    _add_scaling,
+    _add_serve,
+    _add_collectives,
+    _add_rl,
+)  # help order; each registers its subcommand
+
+
+# --- the handlers: each imports its suite (and jax) only when it runs ---------------------------
+
+
+def _fast_cpu_compiles() -> None:
+    """On simulated CPU devices the pipeline and experts suites are mostly compiling, their
+    figures are bytes and memory: at XLA's lowest backend optimisation level, as the test suite
+    compiles (the HLO passes that fix collectives and memory are the same; ~2x faster compiles)."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        jax.config.update("jax_disable_most_optimizations", True)
+
+
+def _run_pipeline(args) -> int:
+    from jaxscale.bench import pipeline
+
+    _fast_cpu_compiles()
+    return pipeline.main(args)
+
+
+def _run_experts(args) -> int:
+    from jaxscale.bench import experts
+
+    _fast_cpu_compiles()
+    return experts.main(args)
+
+
+def _run_scaling(args) -> int:
+    from jaxscale.bench import scaling
+
+    return scaling.main(args)
+
+
+def _run_serve(args) -> int:
+    from jaxscale.bench import serve
+
+    return serve.main(args)
+
+
+def _run_collectives(args) -> int:
+    from jaxscale.bench import collectives
+
+    args.plot = plot_path(args, "bench_collectives")
+    return collectives.main(args, dry_run=args.dry_run)
+
+
+def _run_rl(args) -> int:
+    from jaxscale.rl import bench as rl_bench
+
+    return rl_bench.main(args)
+
+
+# --- meshes: the mesh comparison ------------------------------------------------------------------
 
 
 def _cases(args, n_devices: int):
@@ -151,65 +391,49 @@ def _cases(args, n_devices: int):
     return list(meshes.DEFAULT_CASES)
 
 
-def main(args) -> int:
-    if args.suite == "rl":
-        from jaxscale.rl import bench as rl_bench
-
-        return rl_bench.main(args)
-    if args.suite in ("pipeline", "experts"):
-        import jax
-
-        from jaxscale.bench import experts, pipeline
-
-        # On simulated CPU devices these suites are mostly compiling, their figures are bytes
-        # and memory: at XLA's lowest backend optimisation level, as the test suite compiles
-        # (the HLO passes that fix collectives and memory are the same; ~2x faster compiles)
-        if jax.default_backend() == "cpu":
-            jax.config.update("jax_disable_most_optimizations", True)
-        return (pipeline if args.suite == "pipeline" else experts).main(args)
-    if args.suite == "serve":
-        from jaxscale.bench import serve
-
-        return serve.main(args)
-    if args.suite == "scaling":
-        from jaxscale.bench import scaling
-
-        return scaling.main(args)
-    if args.suite == "collectives":
-        from jaxscale.bench import collectives
-
-        args.plot = plot_path(args, "bench_collectives")
-        return collectives.main(args, dry_run=args.dry_run)
-    import json
-
+def _meshes_setup(args):
+    """(model config, train config, cases, TPU target or None), every flag checked before
+    anything compiles; a ValueError names the flag."""
     import jax
 
-    from jaxscale.bench import meshes, report
+    from jaxscale.bench import meshes
     from jaxscale.config import TrainConfig
+
+    cfg = MODEL_PRESETS[args.model]
+    # no warmup: the trajectory compared with the reference has real updates from step 0
+    tcfg = TrainConfig(
+        global_batch=args.global_batch, seq_len=args.seq_len, steps=100, warmup_steps=0, lr=1e-3
+    )
+    if args.seq_len > cfg.max_seq:
+        raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq {cfg.max_seq}")
+    target, n_devices = None, jax.device_count()
+    if args.target != "cpu":
+        target, n_devices = _aot_target(args.target)
+    cases = _cases(args, n_devices)
+    meshes.check_cases(cases, tcfg, n_devices)  # the flags, before anything compiles
+    return cfg, tcfg, cases, target
+
+
+def _aot_target(text: str):
+    """--target's TPU topology and its device count."""
+    from jaxscale.analysis import aot
+
+    try:
+        target = aot.parse_target(text)
+    except ValueError as e:
+        raise ValueError(f"--target: {e}") from None
+    reason = aot.aot_unavailable_reason()
+    if reason:
+        raise ValueError(f"--target {text}: {reason}")
+    return target, len(aot.target_devices(target))
+
+
+def _run_meshes(args) -> int:
+    from jaxscale.bench import meshes, report
     from jaxscale.progress import Progress
 
     try:
-        cfg = MODEL_PRESETS[args.model]
-        # no warmup: the trajectory compared with the reference has real updates from step 0
-        tcfg = TrainConfig(
-            global_batch=args.global_batch, seq_len=args.seq_len, steps=100, warmup_steps=0, lr=1e-3
-        )
-        if args.seq_len > cfg.max_seq:
-            raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq {cfg.max_seq}")
-        target, n_devices = None, jax.device_count()
-        if args.target != "cpu":
-            from jaxscale.analysis import aot
-
-            try:
-                target = aot.parse_target(args.target)
-            except ValueError as e:
-                raise ValueError(f"--target: {e}") from None
-            reason = aot.aot_unavailable_reason()
-            if reason:
-                raise ValueError(f"--target {args.target}: {reason}")
-            n_devices = len(aot.target_devices(target))
-        cases = _cases(args, n_devices)
-        meshes.check_cases(cases, tcfg, n_devices)  # the flags, before anything compiles
+        cfg, tcfg, cases, target = _meshes_setup(args)
     except ValueError as e:
         print(f"jaxscale bench: error: {e}", file=sys.stderr)
         return 2
@@ -234,29 +458,39 @@ def main(args) -> int:
     paths = report.write_outputs(
         rows, env, args.out, extra={"remat": remat}, plot=plot_path(args, "bench_meshes")
     )
-    if args.json:
-        print(json.dumps(report.to_json(rows, env, {"remat": remat})))
-    else:
-        from jaxscale.model import counts
-
-        flops = counts.train_step_flops(
-            cfg, tcfg.global_batch, tcfg.seq_len, causal=True, executed=False
-        )
-        print(report.memory_table(rows, ref_ms, report.mfu_lines(rows, flops, env["device_kind"])))
-        print()
-        print(report.comm_table(rows))
-        print()
-        print(report.remat_lines(remat))
-        if jax.default_backend() == "cpu":
-            print(
-                "* step ms on simulated CPU devices sharing the host's cores: indicative only;"
-                " compare meshes by the compiler figures, not by wall-clock."
-            )
-        print("\nwrote " + ", ".join(str(p) for p in paths))
+    _print_meshes(args, rows, ref_ms, remat, env, cfg, tcfg, paths)
     ok = all(
         r.report is None or (r.equivalent and r.memory_ok and r.comm_ok is not False) for r in rows
     )
     return 0 if ok else 1
+
+
+def _print_meshes(args, rows, ref_ms, remat, env, cfg, tcfg, paths) -> None:
+    import json
+
+    import jax
+
+    from jaxscale.bench import report
+
+    if args.json:
+        print(json.dumps(report.to_json(rows, env, {"remat": remat})))
+        return
+    from jaxscale.model import counts
+
+    flops = counts.train_step_flops(
+        cfg, tcfg.global_batch, tcfg.seq_len, causal=True, executed=False
+    )
+    print(report.memory_table(rows, ref_ms, report.mfu_lines(rows, flops, env["device_kind"])))
+    print()
+    print(report.comm_table(rows))
+    print()
+    print(report.remat_lines(remat))
+    if jax.default_backend() == "cpu":
+        print(
+            "* step ms on simulated CPU devices sharing the host's cores: indicative only;"
+            " compare meshes by the compiler figures, not by wall-clock."
+        )
+    print("\nwrote " + ", ".join(str(p) for p in paths))
 
 
 def _main_aot(args, cfg, tcfg, cases, target, env) -> int:
