@@ -150,7 +150,8 @@ def test_hello_command_table(capsys):
     assert "From rank 3: [30.0, 31.0]" in out and "Correct: True" in out
 
 
-@pytest.mark.slow  # two processes train until interrupted (about 40 s)
+@pytest.mark.slow  # two processes train until interrupted (about 20 s)
+@pytest.mark.first_line
 def test_ctrl_c_lets_the_workers_finish_their_save_and_the_run_resumes(tmp_path, capsys):
     """Ctrl-C to the launcher: the workers get SIGTERM and time to save (before: killed 3 s into
     the save, leaving only a tmp directory), the launcher exits 130, and `--resume` continues

@@ -175,7 +175,7 @@ def to_json(rows: list[BenchRow], env: dict, extra: dict | None = None) -> dict:
         item = {
             "label": r.label or r.case.label,
             "path": s.path,
-            "mesh": s.mesh,
+            "mesh": str(s.mesh),
             "stage": s.zero,
             "tp_mode": s.tensor,
             "devices": r.devices,
