@@ -45,10 +45,12 @@ class Outcome:
         return out
 
     def first_non_finite(self) -> dict[int, int]:
-        """{seed: the first update (1-based) with a non-finite loss or statistic}."""
+        """{seed: the first update (1-based) with a non-finite loss}. (Statistics may be NaN
+        by design: an update in which no episode ended has no mean episode return.)"""
         bad = np.zeros((len(self.seeds), self.cfg.n_updates), bool)
-        for v in self.metrics.values():
-            bad |= ~np.isfinite(np.asarray(v, np.float64).reshape(bad.shape))
+        for k, v in self.metrics.items():
+            if k.endswith("loss"):
+                bad |= ~np.isfinite(np.asarray(v, np.float64).reshape(bad.shape))
         rows = zip(self.seeds, bad, strict=True)
         return {seed: int(np.argmax(row)) + 1 for seed, row in rows if row.any()}
 
