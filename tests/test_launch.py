@@ -171,7 +171,7 @@ def test_ctrl_c_lets_the_workers_finish_their_save_and_the_run_resumes(tmp_path,
             break
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S + 150)  # the launcher's grace: 120 s
     assert proc.returncode == 130, out[-2000:]
     assert "waiting up to 120 s for the processes to finish their step and save" in out
     complete, stray = checkpoint.steps(run / "checkpoints")

@@ -217,7 +217,7 @@ def train(
                         record(pending)
                         pending = None
                     _save(setup, state, meta)
-                if stop.is_set():
+                if _stop_everywhere(stop):
                     break
             if pending is not None:
                 record(pending)
@@ -293,6 +293,21 @@ def _watch(read_fd: int, stop: threading.Event) -> None:
             elif signum == signal.SIGINT:
                 print(ABORT_NOTE, file=sys.stderr, flush=True)
                 os._exit(130)  # at once: no interpreter teardown under running XLA threads
+
+
+def _stop_everywhere(stop: threading.Event) -> bool:
+    """Whether to stop after this step. With several processes (`jaxscale launch`) they decide
+    together (one host all-gather of a flag per step): a signal reaches them at different
+    moments, and a process that saved while another ran one more step would wait for it in the
+    save while the other waits in the step's collectives."""
+    if jax.process_count() == 1:
+        return stop.is_set()
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.int32(stop.is_set()))
+    if np.any(flags):
+        stop.set()
+    return bool(np.any(flags))
 
 
 def _initial_state(built: Built, setup: RunSetup, meta, plan: Plan, result: TrainResult):
