@@ -96,15 +96,21 @@ def local_grads(m: Manual, params, batch_BT1, unreduced: bool):
         return common.accumulate(
             loss_fn, params, batch_BT1, m.tcfg.grad_accum, comp.data_axes, unreduced
         )
+    return _schedule(m, params, batch_BT1, comp.plan, unreduced, comp.zero_specs)
+
+
+def _schedule(m: Manual, params, batch_BT1, plan, unreduced: bool, zero_specs=None):
+    """The pipe axis's schedule `plan` on this shard's rows (parallel/pp/execute.py)."""
+    comp = m.comp
     return pp.accumulate(
         params,
         batch_BT1,
-        plan=comp.plan,
+        plan=plan,
         cfg=comp.cfg,
         pc=m.pc,
         data_axes=comp.data_axes,
         unreduced=unreduced,
-        zero_specs=comp.zero_specs,
+        zero_specs=zero_specs,
         expert_ways=comp.ep,
     )
 
@@ -145,16 +151,7 @@ def mean_loss(m: Manual, params, batch_BT1):
     comp = m.comp
     if comp.plan is None:
         return jax.lax.pmean(local_loss(m, params, batch_BT1), comp.data_axes)
-    loss, _ = pp.accumulate(
-        params,
-        batch_BT1,
-        plan=pp.forward_plan(comp.plan),
-        cfg=comp.cfg,
-        pc=m.pc,
-        data_axes=comp.data_axes,
-        unreduced=True,
-        expert_ways=comp.ep,
-    )
+    loss, _ = _schedule(m, params, batch_BT1, pp.forward_plan(comp.plan), unreduced=True)
     return jax.lax.pmean(loss, comp.data_axes) if comp.data_axes else loss
 
 
