@@ -23,9 +23,9 @@ def _id(case):
 
 # The fast suite runs every dense strategy and training variant once, on the first mesh the
 # list gives it, and one pipeline case; the other meshes, the other pipeline cases (10-30 s
-# each on 2 cores) and the MoE cases are `slow`. CI's second Python line runs, of those, each
-# pipeline schedule and each MoE variant once, on its most composed mesh (`_second_line`); the
-# rest are `first_line` (docs/testing.md).
+# each on 2 cores) and the MoE cases are `slow`. CI's second Python line (the newest jax) runs,
+# of those, the four most composed (`SECOND_LINE`); the rest are `first_line`
+# (docs/testing.md).
 PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4"}
 FIRST_MESH = {}
 for _c in verify.CASES:
@@ -34,16 +34,20 @@ for _c in verify.CASES:
 # MoE cases (15-25 s each) are slow; the fast suite checks the MoE forward sharded
 # (tests/model/test_moe.py: routing terms and the expert-parallel layer against the reference)
 MOE_FAST: set[str] = set()
-MOE_VARIANTS = ("dropless", "cf=0.5", "every=", "accum=", "bfloat16")
+SECOND_LINE = {
+    # the longest schedule composed with ZeRO-1 and TP
+    "manual:zero1+tp+interleaved(M=4 v=2) L=8@pp=2,dp=2,tp=2",
+    # pipeline, experts and tensor parallelism in one program
+    "manual:ep+tp+zb-h1(M=4) L=4 E=8 k=2 cf=2@pp=2,ep=2,tp=2",
+    # experts on three axes, manual and auto (GSPMD's choices are what move with the version)
+    "manual:zero3+ep+tp E=8 k=2 cf=2@ep=2,fsdp=2,tp=2",
+    "auto:fsdp_ep_tp E=8 k=2 cf=2@ep=2,fsdp=2,tp=2",
+}
 
 
-def _second_line(case) -> bool:
-    """A slow case the second Python line runs too: every schedule with ZeRO-1 and TP on
-    pp=2,dp=2,tp=2; an MoE case on three mesh axes, or a routing / training variant."""
-    if case.model:
-        axes = sum(not part.endswith("=1") for part in case.mesh.split(","))
-        return axes >= 3 or any(v in _id(case) for v in MOE_VARIANTS)
-    return bool(case.strategy.schedule) and case.mesh == "pp=2,dp=2,tp=2"
+def test_the_second_lines_cases_are_in_the_matrix():
+    """A renamed case must not silently leave CI's second line with fewer cases."""
+    assert SECOND_LINE <= {_id(c) for c in verify.CASES}
 
 
 def _param(case):
@@ -52,7 +56,7 @@ def _param(case):
     other_mesh = not case.strategy.schedule and FIRST_MESH[case.label] != _id(case)
     if pipeline_slow or other_mesh or (case.model and _id(case) not in MOE_FAST):
         marks.append(pytest.mark.slow)
-        if other_mesh or not _second_line(case):
+        if _id(case) not in SECOND_LINE:
             marks.append(pytest.mark.first_line)
     return pytest.param(case, id=_id(case), marks=marks)
 

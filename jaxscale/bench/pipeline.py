@@ -306,7 +306,7 @@ def main(args) -> int:
             print(f"manual:dp+{sched:<12} {MESH} v={v} M=" + ",".join(map(str, every)))
         return 0
     n = len(set(ms) | {CHECKED_M}) * len(SCHEDULES) + 1
-    bar = Progress(n, desc="bench pipeline", enabled=not args.json)
+    bar = Progress(n, desc="bench pipeline", enabled=not args.json, eta=False)
     # every point in its own worker, one per core (a compile is one thread)
     rows, swept = sweep(CFG, tcfg, ms, workers=min(os.cpu_count() or 1, 4), progress=bar)
     bar.close()

@@ -231,7 +231,7 @@ def main(args) -> int:
     if args.dry_run:
         print("\n".join(f"{m:<7}{n:>3} devices" for m in modes for n in counts))
         return 0
-    bar = Progress(len(modes) * len(counts), desc="scaling")
+    bar = Progress(len(modes) * len(counts), desc="scaling", eta=False)
     points = measure(case, cfg, tcfg, counts, modes, args.steps, progress=bar)
     bar.close()
     device = for_device_kind(env["device_kind"]) if backend != "cpu" else None

@@ -420,7 +420,7 @@ def main(args) -> int:
             )
         )
         return 0
-    bar = Progress(len(setup.rates) * (2 if http else 1) + 3, desc="bench serve")
+    bar = Progress(len(setup.rates) * (2 if http else 1) + 3, desc="bench serve", eta=False)
     res = run(setup, http=http, progress=bar)
     bar.close()
     out = Path(args.out)

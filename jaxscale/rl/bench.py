@@ -192,7 +192,7 @@ def main(args) -> int:
         print(f"bench rl: {reason}; measuring jaxscale alone", file=sys.stderr)
     if args.dry_run:
         return 0
-    bar = Progress(len(THROUGHPUT_ENVS) * (len(impls) + 1) + len(impls), desc="bench rl")
+    bar = Progress(len(THROUGHPUT_ENVS) * (len(impls) + 1) + len(impls), desc="bench rl", eta=False)
     step = lambda note: bar.update(1, note=note)  # noqa: E731
     through = throughput_rows(cfg, n_dev, not reason, step)
     solve = solve_rows(cfg, impls, step)

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
         description="Serve a model trained by `jaxscale train` over an OpenAI-compatible API: "
         "POST /v1/completions (stream or not), GET /v1/models, GET /health. Continuous batching "
         "over a paged KV cache with a radix prefix cache (jaxscale/serve/).",
-        epilog="example:\n  jaxscale train --run-dir runs/a --steps 300\n  jaxscale serve "
+        epilog="example:\n  jaxscale train --out runs/a --steps 300\n  jaxscale serve "
         "--ckpt-dir runs/a/checkpoints --port 8000\n  curl localhost:8000/v1/completions -H "
         '\'Content-Type: application/json\' -d \'{"model": "jaxscale", "prompt": "def ", '
         '"max_tokens": 32}\'',
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--ckpt-dir",
         default=None,
-        help="checkpoint directory of a `jaxscale train` run, or its --run-dir "
+        help="checkpoint directory of a `jaxscale train` run, or its --out "
         "(default: a random tiny model, which prints noise)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

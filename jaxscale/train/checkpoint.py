@@ -242,7 +242,7 @@ def load_model(ckpt_dir: str | None):
     if ckpt_dir is None:
         print(
             "jaxscale serve: warning: no --ckpt-dir; serving a random tiny model (its "
-            "completions are noise). Train one with `jaxscale train --run-dir runs/a`.",
+            "completions are noise). Train one with `jaxscale train --out runs/a`.",
             file=sys.stderr,
         )
         cfg = ModelConfig(max_seq=256)

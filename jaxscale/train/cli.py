@@ -40,11 +40,11 @@ RUN_KINDS = {  # a config file's run section, as the flags take it
 }
 RUN_FIELDS = tuple(RUN_KINDS)
 EXAMPLES = """examples:
-  jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --run-dir runs/a
+  jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --out runs/a
   jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
   jaxscale train --mesh pp=2,dp=2,tp=2 --strategy manual:dp+tp --schedule 1f1b --microbatches 8
   jaxscale train --mesh ep=4,dp=2 --strategy manual:dp+ep --experts 8 --top-k 2   # MoE
-  jaxscale train --run-dir runs/a --resume --steps 600     # continue, on any mesh and strategy
+  jaxscale train --out runs/a --resume --steps 600     # continue, on any mesh and strategy
   jaxscale train --config runs/a/config.json --dry-run     # check and print, compile nothing"""
 
 
@@ -108,7 +108,9 @@ def add_parser(sub) -> None:
         help="a config.json (as a run directory holds) to start from",
     )
     p.add_argument(
-        "--run-dir",
+        "--out",
+        "--run-dir",  # the older spelling; `--out` is every command's output directory
+        dest="run_dir",
         type=writable_dir,
         default=None,
         metavar="DIR",
@@ -119,7 +121,7 @@ def add_parser(sub) -> None:
         type=writable_dir,
         default=None,
         metavar="DIR",
-        help="write checkpoints here (default with --run-dir: RUN_DIR/checkpoints)",
+        help="write checkpoints here (default with --out: RUN_DIR/checkpoints)",
     )
     p.add_argument(
         "--resume",
@@ -131,7 +133,7 @@ def add_parser(sub) -> None:
         type=writable_path,
         default=None,
         metavar="FILE",
-        help="append JSON-lines metrics here (default with --run-dir: RUN_DIR/metrics.jsonl)",
+        help="append JSON-lines metrics here (default with --out: RUN_DIR/metrics.jsonl)",
     )
     p.add_argument(
         "--prompt", default=None, help="prompt of the greedy sample at the end (default 'def ')"
@@ -202,7 +204,7 @@ def resolve(args) -> tuple[ModelConfig, TrainConfig, dict, dict]:
 
 
 def _check_run_paths(paths: dict) -> None:
-    """The paths --run-dir implies, checked as the flags are (before anything compiles):
+    """The paths --out implies, checked as the flags are (before anything compiles):
     RUN_DIR/checkpoints a directory, RUN_DIR/metrics.jsonl and RUN_DIR/loss.png files."""
     run_dir = paths["run_dir"]
     if run_dir is None:
@@ -213,7 +215,7 @@ def _check_run_paths(paths: dict) -> None:
         try:
             check(path)
         except argparse.ArgumentTypeError as e:
-            raise ValueError(f"--run-dir {run_dir}: {e}") from None
+            raise ValueError(f"--out {run_dir}: {e}") from None
 
 
 def _load_config(args) -> dict:

@@ -136,7 +136,7 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
 
 def _resume_point(setup: RunSetup, end: int) -> tuple[int, list[str]]:
     if setup.resume and not setup.ckpt_dir:
-        raise ValueError("--resume needs a checkpoint directory (--ckpt-dir or --run-dir)")
+        raise ValueError("--resume needs a checkpoint directory (--ckpt-dir or --out)")
     if not setup.ckpt_dir:
         return 0, []
     complete, stray = checkpoint.steps(setup.ckpt_dir)

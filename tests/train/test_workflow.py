@@ -303,8 +303,8 @@ def test_the_paths_a_run_directory_implies_are_checked_in_a_dry_run(tmp_path, ca
         (run / blocked).write_text("")
     else:
         (run / blocked).mkdir()
-    rc, out, err = _train(capsys, "--run-dir", str(run), "--steps", "2", "--dry-run")
-    assert rc == 2 and f"--run-dir {run}: " in err and blocked in err, (out, err)
+    rc, out, err = _train(capsys, "--out", str(run), "--steps", "2", "--dry-run")
+    assert rc == 2 and f"--out {run}: " in err and blocked in err, (out, err)
 
 
 @pytest.mark.parametrize(
