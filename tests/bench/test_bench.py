@@ -124,6 +124,7 @@ def test_bench_command_prints_both_tables_and_writes_json(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_bench_equivalence_catches_a_gradient_scale_bug(monkeypatch):
     """The bench's eq column is verify's harness without the first-step gradient: DP with the
     extra pmean (gradients 8x the mean) trains almost alike under Adam and clipping, but its

@@ -283,6 +283,7 @@ def test_cli_bad_input_exits_2(argv, capsys):
 
 
 @pytest.mark.slow  # compiles the advisor's layout scaled to 8 devices: the suite's longest test
+@pytest.mark.first_line
 def test_validate_compiles_the_scaled_layout_and_matches_predictions(capsys):
     # 70B on 64 GPUs recommends a TP x PP x DP layout; scaled to the 8 simulated devices it is
     # compiled, and its memory and collectives must agree with the calculators (every row ✓)

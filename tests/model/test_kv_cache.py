@@ -55,6 +55,7 @@ def test_prefill_then_decode_equals_full_recompute_at_every_position():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_rows_of_different_lengths_decode_as_if_alone():
     """Right-padded prompts of 3 and 7 tokens in one batch, then decode at per-row positions."""
     a, b = _tokens(1, 10)[0], _tokens(1, 10)[0]
@@ -70,6 +71,7 @@ def test_rows_of_different_lengths_decode_as_if_alone():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_chunked_prefill_equals_one_prefill():
     tokens_1T = _tokens(1, 11)
     one, _ = kv_cache.prefill(PARAMS, tokens_1T, jnp.array([11]), kv_cache.init_cache(CFG, 1), CFG)
@@ -82,6 +84,7 @@ def test_chunked_prefill_equals_one_prefill():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_greedy_generation_equals_the_recomputing_sampler():
     prompts = [[100, 101, 32], [35, 32, 116, 104, 101]]
     out = gen.generate(PARAMS, prompts, CFG, max_new=10)
@@ -90,6 +93,7 @@ def test_greedy_generation_equals_the_recomputing_sampler():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_a_request_samples_the_same_tokens_whatever_else_is_in_the_batch():
     hot = sampling.SamplingParams(temperature=1.0, seed=7)
     alone = gen.generate(PARAMS, [[1, 2, 3]], CFG, 12, [hot])
@@ -106,6 +110,7 @@ def test_a_request_samples_the_same_tokens_whatever_else_is_in_the_batch():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_eos_and_max_tokens_stop_each_row():
     first = gen.generate(PARAMS, [[1, 2, 3]], CFG, 8).row(0)
     eos = first[3]

@@ -111,7 +111,10 @@ def test_slots_follow_the_stated_priority():
         CFG.replace(moe_mode="dropless"),
         CFG.replace(capacity_factor=4.0),
         CFG.replace(top_k=1, moe_mode="dropless"),
-        pytest.param(CFG.replace(mlp="gelu", moe_mode="dropless"), marks=pytest.mark.slow),
+        pytest.param(
+            CFG.replace(mlp="gelu", moe_mode="dropless"),
+            marks=[pytest.mark.slow, pytest.mark.first_line],
+        ),
     ],
     ids=["dropless", "cf4", "top1", "gelu"],
 )
@@ -228,6 +231,7 @@ def _missing_all_to_all(buf_EBCD, p, cfg, *, axis=ep.AXIS):
 
 
 @pytest.mark.slow  # each runs a 10-step verify case
+@pytest.mark.first_line
 @pytest.mark.parametrize("bug", [_buggy_rows, _missing_all_to_all], ids=["rows", "no-a2a"])
 def test_a_planted_all_to_all_bug_is_caught(monkeypatch, bug):
     case = next(

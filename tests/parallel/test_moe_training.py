@@ -79,6 +79,7 @@ def test_train_cli_moe_learns_and_logs_routing(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_moe_checkpoint_restores_across_meshes(tmp_path):
     tcfg = TrainConfig(steps=6, global_batch=16, seq_len=32, eval_every=0, log_every=1)
     ckpt = str(tmp_path / "ckpt")
@@ -137,6 +138,7 @@ def test_balance_loss_keeps_the_load_in_band_and_its_absence_is_worse():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_bench_all_to_alls_equal_the_prediction_and_the_seed_table():
     cfg, tcfg = bench_experts.CFG, verify.TCFG
     ref, _ = meshes.reference(cfg, tcfg, 2)
@@ -154,6 +156,7 @@ def test_bench_all_to_alls_equal_the_prediction_and_the_seed_table():
 
 
 @pytest.mark.slow  # whole experiment in a subprocess
+@pytest.mark.first_line
 def test_experiment_08_parts_1_to_3():
     env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "true"}
     done = subprocess.run(

@@ -108,6 +108,7 @@ def test_compiled_step_moves_exactly_the_predicted_activations():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 @pytest.mark.parametrize("text", ["manual:tp+1f1b", "manual:tp+zb-h1"])
 def test_a_long_steady_state_loop_equals_the_reference(text):
     """M = 8 on two stages: most of the schedule is one loop body run for many trips."""
@@ -129,6 +130,7 @@ def _check_with_plan(monkeypatch, broken):
 
 
 @pytest.mark.slow  # a dropped ppermute (below) is the fast suite's broken plan
+@pytest.mark.first_line
 def test_a_backward_before_its_input_arrives_is_caught(monkeypatch):
     good = pp.make_plan(2, 2, "1f1b")
     grid = [list(row) for row in good.grid]
@@ -154,6 +156,7 @@ def test_a_dropped_ppermute_is_caught(monkeypatch):
 
 
 @pytest.mark.slow  # the fast suite's pipeline verify case passes the same harness
+@pytest.mark.first_line
 def test_the_unbroken_plan_passes_the_same_check(monkeypatch):
     result = _check_with_plan(monkeypatch, pp.make_plan(2, 2, "1f1b"))
     assert result.passed, verify.format_matrix([result])
@@ -163,7 +166,9 @@ def test_the_unbroken_plan_passes_the_same_check(monkeypatch):
     "text, m, v",
     [
         ("manual:dp+1f1b", 2, 1),
-        pytest.param("manual:dp+interleaved", 2, 2, marks=pytest.mark.slow),
+        pytest.param(
+            "manual:dp+interleaved", 2, 2, marks=[pytest.mark.slow, pytest.mark.first_line]
+        ),
     ],
 )
 def test_the_forward_only_loss_equals_the_reference(text, m, v):
@@ -185,6 +190,7 @@ def test_the_forward_only_loss_equals_the_reference(text, m, v):
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_1f1b_temporaries_stay_flat_as_m_grows_while_gpipes_grow_by_the_stash():
     """Compiler temporaries (memory_analysis) at M = 4 and 8, one microbatch of 32 rows x 32
     tokens per data shard: GPipe stashes every microbatch's stage input, so 4 more microbatches

@@ -126,6 +126,7 @@ def test_cli_refuses_bad_runs_before_compiling():
 
 
 @pytest.mark.slow  # the command in a subprocess; the loop's equality is fast
+@pytest.mark.first_line
 def test_cli_trains_and_writes(tmp_path):
     r = _cli(
         "rl",

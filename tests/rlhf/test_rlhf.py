@@ -173,6 +173,7 @@ def test_a_mesh_gives_the_one_device_run(tiny, one_device, mesh):
 
 
 @pytest.mark.slow  # the fast suite keeps the one-device equality on two meshes
+@pytest.mark.first_line
 def test_grpo_and_a_shared_critic_on_the_mesh(tiny):
     """GRPO (no critic: no value head, the KL in the loss) on fsdp=8 gives the one-device run;
     a shared critic is a value head on the actor's backbone, trained with it."""
@@ -207,6 +208,7 @@ def test_colocated_transfers_against_the_calculator(tiny, one_device):
 
 
 @pytest.mark.slow  # the fast suite keeps the one-device equality on two meshes
+@pytest.mark.first_line
 def test_disaggregated_and_stale(tiny):
     actor, rm, train, held = tiny
     rc = RC.replace(placement="disaggregated", iterations=3)
@@ -233,6 +235,7 @@ def test_disaggregated_and_stale(tiny):
 
 
 @pytest.mark.slow  # the fast suite keeps the one-device equality on two meshes
+@pytest.mark.first_line
 def test_phase_memory_against_the_calculator(tiny):
     """At the lab's model size (`jaxscale rlhf`'s SFT model): the calculator divides every
     weight by the devices, and the few replicated leaves (norms, the value head) stay inside

@@ -130,6 +130,7 @@ PARAMS = ms.init_params(CFG, 0)
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_generated_json_always_parses():
     for seed in range(6):
         out = constrained.generate(
@@ -145,6 +146,7 @@ def test_generated_json_always_parses():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_generated_text_fully_matches_the_regex():
     for pattern, seed in ((EMAIL, 0), (EMAIL, 1), (r"\d{3}-\d{3}-\d{4}", 2)):
         c = constrained.RegexConstraint(pattern)

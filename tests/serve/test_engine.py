@@ -51,6 +51,7 @@ def _requests():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_queued_chunked_batched_requests_get_their_own_tokens():
     """3 slots for 5 requests (a queue), a budget of 16 tokens a step (the 20-token prompt is
     prefilled in chunks, beside other requests' decode steps)."""
@@ -69,6 +70,7 @@ def test_queued_chunked_batched_requests_get_their_own_tokens():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_preempted_requests_finish_with_the_same_tokens():
     """A pool too small for all running requests: the newest is preempted and recomputed."""
     eng = Engine(
@@ -82,6 +84,7 @@ def test_preempted_requests_finish_with_the_same_tokens():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_eos_stops_a_request_early():
     first = _want()[0]
     eng = Engine(PARAMS, CFG, EngineConfig(eos_id=first[4]))

@@ -75,6 +75,7 @@ PARAMS = ms.init_params(CFG, 0)
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_a_split_under_a_running_request_is_released_with_it():
     """Request 1 holds the cached run [1 2 3 4 | 5 6 7 8]; request 2 shares only its first page,
     which splits the edge while request 1 still uses it. When both let go, every node is unused

@@ -93,6 +93,7 @@ PROMPT = [100, 101, 102, 32, 120]
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_greedy_speculative_output_is_the_targets_own():
     want = gen.generate(T_PARAMS, [PROMPT], TARGET, 20).row(0)
     got, stats = spec.generate(T_PARAMS, TARGET, D_PARAMS, DRAFT, PROMPT, 20, k=4)
@@ -101,6 +102,7 @@ def test_greedy_speculative_output_is_the_targets_own():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_a_perfect_draft_is_always_accepted():
     """The target drafting for itself: p == q, so every draft passes and each target pass
     yields k + 1 tokens, sampled or greedy."""
@@ -113,6 +115,7 @@ def test_a_perfect_draft_is_always_accepted():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_constrained_speculative_decoding_keeps_the_grammar_and_the_greedy_output():
     """The draft advances a copy of the JSON automaton's state; the target's positions are masked
     by the state there. Greedy: exactly the constrained output without speculation."""

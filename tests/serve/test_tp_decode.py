@@ -21,6 +21,7 @@ SAMPLING = [sampling.SamplingParams(0.0), sampling.SamplingParams(1.0, seed=4)]
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_tensor_parallel_decode_gives_the_single_device_tokens():
     want = gen.generate(PARAMS, PROMPTS, CFG, 16, SAMPLING)
     mesh = build_mesh("dp=2,tp=4", devices=jax.devices()[:8])
@@ -30,6 +31,7 @@ def test_tensor_parallel_decode_gives_the_single_device_tokens():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
 def test_the_kv_cache_is_split_by_kv_heads_and_attention_all_reduces():
     mesh = build_mesh("tp=4", devices=jax.devices()[:4])
     sharder = Sharder(mesh, REPLICATED_RULES)
