@@ -97,6 +97,7 @@ def _train(args) -> int:
 
     from jaxscale.rl import run
     from jaxscale.rl.config import RLConfig
+    from jaxscale.stopping import stop_on_signal
 
     cfg = build_config(RLConfig, args, RLConfig(algo=args.algo))
     if args.seed_faithful:
@@ -115,7 +116,12 @@ def _train(args) -> int:
         f"{'mesh ' + args.mesh if mesh is not None else 'one device'}",
         file=sys.stderr,
     )
-    out = run.train(cfg, seeds, mesh, progress=not args.json)
+    with stop_on_signal(STOP_NOTE, ABORT_NOTE) as stop:
+        try:
+            out = run.train(cfg, seeds, mesh, progress=not args.json, stop=stop)
+        except run.Stopped as e:
+            print(f"jaxscale rl: {e}: nothing written", file=sys.stderr)
+            return 130
     summary = out.summary()
     if args.out:
         d = Path(args.out)
@@ -130,7 +136,18 @@ def _train(args) -> int:
         where = ", ".join(f"seed {seed} from update {u}" for seed, u in bad.items())
         print(f"jaxscale rl: non-finite losses ({where}); lower --lr", file=sys.stderr)
         return 3
+    if stop.is_set():
+        print(
+            f"jaxscale rl: stopped after {out.cfg.n_updates} of {cfg.n_updates} updates "
+            f"({out.cfg.env_steps:,} env steps each); the results above are theirs",
+            file=sys.stderr,
+        )
+        return 130
     return 0
+
+
+STOP_NOTE = "stopping after this chunk of updates (keeping what finished); Ctrl-C again to abort"
+ABORT_NOTE = "aborted: nothing written"
 
 
 def seed_bytes(cfg) -> int:

@@ -64,7 +64,13 @@ def evaluate(act, key, env: envs.Physics, n_episodes: int):
     return total
 
 
-def make_train(cfg: RLConfig, data_ways: int = 1, progress=None):
+def _skipped(shape):
+    """What a chunk skipped after a stop reports: NaN, or -1 for counts (never negative)."""
+    fill = jnp.nan if jnp.issubdtype(shape.dtype, jnp.floating) else -1
+    return jnp.full(shape.shape, fill, shape.dtype)
+
+
+def make_train(cfg: RLConfig, data_ways: int = 1, progress=None, stop=None):
     """-> train(key, params=None) -> (params, metrics {name: [n_updates]}, eval_returns
     [n_chunks]), to be run under an axis named 'data' of size `data_ways` (see `run`).
     `params`, when given, must be `init_params(cfg, key)`. `progress(update, shard)` is called
@@ -184,13 +190,27 @@ def make_train(cfg: RLConfig, data_ways: int = 1, progress=None):
         r = Runner(params, tx.init(params), state, obs, jax.random.fold_in(k_run, shard))
         n_eval = cfg.eval_episodes // data_ways
 
-        def chunk(r, j):
+        def run_chunk(r, j):
             r, metrics = jax.lax.scan(update, r, j * cfg.eval_every + jnp.arange(cfg.eval_every))
             if n_eval == 0:
                 return r, (metrics, jnp.float32(jnp.nan))
             k = jax.random.fold_in(jax.random.fold_in(k_eval, j), shard)
             returns = evaluate(lambda o, k: act(r.params, o, k), k, env, n_eval)
             return r, (metrics, jax.lax.psum(returns.sum(), AXIS) / cfg.eval_episodes)
+
+        def chunk(r, j):
+            if stop is None:
+                return run_chunk(r, j)
+            # the host says whether to stop (Ctrl-C); every shard asks, and they agree (all-reduce:
+            # max) so that all run the chunk's collectives or none does
+            asked = jax.pure_callback(stop, jax.ShapeDtypeStruct((), jnp.int32), j)
+            halt = jax.lax.pmax(asked, AXIS) > 0
+            skipped = jax.tree.map(_skipped, jax.eval_shape(run_chunk, r, j)[1])
+            r, (metrics, ev) = jax.lax.cond(
+                halt, lambda r: (r, skipped), lambda r: run_chunk(r, j), r
+            )
+            metrics["ran"] = jnp.broadcast_to(~halt, (cfg.eval_every,))
+            return r, (metrics, ev)
 
         r, (metrics, evals) = jax.lax.scan(chunk, r, jnp.arange(cfg.n_chunks))
         metrics = jax.tree.map(lambda x: x.reshape(cfg.n_updates), metrics)
@@ -205,14 +225,17 @@ def init_params(cfg: RLConfig, key):
     return policy.functional(env.obs_dim, env.n_actions, cfg.hidden)[0](jax.random.split(key, 4)[0])
 
 
-def make_run(cfg: RLConfig, mesh=None, groups: int = 1, progress=None):
-    """-> jitted fn(keys [S]) -> (params, metrics, evals), each with a leading seed axis."""
+def make_run(cfg: RLConfig, mesh=None, groups: int = 1, progress=None, stop=None):
+    """-> jitted fn(keys [S]) -> (params, metrics, evals), each with a leading seed axis.
+    `stop`: a host function (chunk index -> nonzero to stop) asked before each chunk of
+    `eval_every` updates; the chunks after a stop are skipped, and metrics["ran"] says which
+    updates ran."""
     if mesh is None and groups == 1:  # one device: a 1-device mesh, so no batch axis of size 1
         from jaxscale.mesh import build_mesh
 
         mesh = build_mesh("dp=1", jax.devices()[:1])
     ways = groups if mesh is None else mesh.shape[AXIS]
-    body = jax.vmap(make_train(cfg, ways, progress))
+    body = jax.vmap(make_train(cfg, ways, progress, stop))
 
     def fn(keys):
         # Seeds' parameters one after another (lax.map), not batched: jaxlib's batched QR (the

@@ -18,6 +18,10 @@ from jaxscale.rl import env as envs
 from jaxscale.rl.config import RLConfig
 
 
+class Stopped(Exception):
+    """A run stopped (Ctrl-C) before anything worth keeping finished."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     cfg: RLConfig
@@ -75,7 +79,10 @@ class Outcome:
         }
 
 
-def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False) -> Outcome:
+def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False, stop=None) -> Outcome:
+    """Compile and run every seed. `stop` (a `threading.Event`, e.g. set by Ctrl-C): the run
+    skips the chunks of `eval_every` updates after it is set, and the Outcome holds the chunks
+    that finished (its config's `total_steps` cut to them)."""
     import jax
 
     from jaxscale.progress import Progress
@@ -91,7 +98,8 @@ def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False) ->
             bar.update(int(np.max(i)) + 1 - bar.n)
 
     keys = jax.vmap(jax.random.key)(np.asarray(seeds, np.uint32))
-    fn = loop.make_run(cfg, mesh, progress=tick if progress else None)
+    asked = None if stop is None else (lambda j: np.int32(stop.is_set()))
+    fn = loop.make_run(cfg, mesh, progress=tick if progress else None, stop=asked)
     t0 = time.perf_counter()
     compiled = fn.lower(keys).compile()
     t1 = time.perf_counter()
@@ -99,7 +107,17 @@ def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False) ->
     t2 = time.perf_counter()
     bar.close()
     metrics = {k: np.asarray(v) for k, v in metrics.items()}
-    return Outcome(cfg, tuple(seeds), metrics, np.asarray(evals), t1 - t0, t2 - t1, ways)
+    evals = np.asarray(evals)
+    if "ran" in metrics:
+        # the chunks before the stop ran (every seed and shard alike): keep those
+        chunks = int(np.sum(metrics.pop("ran")[0])) // cfg.eval_every
+        if chunks == 0:
+            raise Stopped(f"stopped before the first {cfg.eval_every} updates finished")
+        if chunks < cfg.n_chunks:
+            cfg = cfg.replace(total_steps=chunks * cfg.batch * cfg.eval_every)
+            metrics = {k: v[:, : chunks * cfg.eval_every] for k, v in metrics.items()}
+            evals = evals[:, :chunks]
+    return Outcome(cfg, tuple(seeds), metrics, evals, t1 - t0, t2 - t1, ways)
 
 
 def write_metrics(out: Outcome, path: Path) -> Path:

@@ -12,11 +12,7 @@ nothing.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import sys
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -29,6 +25,7 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.parallel.compose import Built, Strategy, build
 from jaxscale.progress import Progress
 from jaxscale.serve import generate
+from jaxscale.stopping import stop_on_signal
 from jaxscale.train import checkpoint, data
 from jaxscale.train.metrics import MetricsLog
 
@@ -179,7 +176,7 @@ def train(
     result = TrainResult(optimal_loss=data.optimal_loss(dataset, tcfg.seq_len))
     meta = checkpoint.meta_record(cfg, tcfg, str(built.strategy.mesh), built.label)
     log = MetricsLog(setup.metrics_path, cfg, tcfg, built, last_step=plan.end - 1)
-    with jax.set_mesh(built.mesh), log, _stop_on_signal() as stop:
+    with jax.set_mesh(built.mesh), log, stop_on_signal(STOP_NOTE, ABORT_NOTE) as stop:
         state = _initial_state(built, setup, meta, plan, result)
         start = int(jax.device_get(state["step"]))
         log.start(start, resumed=result.resumed_from is not None)
@@ -249,50 +246,6 @@ def train(
 
 STOP_NOTE = "stopping after this step (and saving it); Ctrl-C again to abort without saving"
 ABORT_NOTE = "aborted: nothing saved since the last checkpoint"
-
-
-@contextmanager
-def _stop_on_signal():
-    """SIGINT/SIGTERM set a flag the loop checks after each step; a second Ctrl-C exits at once
-    with 130, saving nothing. A thread watches the signals through `signal.set_wakeup_fd`, whose
-    C-level handler writes each one to a pipe at once: so the first is acknowledged, and the
-    second obeyed, even while the main thread is inside a compile or a step (where a Python
-    handler would wait, and an exception raised into jax's C++ code could crash the process).
-    Handlers can only be installed from the main thread; elsewhere the flag is never set."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    watcher = threading.Thread(target=_watch, args=(read_fd, stop), daemon=True)
-    old = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    watcher.start()
-    try:
-        yield stop
-    finally:
-        signal.set_wakeup_fd(old_fd)
-        for sig, h in old.items():
-            signal.signal(sig, h)
-        os.write(write_fd, b"\0")  # no signal is 0: the watcher's cue to end
-        watcher.join(timeout=5)
-        os.close(write_fd)
-        os.close(read_fd)
-
-
-def _watch(read_fd: int, stop: threading.Event) -> None:
-    """The signal watcher: acknowledge the first signal, exit 130 on a second Ctrl-C."""
-    while True:
-        for signum in os.read(read_fd, 64):
-            if signum == 0:
-                return
-            if not stop.is_set():
-                stop.set()
-                print(f"\n{STOP_NOTE}", file=sys.stderr, flush=True)
-            elif signum == signal.SIGINT:
-                print(ABORT_NOTE, file=sys.stderr, flush=True)
-                os._exit(130)  # at once: no interpreter teardown under running XLA threads
 
 
 def _stop_everywhere(stop: threading.Event) -> bool:

@@ -1,0 +1,59 @@
+"""Stopping a long run from the keyboard: the first Ctrl-C (or SIGTERM) asks the run to stop at
+its next safe point, a second Ctrl-C ends the process at once with 130.
+
+A thread watches the signals through `signal.set_wakeup_fd`, whose C-level handler writes each
+one to a pipe at once: so the first is acknowledged, and the second obeyed, even while the main
+thread is inside a compile or a compiled program (where a Python handler would wait, and an
+exception raised into jax's C++ code could crash the process).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+
+
+@contextmanager
+def stop_on_signal(stop_note: str, abort_note: str):
+    """Yield a `threading.Event` that SIGINT/SIGTERM set (printing `stop_note`); a second Ctrl-C
+    prints `abort_note` and exits 130. Handlers can only be installed from the main thread;
+    elsewhere the event is never set."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    watcher = threading.Thread(
+        target=_watch, args=(read_fd, stop, stop_note, abort_note), daemon=True
+    )
+    old = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    watcher.start()
+    try:
+        yield stop
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        os.write(write_fd, b"\0")  # no signal is 0: the watcher's cue to end
+        watcher.join(timeout=5)
+        os.close(write_fd)
+        os.close(read_fd)
+
+
+def _watch(read_fd: int, stop: threading.Event, stop_note: str, abort_note: str) -> None:
+    """The signal watcher: acknowledge the first signal, exit 130 on a second Ctrl-C."""
+    while True:
+        for signum in os.read(read_fd, 64):
+            if signum == 0:
+                return
+            if not stop.is_set():
+                stop.set()
+                print(f"\n{stop_note}", file=sys.stderr, flush=True)
+            elif signum == signal.SIGINT:
+                print(abort_note, file=sys.stderr, flush=True)
+                os._exit(130)  # at once: no interpreter teardown under running XLA threads
