@@ -232,3 +232,95 @@ def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, caps
     assert m8["1f1b"]["compile_cpu_s"] > 0
     assert cli_main(["bench", "pipeline", "--dry-run"]) == 0
     assert "M=1,4,8,16,32" in capsys.readouterr().out  # the default sweep
+
+
+def _interleaved_orders(p: int, v: int, m: int) -> dict:
+    """Megatron-LM's interleaved 1F1B, stated as nested loops: microbatches in groups of P; a
+    group runs through chunks 0..v-1 forward and v-1..0 backward, P microbatches per chunk.
+    Device d warms up with 2 (P - d - 1) + (v - 1) P forwards, then alternates F and B."""
+    fwd = [(c, g * p + i) for g in range(m // p) for c in range(v) for i in range(p)]
+    bwd = [(c, g * p + i) for g in range(m // p) for c in reversed(range(v)) for i in range(p)]
+    orders = {}
+    for d in range(p):
+        warm = min(2 * (p - d - 1) + (v - 1) * p, m * v)
+        order = [("F", *op) for op in fwd[:warm]]
+        for k in range(m * v - warm):
+            order += [("F", *fwd[warm + k]), ("B", *bwd[k])]
+        orders[d] = order + [("B", *op) for op in bwd[m * v - warm :]]
+    return orders
+
+
+def _asap_ticks(p: int, v: int, m: int) -> dict:
+    """(device, start tick) -> (kind, chunk, microbatch): each device runs its order as soon as
+    its last op is done and the op's inputs exist (an F takes 1 tick, a B 2). Layer chunk c on
+    device d is virtual stage j = c P + d: F(j) needs F(j - 1); B(j) needs F(j) and B(j + 1)."""
+    n = p * v
+    orders, head, free, end, table = _interleaved_orders(p, v, m), [0] * p, [0] * p, {}, {}
+    while any(head[d] < len(orders[d]) for d in range(p)):
+        moved = False
+        for d in range(p):
+            if head[d] == len(orders[d]):
+                continue
+            kind, c, mb = orders[d][head[d]]
+            j = c * p + d
+            deps = [("F", j - 1, mb)] if kind == "F" and j > 0 else []
+            if kind == "B":
+                deps = [("F", j, mb)] + ([("B", j + 1, mb)] if j < n - 1 else [])
+            if any(dep not in end for dep in deps):
+                continue
+            start = max([free[d]] + [end[dep] for dep in deps])
+            end[(kind, j, mb)] = free[d] = start + (1 if kind == "F" else 2)
+            table[(d, start)] = (kind, c, mb)
+            head[d] += 1
+            moved = True
+        assert moved, "the stated schedule deadlocks"
+    return table
+
+
+@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (2, 2, 8), (4, 2, 8)])
+def test_the_interleaved_plan_runs_megatrons_chunks_and_its_transfers_wrap_around(p, v, m):
+    """The interleaved plan's (device, tick) -> (op, chunk, microbatch) table equals Megatron's
+    schedule stated independently, and replaying the plan's transfers into per-device buffers
+    (a plain-Python model of the executor's stash and gradient buffers) delivers every F the
+    activation of virtual stage j - 1 and every B the gradient of stage j + 1, for its own
+    microbatch. Device P-1's chunk c feeds device 0's chunk c + 1 (and gradients wrap back):
+    a transfer landing in the wrong chunk, or a slot overwritten while live, fails."""
+    plan = pp.make_plan(p, m, "interleaved", v)
+    got = {
+        (d, t.index): (op.kind, op.chunk, op.microbatch)
+        for t in plan.ticks
+        for d, op in enumerate(t.ops)
+        if op is not None
+    }
+    assert got == _asap_ticks(p, v, m)
+
+    n = p * v
+    stash = [{} for _ in range(p)]  # device -> {(chunk, slot): what lies there}
+    grads = [{} for _ in range(p)]
+    for t in plan.ticks:
+        sent_fwd, sent_bwd = {}, {}
+        for d, op in enumerate(t.ops):
+            if op is None:
+                continue
+            j = op.chunk * p + d
+            if j > 0:  # its input: stage j - 1's output, for F and again for B's recompute
+                assert stash[d].get((op.chunk, op.stash_slot)) == ("act", j - 1, op.microbatch)
+            if op.kind == "B" and j < n - 1:
+                assert grads[d].get((op.chunk, op.grad_slot)) == ("grad", j + 1, op.microbatch)
+            if op.kind == "F" and j < n - 1:
+                sent_fwd[d] = ("act", j, op.microbatch)
+            if op.kind == "B" and j > 0:
+                sent_bwd[d] = ("grad", j, op.microbatch)
+        assert sorted(src for src, _ in t.fwd) == sorted(sent_fwd)
+        assert sorted(src for src, _ in t.bwd) == sorted(sent_bwd)
+        for pairs, recv, sent, buffers, step in (
+            (t.fwd, t.fwd_recv, sent_fwd, stash, 1),
+            (t.bwd, t.bwd_recv, sent_bwd, grads, -1),
+        ):
+            for src, dst in pairs:
+                assert dst == (src + step) % p
+                chunk, slot = recv[dst]
+                buffers[dst][(chunk, slot)] = sent[src]
+    # each microbatch's loss: the last virtual stage ran F and B for all M
+    last = [(k, mb) for (d, _), (k, c, mb) in got.items() if c * p + d == n - 1]
+    assert sorted(last) == sorted([("F", mb) for mb in range(m)] + [("B", mb) for mb in range(m)])
