@@ -333,6 +333,17 @@ def fail(command: str, message) -> int:
     return 2
 
 
+def check_implied(flag: str, value, paths) -> None:
+    """The paths a directory flag implies ((writable_dir or writable_path, path) pairs: the
+    files and folders a command will write inside it), probed as the flag itself was, before
+    anything compiles: a bad one is the flag's error."""
+    for check, path in paths:
+        try:
+            check(str(path))
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{flag} {value}: {e}") from None
+
+
 def guarded(handler, *errors: type[Exception]):
     """Turn a ValueError from the library, or any of `errors` (the user-input errors that are
     not ValueErrors, e.g. a CheckpointError), into a one-line error and exit code 2. A handler

@@ -33,8 +33,8 @@ NUMBERS = (
 )
 TEXT = ("", "nope", "-1", "\u00e9\u00e9")
 # {missing}: a directory that does not exist; {dir}: an existing directory (a file was wanted);
-# {file}: an existing regular file (a directory was wanted)
-PATHS = ("", "{missing}/out.png", "{dir}", "{file}/out.png")
+# {file}: an existing regular file (a directory was wanted); /proc/x: a place nobody can write
+PATHS = ("", "{missing}/out.png", "{dir}", "{file}/out.png", "/proc/x/out")
 PATH_WORDS = ("plot", "out", "metrics", "ckpt_dir", "run_dir", "config", "data", "path", "file")
 
 

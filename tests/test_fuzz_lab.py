@@ -1,6 +1,7 @@
-"""Fuzz the lab's own commands (train, bench, verify, launch, hello, plot, doctor): every flag
-that takes a value, fed hostile values, must end in exit 0 or in exit 2 with one error line that
-names the flag -- no traceback, nothing written (the contract in tests/cli_fuzz.py).
+"""Fuzz the lab's own commands (train, every bench, verify, launch, hello, plot, doctor, rl): every
+flag that takes a value, fed hostile values (paths: missing, a file where a directory belongs and
+the reverse, unwritable), must end in exit 0 or in exit 2 with one error line that names the flag
+-- no traceback, nothing written (the contract in tests/cli_fuzz.py).
 
 The commands run with `--dry-run` (or an instant command to launch), so a value that is fine
 checks everything and compiles nothing; the calculators' and simulators' flags are fuzzed in
@@ -21,6 +22,13 @@ BASE = {  # the arguments each command runs with, so that a good value is cheap
     ("hello",): ["--json"],
     ("plot",): ["{metrics}"],
     ("doctor",): ["--json"],
+    ("rl", "ppo"): ["--dry-run"],  # the other algorithms take the same flags (one config)
+    ("bench", "collectives"): ["--dry-run"],
+    ("bench", "pipeline"): ["--dry-run"],
+    ("bench", "experts"): ["--dry-run"],
+    ("bench", "scaling"): ["--dry-run"],
+    ("bench", "serve"): ["--dry-run"],
+    ("bench", "rl"): ["--dry-run"],
 }
 # a value flag's words before the base arguments (argparse REMAINDER takes all that follows --)
 CASES = [

@@ -12,10 +12,12 @@ from jaxscale.cliutil import (
     add_command,
     add_dataclass_args,
     build_config,
+    check_implied,
     guarded,
     positive_float,
     positive_int,
     writable_dir,
+    writable_path,
 )
 
 
@@ -59,6 +61,11 @@ def add_parser(sub) -> None:
             help="directory for metrics.jsonl and learning_curve.png",
         )
         t.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+        t.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="check the arguments and the output paths, print the run, compile nothing",
+        )
         t.set_defaults(func=guarded(_train), algo=algo)
     v = add_command(
         rl_sub,
@@ -109,6 +116,11 @@ def _train(args) -> int:
     mesh = _mesh(args.mesh)
     cfg.check(1 if mesh is None else mesh.shape["data"])
     _check_memory(cfg, args.seeds)
+    if args.out:  # what --out will hold, checked before anything compiles
+        d = Path(args.out)
+        check_implied(
+            "--out", d, [(writable_path, d / "metrics.jsonl"), (writable_path, d / OUT_PNG)]
+        )
     seeds = list(range(args.seed, args.seed + args.seeds))
     print(
         f"rl {cfg.algo}: {cfg.env}, {len(seeds)} seed(s), {cfg.env_steps:,} env steps each "
@@ -116,6 +128,9 @@ def _train(args) -> int:
         f"{'mesh ' + args.mesh if mesh is not None else 'one device'}",
         file=sys.stderr,
     )
+    if args.dry_run:
+        print("dry run: arguments and output paths checked, nothing compiled", file=sys.stderr)
+        return 0
     with stop_on_signal(STOP_NOTE, ABORT_NOTE) as stop:
         try:
             out = run.train(cfg, seeds, mesh, progress=not args.json, stop=stop)
@@ -126,7 +141,7 @@ def _train(args) -> int:
     if args.out:
         d = Path(args.out)
         summary["metrics"] = str(run.write_metrics(out, d / "metrics.jsonl"))
-        summary["plot"] = str(run.plot_curves({cfg.algo: out}, d / "learning_curve.png"))
+        summary["plot"] = str(run.plot_curves({cfg.algo: out}, d / OUT_PNG))
     bad = out.first_non_finite()
     if args.json:
         print(json.dumps(summary))
@@ -146,6 +161,7 @@ def _train(args) -> int:
     return 0
 
 
+OUT_PNG = "learning_curve.png"
 STOP_NOTE = "stopping after this chunk of updates (keeping what finished); Ctrl-C again to abort"
 ABORT_NOTE = "aborted: nothing written"
 

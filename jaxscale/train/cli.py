@@ -18,6 +18,7 @@ from pathlib import Path
 from jaxscale.cliutil import (
     add_dataclass_args,
     build_config,
+    check_implied,
     check_section,
     dataclass_kinds,
     guarded,
@@ -210,12 +211,8 @@ def _check_run_paths(paths: dict) -> None:
     if run_dir is None:
         return
     implied = [(writable_dir, paths["ckpt_dir"]), (writable_path, paths["metrics"])]
-    implied.append((writable_path, str(run_dir / "loss.png")))
-    for check, path in implied:
-        try:
-            check(path)
-        except argparse.ArgumentTypeError as e:
-            raise ValueError(f"--out {run_dir}: {e}") from None
+    implied.append((writable_path, run_dir / "loss.png"))
+    check_implied("--out", run_dir, implied)
 
 
 def _load_config(args) -> dict:
