@@ -3,6 +3,8 @@ mesh, co-located or disaggregated (seed 002 ch13-14)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -11,8 +13,10 @@ from jaxscale.cliutil import (
     add_dataclass_args,
     build_config,
     guarded,
+    non_negative_int,
     positive_int,
     writable_dir,
+    writable_path,
 )
 
 SUMMARY_KEYS = (
@@ -40,7 +44,8 @@ def add_parser(sub) -> None:
         "rollouts and a KL penalty to the frozen reference, on a mesh, co-located or "
         "disaggregated; report the true score, the KL, the phase times, the weight transfers "
         "and (--memory) each phase's compiled memory beside the calculator.",
-        example="jaxscale rlhf --algo ppo --mesh fsdp=8 --out runs/rlhf/ppo",
+        example="jaxscale rlhf --algo ppo --mesh fsdp=8 --out runs/rlhf/ppo\n"
+        "  jaxscale serve --ckpt-dir runs/rlhf/ppo/policy     # serve the trained policy",
     )
     add_dataclass_args(p, RLHFConfig)
     p.add_argument(
@@ -51,7 +56,25 @@ def add_parser(sub) -> None:
     )
     add_stage_flags(p)
     p.add_argument(
-        "--out", type=writable_dir, default=None, help="directory for metrics.jsonl and rlhf.png"
+        "--out",
+        type=writable_dir,
+        default=None,
+        help="directory for metrics.jsonl, rlhf.png and the trained policy: OUT/policy, a "
+        "checkpoint `jaxscale serve --ckpt-dir OUT/policy` serves",
+    )
+    p.add_argument(
+        "--ckpt-every",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="with --out: checkpoint the policy every N iterations too, so --resume can "
+        "continue (default 0: only after the last)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --out: continue from OUT/policy's newest checkpoint with the same flags "
+        "(--iterations may grow); the metrics are the uninterrupted run's",
     )
     p.add_argument(
         "--memory",
@@ -73,7 +96,13 @@ def add_stage_flags(p) -> None:
     experiments 13 and 14 share them."""
     p.add_argument("--sft-steps", type=positive_int, default=600, help="SFT steps (cached)")
     p.add_argument("--rm-steps", type=positive_int, default=200, help="reward-model steps")
-    p.add_argument("--runs", default="runs/rlhf", help="cache of the SFT run and reward model")
+    p.add_argument(
+        "--runs",
+        type=writable_dir,
+        default="runs/rlhf",
+        help="cache of the SFT run and reward model, relative to the working directory (the run "
+        "header prints where it is and what it holds)",
+    )
 
 
 def _fmt(r: dict) -> str:
@@ -82,53 +111,193 @@ def _fmt(r: dict) -> str:
     )
 
 
+def _check_paths(args, task) -> None:
+    """The files and directories --runs and --out imply, checked as the flags are (before
+    anything compiles or is written): a directory where one belongs, files writable."""
+    from jaxscale.rlhf import checkpoint as ckpt
+    from jaxscale.rlhf import setup
+
+    c = setup.cache(args.runs, task, args.sft_steps, args.rm_steps)
+    implied = [("--runs", args.runs, writable_dir, c.sft_dir)]
+    implied += [("--runs", args.runs, writable_path, f) for f in c.files()]
+    if args.out:
+        out = Path(args.out)
+        files = (out / "metrics.jsonl", out / "rlhf.png", ckpt.policy_dir(out) / "config.json")
+        implied += [("--out", args.out, writable_path, f) for f in files]
+        implied += [("--out", args.out, writable_dir, ckpt.ckpt_dir(out))]
+    for flag, value, check, path in implied:
+        try:
+            check(str(path))
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{flag} {value}: {e}") from None
+
+
+def _resume_point(args, rc):
+    """The checkpoint to continue from (None: start at iteration 0), every refusal before
+    anything runs: a policy already in --out without --resume, a resume with other flags."""
+    import dataclasses
+
+    from jaxscale.rlhf import checkpoint as ckpt
+
+    for flag, given in (("--ckpt-every", args.ckpt_every), ("--resume", args.resume)):
+        if given and not args.out:
+            raise ValueError(f"{flag} needs --out (the policy's checkpoints go to OUT/policy)")
+    done = ckpt.latest(args.out) if args.out else None
+    if done is None:
+        return None
+    where = ckpt.ckpt_dir(args.out)
+    if not args.resume:
+        raise ValueError(
+            f"--out {args.out}: {where} holds a policy checkpoint (iteration {done}); pass "
+            "--resume to continue that run, or choose another --out"
+        )
+    if rc.stale:
+        raise ValueError("--resume: --stale runs cannot resume (rollouts one update behind)")
+    if done >= rc.iterations:
+        raise ValueError(
+            f"--resume: {where} already holds iteration {done} of --iterations "
+            f"{rc.iterations}; raise --iterations to continue"
+        )
+    saved = ckpt.read_saved(args.out, done)
+    now = dataclasses.asdict(rc)
+    diff = [k for k in now if k != "iterations" and saved.config.get(k) != now[k]]
+    if diff:
+        flags = ", ".join(f"--{k.replace('_', '-')} {saved.config.get(k)}" for k in diff)
+        raise ValueError(f"--resume: {where} was trained with {flags}; give the same flags")
+    return saved
+
+
 def _main(args) -> int:
-    import json
+    from jaxscale.train.checkpoint import CheckpointError
 
-    import numpy as np
+    return guarded(_run, CheckpointError)(args)  # a checkpoint that cannot be read: one line
 
-    from jaxscale.progress import Progress
-    from jaxscale.render import grid
-    from jaxscale.rlhf import report, run, setup
+
+def _run(args) -> int:
+    from jaxscale.rlhf import run, setup
     from jaxscale.rlhf.config import RLHFConfig
     from jaxscale.rlhf.task import TaskConfig
 
+    # once, absolute: the cache must not move with the working directory unnoticed
+    args.runs = str(Path(args.runs).resolve())
     rc = build_config(RLHFConfig, args).check()
     task = TaskConfig()
+    _check_paths(args, task)
+    saved = _resume_point(args, rc)
     if args.dry_run:
         m = run.placement(rc, args.mesh)
         print(
             f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses "
             f"({rc.prompts} prompts), {rc.placement}: train {dict(m.train.shape)}, generate "
-            f"{dict(m.gen.shape)}; SFT {args.sft_steps} steps and reward model "
-            f"{args.rm_steps} steps cached in {args.runs}"
+            f"{dict(m.gen.shape)}"
         )
+        c = setup.cache(args.runs, task, args.sft_steps, args.rm_steps)
+        print("\n".join(setup.cache_lines(c, args.sft_steps, args.rm_steps)))
+        if saved:
+            print(f"resuming at iteration {saved.iteration}")
         return 0
-    say = (lambda line: print(line, file=sys.stderr)) if not args.json else (lambda line: None)
+    return _report(args, rc, *_train(args, rc, task, saved))
+
+
+def _say(line: str) -> None:
+    # stderr: with --json, stdout holds the one JSON object
+    print(line, file=sys.stderr)
+
+
+def _train(args, rc, task, saved):
+    """SFT and the reward model (cached), then the RLHF iterations, checkpointed under --out:
+    (result, lab, reward-model accuracy, training prompts)."""
+    from jaxscale.progress import Progress
+    from jaxscale.rlhf import run, setup
+
+    show = args.progress and not args.json
     cfg, sft, rm, acc, train_p, held_p = setup.prepare(
-        args.runs, task, args.sft_steps, args.rm_steps, say=say
+        args.runs, task, args.sft_steps, args.rm_steps, say=_say, progress=show
     )
     lab = run.build(rc, cfg, sft, rm, args.mesh, task)
     where = (
         f"{rc.placement}: train {dict(lab.meshes.train.shape)}, generate "
         f"{dict(lab.meshes.gen.shape)}"
     )
-    say(f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses, {where}")
+    _say(f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses, {where}")
+    start = _restore(args, lab, saved)
     out = Path(args.out) if args.out else None
-    log = None
+    log, after, metrics = None, None, None
     if out:
-        out.mkdir(parents=True, exist_ok=True)
-        metrics = open(out / "metrics.jsonl", "w")  # noqa: SIM115 (closed below)
+        metrics = _open_metrics(args, cfg, rc, saved)
         log = lambda r: metrics.write(json.dumps(r) + "\n")  # noqa: E731
-    bar = Progress(rc.iterations, desc=f"rlhf {rc.algo}", enabled=args.progress and not args.json)
+        after = _checkpointer(args, cfg, rc, lab, metrics)
+    bar = Progress(rc.iterations - (start.iteration if start else 0), f"rlhf {rc.algo}", show)
     try:
         res = run.iterate(
-            lab, train_p, held_p, task, log=log, progress=lambda r: bar.update(1, _fmt(r))
+            lab,
+            train_p,
+            held_p,
+            task,
+            log=log,
+            progress=lambda r: bar.update(1, _fmt(r)),
+            start=start,
+            after=after,
         )
     finally:
         bar.close()
-        if out:
+        if metrics:
             metrics.close()
+    return res, lab, acc, train_p
+
+
+def _restore(args, lab, saved):
+    """The loop's start from a checkpoint, its state put into `lab`; None for a fresh run."""
+    from jaxscale.rlhf import checkpoint as ckpt
+    from jaxscale.rlhf import run
+
+    if not saved:
+        return None
+    ckpt.restore(args.out, lab, saved.iteration)
+    _say(f"resuming at iteration {saved.iteration} from {ckpt.ckpt_dir(args.out)}")
+    return run.Start(saved.iteration, saved.beta, saved.initial_true, saved.history)
+
+
+def _open_metrics(args, cfg, rc, saved):
+    """OUT/metrics.jsonl, begun with a resumed run's saved records (the file is then the
+    uninterrupted run's); and OUT/policy/config.json."""
+    import dataclasses
+
+    from jaxscale.rlhf import checkpoint as ckpt
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = {"mesh": args.mesh, "runs": args.runs, "sft_steps": args.sft_steps}
+    ckpt.write_config(out, cfg, {"rlhf": dataclasses.asdict(rc), "run": run})
+    metrics = open(out / "metrics.jsonl", "w")  # noqa: SIM115 (the caller closes it)
+    for r in saved.history if saved else ():
+        metrics.write(json.dumps(r) + "\n")
+    return metrics
+
+
+def _checkpointer(args, cfg, rc, lab, metrics):
+    """`iterate`'s `after`: the policy saved every --ckpt-every iterations and after the last."""
+    import dataclasses
+
+    from jaxscale.rlhf import checkpoint as ckpt
+
+    def after(done: int, beta: float, res) -> None:
+        if done == rc.iterations or (args.ckpt_every and done % args.ckpt_every == 0):
+            metrics.flush()  # the records up to a checkpoint are on disk with it
+            saved = ckpt.Saved(done, beta, res.initial_true, res.history, dataclasses.asdict(rc))
+            ckpt.save(args.out, cfg, lab, saved, args.mesh)
+
+    return after
+
+
+def _report(args, rc, res, lab, acc, train_p) -> int:
+    import numpy as np
+
+    from jaxscale.render import grid
+    from jaxscale.rlhf import checkpoint as ckpt
+    from jaxscale.rlhf import report
+
+    out = Path(args.out) if args.out else None
     h = res.history
     k = min(5, len(h))
     summary = {
@@ -155,6 +324,7 @@ def _main(args) -> int:
     if out:
         summary["metrics"] = str(out / "metrics.jsonl")
         summary["plot"] = report.plot({rc.algo: h}, out / "rlhf.png", rc.kl_target)
+        summary["policy"] = str(ckpt.policy_dir(out))
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -217,4 +387,8 @@ def _main(args) -> int:
     for key in ("metrics", "plot"):
         if key in summary:
             print(f"wrote {summary[key]}")
+    if "policy" in summary:
+        print(
+            f"wrote {summary['policy']} (serve it: jaxscale serve --ckpt-dir {summary['policy']})"
+        )
     return 0

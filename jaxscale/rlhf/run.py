@@ -172,19 +172,43 @@ def evaluate(lab: Lab, prompts: np.ndarray, task, tree=None, batches: int = 4) -
     return float(np.concatenate(out).mean())
 
 
+@dataclass(frozen=True)
+class Start:
+    """Where a resumed run picks up (`checkpoint.Saved`'s fields the loop needs)."""
+
+    iteration: int
+    beta: float
+    initial_true: float
+    history: list[dict]
+
+
 def iterate(
-    lab: Lab, prompts: np.ndarray, held_out: np.ndarray, task, log=None, progress=None
+    lab: Lab,
+    prompts: np.ndarray,
+    held_out: np.ndarray,
+    task,
+    log=None,
+    progress=None,
+    start: Start | None = None,
+    after=None,
 ) -> RunResult:
-    """Run rc.iterations iterations; `log(record)` receives each iteration's metrics."""
+    """Run rc.iterations iterations; `log(record)` receives each iteration's metrics, and
+    `after(iterations done, beta, result)` runs after each (the state then is what `start`
+    needs to continue exactly: every iteration's prompts and keys follow from its index)."""
     rc, res = lab.rc, RunResult()
-    res.initial_true = evaluate(lab, held_out, task)
-    beta = rc.beta
+    first = start.iteration if start else 0
+    if first and rc.stale:  # batch k would need the weights before update k-1 as well
+        raise ValueError("--stale runs cannot resume (their rollouts are one update behind)")
+    if start:
+        res.initial_true, res.history, beta = start.initial_true, list(start.history), start.beta
+    else:
+        res.initial_true, beta = evaluate(lab, held_out, task), rc.beta
     gen_actor, tr = place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
     res.transfers.append(tr)
-    rows, seeds = batch_rows(lab, prompts, 0)
+    rows, seeds = batch_rows(lab, prompts, first)
     t0 = time.perf_counter()
     pending = dispatch_generate(lab, gen_actor, rows, seeds)
-    for it in range(rc.iterations):
+    for it in range(first, rc.iterations):
         toks, valid, logp = jax.device_get(pending)
         t_gen = time.perf_counter() - t0
         if rc.stale and it + 1 < rc.iterations:  # batch k+1 from the weights that made batch k
@@ -227,6 +251,8 @@ def iterate(
         if progress:
             progress(record)
         beta = rw.adaptive_beta(beta, kl, rc.kl_target, rc.kl_horizon, rc.rows)
+        if after:
+            after(it + 1, beta, res)
         if it + 1 < rc.iterations:
             t0 = time.perf_counter()
             if not rc.stale:

@@ -1,0 +1,214 @@
+"""`jaxscale rlhf` as a user runs it: the paths --runs and --out imply refused before anything
+runs, the cache's place and state in the header, progress for the stages before RLHF, the
+trained policy saved where `jaxscale serve` loads it, and a run resumed from a checkpoint with
+the uninterrupted run's metrics. The CLI runs in-process on tiny random models put in the cache
+(SFT and the reward model then load instead of training)."""
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxscale.cli import main
+from jaxscale.config import ModelConfig
+from jaxscale.rlhf import run, setup
+from jaxscale.rlhf.task import TaskConfig
+
+# the CLI's task is the default one: prompt 16 + response 24 tokens fill max_seq
+CFG = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq=40)
+TINY = ["--sft-steps", "1", "--rm-steps", "1", "--responses", "8", "--epochs", "1"]
+TINY += ["--minibatches", "1", "--no-progress"]
+
+
+def _cli(*argv):
+    """(exit code, stdout, stderr) of `jaxscale rlhf ARGV`, in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["rlhf", *argv])
+        except SystemExit as e:  # argparse refuses a flag's value itself
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def _seed_cache(runs: Path) -> None:
+    """Tiny random SFT and reward models where `jaxscale rlhf --sft-steps 1 --rm-steps 1`
+    looks for them."""
+    c = setup.cache(runs, TaskConfig(), 1, 1)
+    runs.mkdir(parents=True, exist_ok=True)
+    actor, rm = setup.random_models(CFG, 0)
+    setup.save_tree(c.sft, actor)
+    c.sft.with_suffix(".json").write_text(json.dumps(CFG.__dict__))
+    setup.save_tree(c.rm, rm)
+    acc = {"train_pairs": 1, "held_out_pairs": 1, "train_accuracy": 1.0, "held_out_accuracy": 1.0}
+    c.rm.with_suffix(".json").write_text(json.dumps(acc))
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("runs=FILE", "exists and is not a directory"),  # before: the dry run said OK
+        ("runs=/proc/x", "cannot create /proc/x"),
+        ("out=/proc/x", "cannot create /proc/x"),
+        ("out=FILE", "exists and is not a directory"),
+        ("runs/sft_1.npz=DIR", "sft_1.npz is a directory"),  # before: failed after compiling
+        ("out/policy=FILE", "policy"),
+        ("out/metrics.jsonl=DIR", "metrics.jsonl is a directory"),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_paths_are_refused_before_anything_runs(tmp_path, where, message, dry_run):
+    file = tmp_path / "file"
+    file.write_text("")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    what, value = where.split("=")
+    if value in ("FILE", "DIR") and "/" in what:  # a path the flag implies
+        path = tmp_path / what
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if value == "DIR" else path.write_text("")
+    elif value == "FILE":
+        runs, out = (file, out) if what == "runs" else (runs, file)
+    else:
+        runs, out = (Path(value), out) if what == "runs" else (runs, Path(value))
+    argv = [*TINY, "--runs", str(runs), "--out", str(out)] + (["--dry-run"] if dry_run else [])
+    code, _, err = _cli(*argv)
+    assert code == 2 and message in _one_error_line(err), err
+    assert not (tmp_path / "out" / "metrics.jsonl").is_file()
+
+
+def test_the_header_says_where_the_cache_is_and_what_it_holds(tmp_path, monkeypatch):
+    """A relative --runs is resolved once against the working directory and printed whole:
+    run from elsewhere, the header shows another place and 'will be trained'."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _cli(*TINY, "--runs", "cache", "--dry-run")
+    assert code == 0, err
+    assert f"cache: {tmp_path / 'cache'}\n" in out
+    assert out.count("will be trained") == 2
+    _seed_cache(tmp_path / "cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code, out, _ = _cli(*TINY, "--runs", str(tmp_path / "cache"), "--dry-run")
+    assert "SFT (1 steps of jaxscale train on the standard library): cached" in out
+    assert "reward model (1 Bradley-Terry steps): cached" in out
+    monkeypatch.chdir(elsewhere)
+    code, out, _ = _cli(*TINY, "--runs", "cache", "--dry-run")
+    assert f"cache: {elsewhere / 'cache'}\n" in out and out.count("will be trained") == 2
+
+
+def test_the_stages_before_rlhf_show_progress(tmp_path, capsys, monkeypatch):
+    """SFT runs `jaxscale train` with its bar (its report lines kept off stdout), the
+    comparison pairs and the reward model's steps get bars of their own on stderr."""
+    import subprocess
+
+    from jaxscale.train import checkpoint
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or _Done())
+    monkeypatch.setattr(checkpoint, "load_model", lambda d: (CFG, setup.random_models(CFG)[0]))
+    rng = np.random.default_rng(0)
+
+    def pairs(cfg, params, prompts, task, seed=0, progress=None):
+        for _ in range(setup.pair_batches(len(prompts))):
+            progress()
+        seq = rng.integers(0, 256, (64, 40)).astype(np.int32)
+        last = np.full(64, 39)
+        return seq, last, seq[::-1].copy(), last
+
+    monkeypatch.setattr(setup, "comparison_pairs", pairs)
+    setup.prepare(tmp_path, TaskConfig(), 1, 3, progress=True)
+    argv, kw = calls[0]
+    assert "train" in argv and "--no-progress" not in argv and kw["stdout"] is not None
+    err = capsys.readouterr().err
+    assert "comparison pairs [" in err and "reward model [" in err and "3/3" in err
+    setup.sft_model(tmp_path / "quiet", 1, progress=False)
+    assert "--no-progress" in calls[1][0] and "[" not in capsys.readouterr().err
+
+
+class _Done:
+    returncode, stdout = 0, ""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rlhf_cli") / "runs"
+    _seed_cache(path)
+    return path
+
+
+def _train(monkeypatch, runs, out, *flags):
+    """The CLI's run and the loop's result (the trained tree), read by a spy on `iterate`."""
+    got = {}
+    real = run.iterate
+    monkeypatch.setattr(run, "iterate", lambda *a, **k: got.setdefault("res", real(*a, **k)))
+    code, stdout, err = _cli(*TINY, "--json", "--runs", str(runs), "--out", str(out), *flags)
+    assert code == 0, err
+    return json.loads(stdout.strip().splitlines()[-1]), got.get("res")
+
+
+@pytest.fixture(scope="module")
+def full(runs, tmp_path_factory):
+    """The uninterrupted run: 3 iterations, a checkpoint after each."""
+    out = tmp_path_factory.mktemp("full")
+    with pytest.MonkeyPatch.context() as mp:
+        summary, res = _train(mp, runs, out, "--iterations", "3", "--ckpt-every", "1")
+    return out, summary, res
+
+
+def test_the_policy_is_saved_where_serve_loads_it(full):
+    from jaxscale.serve.generate import generate
+    from jaxscale.train.checkpoint import load_model
+
+    out, summary, res = full
+    assert summary["policy"] == str(out / "policy")
+    assert (out / "policy" / "config.json").is_file()
+    cfg, params = load_model(str(out / "policy"))  # what `jaxscale serve --ckpt-dir` calls
+    assert cfg == CFG
+    want = jax.tree.leaves(res.tree["actor"])
+    for got, x in zip(jax.tree.leaves(params), want, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(x))
+    initial = jax.tree.leaves(setup.random_models(CFG, 0)[0])
+    assert any(not np.array_equal(a, b) for a, b in zip(initial, want, strict=True))  # trained
+    g = generate(params, [[ord(c) for c in "x = foo("]], cfg, max_new=8)
+    assert g.valid[0].sum() >= 1 and len(g.row(0)) == g.valid[0].sum()
+
+
+TIMING = ("t_generate_s", "t_score_s", "t_train_s", "t_transfer_s", "tokens_per_s")
+
+
+def _metrics(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+@pytest.mark.slow  # two tiny runs and a resume; the policy save and load are fast
+def test_a_resumed_run_continues_exactly(full, runs, tmp_path, monkeypatch):
+    """Stopped after 2 of 3 iterations and resumed: the same metrics (every iteration's prompts
+    and keys follow from its index; actor, critic, Adam state and beta come back), the same
+    policy. A checkpoint in --out is not overwritten without --resume, nor resumed with other
+    flags."""
+    from jaxscale.train.checkpoint import load_model
+
+    out, summary, _ = full
+    _train(monkeypatch, runs, tmp_path, "--iterations", "2", "--ckpt-every", "1")
+    code, _, err = _cli(*TINY, "--runs", str(runs), "--out", str(tmp_path), "--iterations", "3")
+    assert code == 2 and "pass --resume" in _one_error_line(err)
+    flags = ["--runs", str(runs), "--out", str(tmp_path), "--iterations", "3", "--resume"]
+    code, _, err = _cli(*TINY, *flags, "--lr", "0.1")
+    assert code == 2 and "--lr 0.0003" in _one_error_line(err)
+    resumed, res = _train(monkeypatch, runs, tmp_path, "--iterations", "3", "--resume")
+    assert _metrics(tmp_path) == _metrics(out)
+    _, a = load_model(str(out / "policy"))
+    _, b = load_model(str(tmp_path / "policy"))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert resumed["held_out_true_score"]["initial"] == summary["held_out_true_score"]["initial"]
