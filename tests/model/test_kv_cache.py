@@ -54,6 +54,22 @@ def test_prefill_then_decode_equals_full_recompute_at_every_position():
     np.testing.assert_allclose(jnp.stack(got, 1), want_BTV[:, P - 1 :], rtol=RTOL, atol=ATOL)
 
 
+def test_prefill_reads_each_rows_last_prompt_token_not_the_window_end():
+    """Right-padded prompts of 3 and 5 tokens in a window of 8: prefill's logits are the
+    uncached model's at position length - 1 of each row's own tokens (the padding replaced by
+    other tokens there, which causal attention never reads)."""
+    lengths = [3, 5]
+    rows_BT = _tokens(2, 8)
+    padded_BT = jnp.where(jnp.arange(8)[None, :] < jnp.array(lengths)[:, None], rows_BT, 0)
+    cache = kv_cache.init_cache(CFG, 2, 8)
+    logits_BV, _ = jax.jit(kv_cache.prefill, static_argnums=4)(
+        PARAMS, padded_BT, jnp.array(lengths), cache, CFG
+    )
+    full_BTV = jax.jit(pieces.logits, static_argnums=2)(PARAMS, rows_BT, CFG)
+    want_BV = np.stack([full_BTV[b, n - 1] for b, n in enumerate(lengths)])
+    np.testing.assert_allclose(logits_BV, want_BV, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_rows_of_different_lengths_decode_as_if_alone():

@@ -5,6 +5,7 @@ sharded layer drops exactly the reference's tokens, and two planted bugs in its 
 caught by the equivalence check."""
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from jaxscale.model import counts, moe, pieces
 from jaxscale.model import state as ms
 from jaxscale.parallel import ep
 from jaxscale.parallel.compose import Strategy, build
+from jaxscale.parallel.pp import execute
 from jaxscale.tolerances import ATOL, RTOL
 
 CFG = ModelConfig(n_experts=8, top_k=2, capacity_factor=2.0)
@@ -330,3 +332,33 @@ def test_moe_layer_combine_weights_equal_a_numpy_layer(k):
     y_BTD, stats = moe.moe_mlp(h_BTD, p, cfg, pieces.DENSE)
     assert float(stats["drop"]) == 0.0
     np.testing.assert_allclose(y_BTD, _numpy_moe_layer(h_BTD, p, k), rtol=RTOL, atol=ATOL)
+
+
+def test_pipeline_stages_router_losses_add_to_the_one_device_value():
+    """Each pipeline stage adds its MoE layers' router losses over ALL L/n MoE layers, so the
+    stages' shares sum to the one-device aux_loss_weight x mean balance loss + z_loss_weight x
+    mean z-loss (`loss_terms`, which averages the stacked statistics itself). Two stages of two
+    layers, one MoE layer each: a per-stage mean would count every layer twice."""
+    moe_cfg = dict(n_experts=4, top_k=2, moe_every=2, aux_loss_weight=0.5, z_loss_weight=0.25)
+    cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2, n_kv_heads=2, d_ff=32, vocab=64, **moe_cfg)
+    rng = np.random.default_rng(0)  # any parameters will do: numpy's are quicker than init's
+    params = jax.tree.map(
+        lambda a: jnp.asarray(rng.normal(0, 0.3, a.shape), a.dtype), ms.abstract_params(cfg)
+    )
+    tokens_BT1 = jnp.asarray(rng.integers(0, cfg.vocab, (2, 9)))
+
+    @jax.jit
+    def shares_and_terms(params, tokens_BT1):
+        top, blocks = pieces.split_params(params)
+        half = [jax.tree.map(lambda a, s=s: jnp.split(a, 2)[s], blocks) for s in range(2)]
+        stage = partial(execute._stage, cfg, pieces.DENSE, jnp.arange(tokens_BT1.shape[1] - 1))
+        x_BTD, first = stage(True, top, half[0], None, tokens_BT1)
+        _, second = stage(False, top, half[1], x_BTD, tokens_BT1)
+        return first, second, pieces.loss_terms(params, tokens_BT1, cfg)[1]
+
+    first_share, second_share, terms = shares_and_terms(params, tokens_BT1)
+    want = cfg.aux_loss_weight * float(terms["aux_loss"]) + cfg.z_loss_weight * float(
+        terms["z_loss"]
+    )
+    assert float(first_share) != pytest.approx(float(second_share))  # two distinct layers
+    np.testing.assert_allclose(float(first_share) + float(second_share), want, rtol=1e-5)

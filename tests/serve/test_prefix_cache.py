@@ -2,7 +2,6 @@
 leaves, reference counts) and the engine with it: the same tokens as without it."""
 
 import numpy as np
-import pytest
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import state as ms
@@ -70,26 +69,50 @@ def test_least_recently_used_unused_leaves_are_evicted_first():
     assert c.evict(2) == 2 and a.n_free == 8  # every page back
 
 
-CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=64)
-PARAMS = ms.init_params(CFG, 0)
+def _full_runs(c):
+    """Each node's whole token run from the root -> its users."""
+    got = {}
+    for nd in c._nodes():
+        run, up = nd.tokens, nd.parent
+        while up is not c.root:
+            run, up = up.tokens + run, up.parent
+        got[run] = nd.users
+    return got
 
 
-@pytest.mark.slow
-@pytest.mark.first_line
+def _covering(runs, running):
+    """The rule, stated apart from the tree: a node is used by every running request whose
+    matched prefix (its pages' tokens) contains the node's whole run."""
+    return {run: sum(prefix[: len(run)] == run for prefix in running) for run in runs}
+
+
 def test_a_split_under_a_running_request_is_released_with_it():
     """Request 1 holds the cached run [1 2 3 4 | 5 6 7 8]; request 2 shares only its first page,
-    which splits the edge while request 1 still uses it. When both let go, every node is unused
+    which splits the edge while request 1 still uses it. At every point each node's users are
+    the running requests whose matched prefix covers it; when both let go, every node is unused
     and eviction gives every page back to the pool."""
     a, c = _cache(n_pages=8)
     _cached_run(a, c, [1, 2, 3, 4, 5, 6, 7, 8])
-    p1, path1 = c.match([1, 2, 3, 4, 5, 6, 7, 8, 9])
-    p2, path2 = c.match([1, 2, 3, 4, 0, 0, 0, 0, 0])
-    assert len(p1) == 2 and len(p2) == 1
-    for pages, path in ((p1, path1), (p2, path2)):
+    running = {}
+    for name, prompt in (("one", [1, 2, 3, 4, 5, 6, 7, 8, 9]), ("two", [1, 2, 3, 4, 0, 0, 0, 0])):
+        pages, path = c.match(prompt)
+        running[name] = (tuple(prompt[: len(pages) * PS]), pages, path)
+        runs = _full_runs(c)
+        assert runs == _covering(runs, [prefix for prefix, _, _ in running.values()])
+    assert [len(pages) for _, pages, _ in running.values()] == [2, 1]
+    assert sorted(map(len, _full_runs(c))) == [4, 8]  # the edge was split after one page
+    for name in ("one", "two"):
+        _, pages, path = running.pop(name)
         a.release(pages)
         c.unlock(path)
-    assert all(nd.users == 0 for nd in c._nodes())
+        runs = _full_runs(c)
+        assert runs == _covering(runs, [prefix for prefix, _, _ in running.values()])
+    assert all(nd.users == 0 for nd in c._nodes()) and c.evictable_pages() == 2
     assert c.evict(100) == 2 and a.n_free == a.n_pages - 1
+
+
+CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=64)
+PARAMS = ms.init_params(CFG, 0)
 
 
 def test_the_hit_rate_counts_each_admission_once():

@@ -142,3 +142,39 @@ def test_constrained_speculative_decoding_keeps_the_grammar_and_the_greedy_outpu
         )
         assert len(got) <= 30
         json.loads(bytes(got))
+
+
+def test_a_perfect_drafts_cache_count_leaves_no_position_unfed(monkeypatch):
+    """The target drafting for itself (p == q, greedy): all k = 2 drafts pass, each round emits
+    3 tokens. The draft never feeds its own last draft, so after round r (prompt P, P + 3r
+    tokens) its cache holds P + 3r - 2 positions and the next round starts feeding there: the
+    feeds, (start, length), are (0, P) (P, 1), then (P + 3r - 2, 2) (P + 3r, 1) for r = 1, 2.
+    Every position is written with the sequence's token before any feed starts past it."""
+    cfg = ModelConfig(
+        vocab=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq=24
+    )
+    rng = np.random.default_rng(0)  # any parameters will do: numpy's are quicker than init's
+    target = jax.tree.map(
+        lambda a: jnp.asarray(rng.normal(0, 0.5, a.shape), a.dtype), ms.abstract_params(cfg)
+    )
+    draft = dict(target)  # the same weights, told apart by identity
+    feeds, feed = [], spec._feed
+
+    def recording_feed(params, tokens_1T, start, cache, cfg):
+        if params is draft:
+            feeds.append((int(start), [int(t) for t in tokens_1T[0]]))
+        return feed(params, tokens_1T, start, cache, cfg)
+
+    monkeypatch.setattr(spec, "_feed", recording_feed)
+    prompt = [5]  # one token: the feeds come in three shapes, 1, 2 and 3 (fewer compiles)
+    got, stats = spec.generate(target, cfg, draft, cfg, prompt, 9, k=2)
+    P, seq = len(prompt), prompt + got
+    assert len(seq) == P + 9
+    written: set[int] = set()
+    for start, tokens in feeds:
+        assert set(range(start)) <= written  # no hole behind where this feed starts
+        assert tokens == seq[start : start + len(tokens)]
+        written |= set(range(start, start + len(tokens)))
+    want = [(0, P), (P, 1), (P + 1, 2), (P + 3, 1), (P + 4, 2), (P + 6, 1)]
+    assert [(start, len(tokens)) for start, tokens in feeds] == want
+    assert (stats.target_passes, stats.drafted, stats.accepted) == (3, 6, 6)
