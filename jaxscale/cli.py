@@ -73,7 +73,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from jaxscale.compat import use_fast_compile_xla_flags
-    from jaxscale.devices import cpu_devices_error, default_cpu_devices
+    from jaxscale.devices import cpu_devices_error, default_cpu_devices, patient_rendezvous
     from jaxscale.launch import maybe_initialize_distributed
 
     default_cpu_devices()
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxscale: error: {error}", file=sys.stderr)
         return 2
     use_fast_compile_xla_flags()  # jax 0.10's XLA:CPU: the same program in ~60% of the compile
+    patient_rendezvous()  # a held-up simulated device is not a hang
     maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -37,6 +37,23 @@ def default_cpu_devices() -> None:
         os.environ[DEFAULTED] = "1"
 
 
+# XLA:CPU aborts the process when a collective's rendezvous waits longer than this (its default,
+# 40 s). Simulated devices are threads sharing the host's cores: on a loaded 2-core host one of
+# them can be held up that long while its peers wait, and the abort then kills a healthy run
+# (docs/pipeline.md, "Collective order on XLA:CPU"). XLA still warns after 20 s, naming the
+# rendezvous, so a true hang shows at once; it is ended after 5 minutes instead of 40 s.
+RENDEZVOUS_TIMEOUT_S = 300
+
+
+def patient_rendezvous() -> None:
+    """Raise XLA:CPU's rendezvous abort timeout in XLA_FLAGS unless the user set one (process
+    edges only, before jax starts its backend; child processes inherit it)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_collective_call_terminate_timeout_seconds" not in flags:
+        timeout = f"--xla_cpu_collective_call_terminate_timeout_seconds={RENDEZVOUS_TIMEOUT_S}"
+        os.environ["XLA_FLAGS"] = f"{flags} {timeout}".strip()
+
+
 def cpu_devices_error() -> str | None:
     """What is wrong with a JAX_NUM_CPU_DEVICES the user set (jax would raise deep inside its
     start-up, or take -3 as 1), or None."""
