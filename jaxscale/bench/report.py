@@ -253,7 +253,8 @@ def _plot(rows: list[BenchRow], path: Path) -> Path:
     good = [r for r in rows if r.report is not None]
     labels = [f"{r.label}\n{r.case.mesh}" for r in good]
     xs = range(len(good))
-    size = (max(10, 0.9 * len(good)), 8)
+    size = (max(10, 0.9 * len(good)) + 2, 8)  # + the legends' column, right of the axes
+    outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1), "borderaxespad": 0}
     with figure(path, 2, 1, figsize=size, dpi=110) as (_, (ax_mem, ax_comm)):
         parts = {
             "params": [r.state_layout.params / MiB for r in good],
@@ -268,7 +269,7 @@ def _plot(rows: list[BenchRow], path: Path) -> Path:
         ax_mem.scatter(xs, predicted, marker="_", s=400, color="black", label="predicted total")
         ax_mem.set_ylabel("MiB per device")
         ax_mem.set_title("Training state per device, stacked by component (declared layout)")
-        ax_mem.legend(fontsize=8)
+        ax_mem.legend(fontsize=9, **outside)
         ops = sorted({op for r in good for op in r.report.collective_totals()})
         width = 0.8 / max(len(ops), 1)
         for i, op in enumerate(ops):
@@ -282,8 +283,9 @@ def _plot(rows: list[BenchRow], path: Path) -> Path:
         ax_comm.set_ylabel("MiB per device per step")
         ax_comm.set_title("Collective bytes by op (compiled HLO)")
         if ops:
-            ax_comm.legend(fontsize=8)
+            ax_comm.legend(fontsize=9, **outside)
         for ax in (ax_mem, ax_comm):
+            ax.set_xlabel("strategy, mesh")
             ax.set_xticks([x + 0.4 - width / 2 for x in xs] if ax is ax_comm else list(xs), labels)
             ax.tick_params(axis="x", labelsize=7, labelrotation=30)
     return path

@@ -354,7 +354,8 @@ def report(res: dict) -> str:
 def plot(res: dict, path) -> Path:
     from jaxscale.render import figure
 
-    with figure(path, 1, 2, figsize=(11, 4), dpi=110) as (_, (ax_t, ax_b)):
+    outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1), "borderaxespad": 0}
+    with figure(path, 1, 2, figsize=(13, 4.4), dpi=110) as (_, (ax_t, ax_b)):
         for pth, style in (("in_process", "o-"), ("http", "s--")):
             rows = res.get(pth, {})
             if rows:
@@ -371,15 +372,22 @@ def plot(res: dict, path) -> Path:
         ax_t.minorticks_off()
         ax_t.set_xlabel("requests / s (Poisson)")
         ax_t.set_ylabel("ms")
-        ax_t.legend(fontsize=8)
+        ax_t.legend(fontsize=8, **outside)
         ax_t.set_title("latency under load")
         b = res["batching"]
         names = ["static", "continuous"]
         x = np.arange(2)
-        ax_b.bar(x - 0.2, [b[n]["steps"] for n in names], 0.4, label="engine steps")
-        ax_b.bar(x + 0.2, [b[n]["predicted_steps"] for n in names], 0.4, label="simulate batching")
+        ax_b.bar(x - 0.2, [b[n]["steps"] for n in names], 0.4, label="engine (measured)")
+        ax_b.bar(
+            x + 0.2,
+            [b[n]["predicted_steps"] for n in names],
+            0.4,
+            label="simulate batching (predicted)",
+        )
         ax_b.set_xticks(x, names)
-        ax_b.legend(fontsize=8)
+        ax_b.set_xlabel("batching")
+        ax_b.set_ylabel("engine steps")
+        ax_b.legend(fontsize=8, **outside)
         ax_b.set_title("steps for one workload")
     return Path(path)
 

@@ -146,10 +146,11 @@ def write_metrics(out: Outcome, path: Path) -> Path:
 
 def plot_curves(runs: dict[str, Outcome], path: Path) -> Path:
     """Return vs environment steps: each run's mean over seeds of the training episodes' return
-    (line, min-max band over seeds) and of the evaluations (markers)."""
+    (line, min-max band over seeds) and of the evaluations (markers). The legend sits right of
+    the axes, clear of the curves."""
     from jaxscale.render import figure
 
-    with figure(path, figsize=(9, 5), dpi=110) as (fig, ax):
+    with figure(path, figsize=(12, 5), dpi=110) as (fig, ax):
         for i, (label, out) in enumerate(runs.items()):
             color = f"C{i}"
             x = (np.arange(out.cfg.n_updates) + 1) * out.cfg.batch
@@ -163,7 +164,14 @@ def plot_curves(runs: dict[str, Outcome], path: Path) -> Path:
                 linewidth=1.2,
                 label=f"{label}: training episodes (mean of {len(out.seeds)} seeds)",
             )
-            ax.fill_between(x, np.nanmin(r, 0), np.nanmax(r, 0), color=color, alpha=0.15)
+            ax.fill_between(
+                x,
+                np.nanmin(r, 0),
+                np.nanmax(r, 0),
+                color=color,
+                alpha=0.15,
+                label=f"{label}: training episodes, min-max over {len(out.seeds)} seeds",
+            )
             if not np.all(np.isnan(out.evals)):
                 ax.plot(
                     out.eval_steps(),
@@ -178,5 +186,5 @@ def plot_curves(runs: dict[str, Outcome], path: Path) -> Path:
         ax.set(
             xlabel="environment steps", ylabel="episodic return", title="CartPole: learning curves"
         )
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     return path

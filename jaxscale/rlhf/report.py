@@ -146,29 +146,55 @@ def time_breakdown(history: list[dict]) -> dict:
 
 
 def plot(runs: dict[str, list[dict]], path, kl_target: float = 0.0, smooth: int = 5) -> str:
-    """True score, parse rate, reward-model score and KL over iterations, one colour per run: each
-    iteration faint, its `smooth`-iteration running mean solid; the KL target dashed."""
+    """True score, parse rate, reward-model score and KL over iterations, a 2x2 grid (1200x900
+    pixels), one colour per run: each iteration faint, its `smooth`-iteration running mean solid;
+    the KL target dashed. Each panel's legend sits under its axes, clear of the curves."""
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import ScaledTranslation
+
     keys = ("true_score", "parses_rate", "rm_score", "kl")
     titles = (
         "true score (programmatic)",
         "share of lines that parse",
         "reward-model score",
-        "KL(actor || reference), nats per response",
+        "KL(actor || reference)",
     )
-    with figure(path, 1, 4, figsize=(19, 4.2)) as (fig, axes):
+    ylabels = ("true score", "share of lines", "reward-model score", "KL, nats per response")
+    with figure(path, 2, 2, figsize=(12, 9)) as (fig, axes):
+        axes = axes.ravel()
         for i, (label, hist) in enumerate(runs.items()):
             it = np.asarray([r["iteration"] for r in hist])
             for ax, key in zip(axes, keys, strict=True):
                 y = np.asarray([r[key] for r in hist], float)
                 mean = np.convolve(y, np.ones(smooth) / smooth, "valid") if len(y) >= smooth else y
                 ax.plot(it, y, color=f"C{i}", alpha=0.25, lw=0.8)
-                ax.plot(it[len(it) - len(mean) :], mean, color=f"C{i}", label=label)
+                ax.plot(it[len(it) - len(mean) :], mean, color=f"C{i}", lw=1.6, label=label)
         if kl_target > 0:
-            axes[3].axhline(kl_target, color="k", ls="--", lw=0.8, label="KL target")
-        for ax, title in zip(axes, titles, strict=True):
-            ax.set_title(title)
-            ax.set_xlabel("iteration")
+            axes[3].axhline(kl_target, color="k", ls="--", lw=1, label=f"KL target ({kl_target:g})")
+        # what the faint and solid strokes are, once per legend, in gray
+        key_handles = [Line2D([], [], color="gray", alpha=0.4, lw=0.8)]
+        key_labels = ["each iteration"]
+        if smooth > 1:
+            key_handles.append(Line2D([], [], color="gray", lw=1.6))
+            key_labels.append(f"{smooth}-iteration mean")
+        for ax, title, ylabel in zip(axes, titles, ylabels, strict=True):
+            ax.set_title(title, fontsize=13)
+            ax.set_xlabel("iteration", fontsize=11)
+            ax.set_ylabel(ylabel, fontsize=11)
+            ax.tick_params(labelsize=10)
             ax.grid(alpha=0.3)
-        axes[0].legend()
-        axes[3].legend()
+            handles, labels = ax.get_legend_handles_labels()
+            labels += key_labels
+            # under the x label whatever the panel's height: 40 points below the axes
+            under = ax.transAxes + ScaledTranslation(0, -40 / 72, fig.dpi_scale_trans)
+            ax.legend(
+                handles + key_handles,
+                labels,
+                fontsize=9,
+                ncol=3 if max(map(len, labels)) <= 16 else 2 if max(map(len, labels)) <= 24 else 1,
+                loc="upper center",
+                bbox_to_anchor=(0.5, 0),
+                bbox_transform=under,
+                borderaxespad=0,
+            )
     return str(path)

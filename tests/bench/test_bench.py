@@ -1,14 +1,18 @@
 """The bench: predictions checked against the compiled program, and the command's output."""
 
 import json
+from types import SimpleNamespace
 
 import jax
 import pytest
+from figure_checks import capture, check_figure, legend_texts
 from planted import plant_extra_pmean
 
 from jaxscale import verify
 from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.bench import meshes, predict
+from jaxscale.bench import report as bench_report
+from jaxscale.bench import serve as bench_serve
 from jaxscale.cli import main as cli_main
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.parallel.compose import Strategy, build, step_shape
@@ -195,3 +199,44 @@ def test_bench_target_tpu_compiles_without_running(tmp_path, capsys):
     (row,) = data["rows"]
     assert row["memory_ok"] and row["equivalent"] is None and row["step_ms"] == []
     assert row["optimal_seconds"] > 0
+
+
+def _plotted_row(label: str, mesh: str) -> SimpleNamespace:
+    """What the mesh chart reads of a BenchRow, with no compile: every row alike, so the bars
+    fill the axes' width and any legend inside them would cover one."""
+    mib = bench_report.MiB
+    totals = {op: SimpleNamespace(total_bytes=16 * mib) for op in ("all-gather", "all-reduce")}
+    return SimpleNamespace(
+        label=label,
+        case=SimpleNamespace(mesh=mesh),
+        report=SimpleNamespace(collective_totals=lambda: totals),
+        state_layout=SimpleNamespace(params=16 * mib, grads=16 * mib, optimizer=32 * mib),
+        state_predicted=SimpleNamespace(total=64 * mib),
+    )
+
+
+def test_the_mesh_chart_keeps_its_legends_off_the_bars(tmp_path, monkeypatch):
+    saved = capture(monkeypatch)
+    rows = [_plotted_row(f"manual:zero{i}", "dp=8") for i in range(1, 4)]
+    rows += [_plotted_row("auto:fsdp_tp", "fsdp=4,tp=2"), _plotted_row("auto:tp", "tp=8")]
+    path = bench_report._plot(rows, tmp_path / "bench_meshes.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    ((fig, _),) = saved
+    legends = check_figure(fig)
+    assert len(legends) == 2
+    assert "predicted total" in legend_texts(legends[0])
+    assert legend_texts(legends[1]) == ["all-gather", "all-reduce"]
+
+
+def test_the_serve_chart_keeps_its_legends_off_the_data(tmp_path, monkeypatch):
+    """`bench serve`'s figure from a made-up result (its module's tests run the engine)."""
+    saved = capture(monkeypatch)
+    latency = {rate: {"ttft_p50_ms": 20 + rate, "tpot_p50_ms": 5 + rate / 4} for rate in (1, 4, 16)}
+    steps = {"static": {"steps": 90, "predicted_steps": 90}}
+    steps["continuous"] = {"steps": 88, "predicted_steps": 88}
+    res = {"in_process": latency, "http": latency, "batching": steps}
+    path = bench_serve.plot(res, tmp_path / "bench_serve.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    ((fig, _),) = saved
+    legends = check_figure(fig)
+    assert len(legends) == 2 and len(legend_texts(legends[0])) == 4

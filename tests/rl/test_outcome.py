@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+from figure_checks import capture, check_figure, legend_texts
 
 from jaxscale.rl import run
 from jaxscale.rl.config import RLConfig
@@ -32,3 +33,27 @@ def test_the_first_non_finite_update_of_each_seed_is_found(tmp_path):
     records = [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
     losses = [r["policy_loss"] for r in records if r["seed"] == 8 and "policy_loss" in r]
     assert losses == [0.5, None, None]
+
+
+def test_the_learning_curve_names_its_band_and_keeps_the_legend_off_the_data(tmp_path, monkeypatch):
+    saved = capture(monkeypatch)
+    cfg = RLConfig(num_envs=4, num_steps=8, total_steps=8 * 4 * 20, eval_every=5)
+    steps = np.arange(cfg.n_updates)
+    returns = np.stack([20 + 25 * steps, 10 + 26 * steps, 30 + 24 * steps]).astype(float)
+    evals = returns[:, cfg.eval_every - 1 :: cfg.eval_every]
+    metrics = {"episode_return": returns, "policy_loss": np.zeros_like(returns)}
+    runs = {
+        "ppo": run.Outcome(cfg, (0, 1, 2), metrics, evals, 1.0, 1.0, 1),
+        "reinforce": run.Outcome(cfg, (0, 1, 2), {**metrics}, evals / 2, 1.0, 1.0, 1),
+    }
+    path = run.plot_curves(runs, tmp_path / "curve.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    ((fig, _),) = saved
+    (legend,) = check_figure(fig)
+    texts = legend_texts(legend)
+    for label in runs:
+        assert f"{label}: training episodes, min-max over 3 seeds" in texts
+    (ax,) = fig.axes
+    assert {c.get_label() for c in ax.collections} >= {
+        f"{label}: training episodes, min-max over 3 seeds" for label in runs
+    }

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from figure_checks import capture, check_figure, legend_texts
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import pieces
@@ -282,3 +283,37 @@ def test_a_mesh_the_model_does_not_divide_over_is_refused(tiny):
     actor, rm, _, _ = tiny
     with pytest.raises(ValueError, match=r"--mesh tp=8: .*kv_heads=2.* does not divide"):
         run.build(RC, CFG, actor, rm, "tp=8", TASK)
+
+
+SWEEP = ("beta 0 (no KL)", "adaptive (beta 0.1, target 6)", "beta 1 fixed", "beta 10 fixed")
+
+
+@pytest.mark.parametrize("runs", [("ppo",), ("ppo", "grpo"), SWEEP], ids=["one", "two", "sweep"])
+def test_the_plot_is_a_labelled_2x2_grid_with_its_legends_off_the_curves(
+    tmp_path, monkeypatch, runs
+):
+    import matplotlib.pyplot as plt
+
+    saved = capture(monkeypatch)
+    hist = [
+        {"iteration": i, "true_score": i / 30, "parses_rate": 0.5 + i / 60, "rm_score": i / 10}
+        | {"kl": 0.05 * i}
+        for i in range(30)
+    ]
+    path = report.plot(dict.fromkeys(runs, hist), tmp_path / "rlhf.png", kl_target=1.0)
+    height, width = plt.imread(path).shape[:2]
+    assert (width, height) == (1200, 900)
+    ((fig, dpi),) = saved
+    assert tuple(fig.get_size_inches() * dpi) == (1200, 900)
+    axes = fig.axes
+    assert len(axes) == 4 and {ax.get_subplotspec().get_geometry()[:2] for ax in axes} == {(2, 2)}
+    legends = check_figure(fig)
+    assert len(legends) == 4  # one per panel: each has the faint and the mean curves
+    for legend in legends:
+        assert set(legend_texts(legend)) >= {*runs, "each iteration", "5-iteration mean"}
+        assert min(t.get_fontsize() for t in legend.get_texts()) >= 9
+    assert "KL target (1)" in legend_texts(legends[3])
+    for ax in axes:
+        labels = ax.get_xticklabels() + ax.get_yticklabels()
+        assert min(t.get_fontsize() for t in labels) >= 10
+        assert min(ax.xaxis.label.get_fontsize(), ax.yaxis.label.get_fontsize()) >= 11
