@@ -196,7 +196,31 @@ def _run(args) -> int:
         if saved:
             print(f"resuming at iteration {saved.iteration}")
         return 0
-    return _report(args, rc, *_train(args, rc, task, saved))
+    from jaxscale.stopping import stop_on_signal
+
+    with stop_on_signal(STOP_NOTE, ABORT_NOTE) as stop:
+        try:
+            result = _train(args, rc, task, saved, stop)
+        except Stopped as e:
+            _say(f"jaxscale rlhf: {e}")
+            return 130
+        except RuntimeError:  # SFT's `jaxscale train` child stopped by the same Ctrl-C
+            if not stop.is_set():
+                raise
+            _say("jaxscale rlhf: stopped during SFT (its run directory resumes it next time)")
+            return 130
+    return _report(args, rc, *result)
+
+
+STOP_NOTE = (
+    "stopping after this iteration (saving the policy with --out); Ctrl-C again to abort "
+    "without saving"
+)
+ABORT_NOTE = "aborted: nothing saved since the last checkpoint"
+
+
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM: the run stopped at a safe point (the message says where)."""
 
 
 def _say(line: str) -> None:
@@ -204,9 +228,10 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def _train(args, rc, task, saved):
+def _train(args, rc, task, saved, stop):
     """SFT and the reward model (cached), then the RLHF iterations, checkpointed under --out:
-    (result, lab, reward-model accuracy, training prompts)."""
+    (result, lab, reward-model accuracy, training prompts). `stop` (set by Ctrl-C): the run
+    stops after the cached stages, or after the iteration under way (saved with --out)."""
     from jaxscale.progress import Progress
     from jaxscale.rlhf import run, setup
 
@@ -214,6 +239,8 @@ def _train(args, rc, task, saved):
     cfg, sft, rm, acc, train_p, held_p = setup.prepare(
         args.runs, task, args.sft_steps, args.rm_steps, say=_say, progress=show
     )
+    if stop.is_set():
+        raise Stopped("stopped after the SFT model and reward model (cached for the next run)")
     lab = run.build(rc, cfg, sft, rm, args.mesh, task)
     where = (
         f"{rc.placement}: train {dict(lab.meshes.train.shape)}, generate "
@@ -227,6 +254,7 @@ def _train(args, rc, task, saved):
         metrics = _open_metrics(args, cfg, rc, saved)
         log = lambda r: metrics.write(json.dumps(r) + "\n")  # noqa: E731
         after = _checkpointer(args, cfg, rc, lab, metrics)
+    after = _stopper(args, cfg, rc, lab, stop, after)
     bar = Progress(rc.iterations - (start.iteration if start else 0), f"rlhf {rc.algo}", show)
     try:
         res = run.iterate(
@@ -288,6 +316,32 @@ def _checkpointer(args, cfg, rc, lab, metrics):
             ckpt.save(args.out, cfg, lab, saved, args.mesh)
 
     return after
+
+
+def _stopper(args, cfg, rc, lab, stop, after):
+    """`after`, then, once a signal came, the policy saved (with --out) and the loop left."""
+    import dataclasses
+
+    from jaxscale.rlhf import checkpoint as ckpt
+
+    def stopping_after(done: int, beta: float, res) -> None:
+        if after:
+            after(done, beta, res)
+        if not stop.is_set() or done == rc.iterations:
+            return
+        if not args.out:
+            raise Stopped(
+                f"stopped after iteration {done} of {rc.iterations} (no --out: not saved)"
+            )
+        if not ckpt.latest(args.out) == done:  # not saved by --ckpt-every just now
+            saved = ckpt.Saved(done, beta, res.initial_true, res.history, dataclasses.asdict(rc))
+            ckpt.save(args.out, cfg, lab, saved, args.mesh)
+        raise Stopped(
+            f"stopped after iteration {done} of {rc.iterations}, saved in "
+            f"{ckpt.ckpt_dir(args.out)}: continue with --resume"
+        )
+
+    return stopping_after
 
 
 def _report(args, rc, res, lab, acc, train_p) -> int:

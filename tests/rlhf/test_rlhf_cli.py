@@ -212,3 +212,58 @@ def test_a_resumed_run_continues_exactly(full, runs, tmp_path, monkeypatch):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert resumed["held_out_true_score"]["initial"] == summary["held_out_true_score"]["initial"]
+
+
+@pytest.mark.slow  # the command in a subprocess, interrupted
+def test_ctrl_c_stops_after_an_iteration_saves_it_and_the_run_resumes(tmp_path):
+    """The first Ctrl-C is acknowledged at once; the run stops after the iteration under way,
+    saves the policy there and exits 130; `--resume` continues from it."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from jaxscale.rlhf.cli import STOP_NOTE
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    _seed_cache(runs)
+    argv = [sys.executable, "-m", "jaxscale", "rlhf", "--runs", str(runs), "--out", str(out)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*argv, *TINY, "--iterations", "500"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any("iterations x" in line for line in lines):  # built; compiling next
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)[-2000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=300) == 130, "".join(lines)[-2000:]
+    finally:
+        proc.kill()
+    time.sleep(0.2)
+    text = "".join(lines)
+    assert STOP_NOTE in text and "Traceback" not in text, text[-2000:]
+    done = re.search(r"stopped after iteration (\d+) of 500, saved in", text)
+    assert done, text[-2000:]
+    k = int(done[1])
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == k
+    r = subprocess.run(
+        [*argv, *TINY, "--iterations", str(k + 1), "--resume", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resuming at iteration {k}" in r.stderr
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == k + 1
