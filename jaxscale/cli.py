@@ -71,7 +71,10 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """`jaxscale ARGV`: the exit code. `parser`: one `build_parser()` made earlier, for callers
+    that run many commands in one process (the fuzz suites: building the tree of every command's
+    flags is most of a refused command's time)."""
     from jaxscale.compat import use_fast_compile_xla_flags
     from jaxscale.devices import cpu_devices_error, default_cpu_devices, patient_rendezvous
     from jaxscale.launch import maybe_initialize_distributed
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     use_fast_compile_xla_flags()  # jax 0.10's XLA:CPU: the same program in ~60% of the compile
     patient_rendezvous()  # a held-up simulated device is not a hang
     maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
-    parser = build_parser()
+    parser = parser or build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         rc = args.func(args)

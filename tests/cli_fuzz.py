@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import os
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ def run(argv, workdir: Path, files: dict[str, str] | None = None) -> Outcome:
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                rc = main(list(argv))
+                rc = main(list(argv), parser=_parser())
             except SystemExit as e:  # argparse's own errors
                 rc = e.code if isinstance(e.code, int) else 1
             except Exception as e:  # noqa: BLE001 -- an escaped exception is the finding
@@ -133,6 +134,12 @@ def run(argv, workdir: Path, files: dict[str, str] | None = None) -> Outcome:
         os.chdir(cwd)
     new = sorted((set(_tree(workdir)) | set(_tree(scratch))) - before)
     return Outcome(argv, rc, out.getvalue(), err.getvalue(), tuple(new))
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """One parser for every case (argparse keeps no state between parses)."""
+    return build_parser()
 
 
 def _fill(arg: str, fill: dict) -> str:
