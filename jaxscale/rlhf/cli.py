@@ -347,7 +347,6 @@ def _stopper(args, cfg, rc, lab, stop, after):
 def _report(args, rc, res, lab, acc, train_p) -> int:
     import numpy as np
 
-    from jaxscale.render import grid
     from jaxscale.rlhf import checkpoint as ckpt
     from jaxscale.rlhf import report
 
@@ -382,62 +381,7 @@ def _report(args, rc, res, lab, acc, train_p) -> int:
     if args.json:
         print(json.dumps(summary))
         return 0
-    f, last = summary["first_iterations"], summary["last_iterations"]
-    print(
-        grid(
-            ["", f"first {k} iterations", f"last {k} iterations"],
-            [[key, f"{f[key]:.4f}", f"{last[key]:.4f}"] for key in f],
-        )
-    )
-    ho = summary["held_out_true_score"]
-    print(f"held-out true score (fixed seeds): {ho['initial']:.4f} -> {ho['final']:.4f}")
-    t = summary["time_per_iteration_s"]
-    print(
-        "time per iteration: " + ", ".join(f"{key[2:-2]} {v * 1e3:.1f} ms" for key, v in t.items())
-    )
-    print(
-        grid(
-            [
-                "transfer",
-                "bytes moved",
-                "predicted",
-                "ms (here)",
-                "zero copy",
-                "calc NVLink ms",
-                "calc IB ms",
-            ],
-            [
-                [
-                    r["transfer"],
-                    f"{r['bytes_moved']:,}",
-                    f"{r['bytes_predicted']:,}",
-                    f"{r['seconds'] * 1e3:.2f}",
-                    r["zero_copy"],
-                    f"{r['calc_nccl_nvlink_s'] * 1e3:.2f}",
-                    f"{r['calc_nccl_ib_s'] * 1e3:.2f}",
-                ]
-                for r in summary["transfers"]
-            ],
-        )
-    )
-    if args.memory:
-        print("memory per device (MB): compiled (memory_analysis) vs calc rl memory's rows")
-        print(
-            grid(
-                ["phase", "holds", "arguments", "calc fixed", "temp", "calc scaling"],
-                [
-                    [
-                        r["phase"],
-                        r["holds"],
-                        f"{r['arguments'] / 1e6:.3f}",
-                        f"{r['calc_fixed'] / 1e6:.3f}",
-                        f"{r['temp'] / 1e6:.3f}",
-                        f"{r['calc_scaling'] / 1e6:.3f}",
-                    ]
-                    for r in summary["memory"]
-                ],
-            )
-        )
+    print(report.summary_text(summary, k))
     for key in ("metrics", "plot"):
         if key in summary:
             print(f"wrote {summary[key]}")

@@ -198,3 +198,69 @@ def plot(runs: dict[str, list[dict]], path, kl_target: float = 0.0, smooth: int 
                 borderaxespad=0,
             )
     return str(path)
+
+
+def summary_text(summary: dict, k: int) -> str:
+    """`jaxscale rlhf`'s summary as text: the first and last k iterations, the held-out score,
+    the time per iteration, the weight transfers beside the calculator and (with --memory) each
+    phase's compiled memory beside it."""
+    from jaxscale.render import grid
+
+    lines = []
+    f, last = summary["first_iterations"], summary["last_iterations"]
+    lines.append(
+        grid(
+            ["", f"first {k} iterations", f"last {k} iterations"],
+            [[key, f"{f[key]:.4f}", f"{last[key]:.4f}"] for key in f],
+        )
+    )
+    ho = summary["held_out_true_score"]
+    lines.append(f"held-out true score (fixed seeds): {ho['initial']:.4f} -> {ho['final']:.4f}")
+    t = summary["time_per_iteration_s"]
+    lines.append(
+        "time per iteration: " + ", ".join(f"{key[2:-2]} {v * 1e3:.1f} ms" for key, v in t.items())
+    )
+    lines.append(
+        grid(
+            [
+                "transfer",
+                "bytes moved",
+                "predicted",
+                "ms (here)",
+                "zero copy",
+                "calc NVLink ms",
+                "calc IB ms",
+            ],
+            [
+                [
+                    r["transfer"],
+                    f"{r['bytes_moved']:,}",
+                    f"{r['bytes_predicted']:,}",
+                    f"{r['seconds'] * 1e3:.2f}",
+                    r["zero_copy"],
+                    f"{r['calc_nccl_nvlink_s'] * 1e3:.2f}",
+                    f"{r['calc_nccl_ib_s'] * 1e3:.2f}",
+                ]
+                for r in summary["transfers"]
+            ],
+        )
+    )
+    if "memory" in summary:
+        lines.append("memory per device (MB): compiled (memory_analysis) vs calc rl memory's rows")
+        lines.append(
+            grid(
+                ["phase", "holds", "arguments", "calc fixed", "temp", "calc scaling"],
+                [
+                    [
+                        r["phase"],
+                        r["holds"],
+                        f"{r['arguments'] / 1e6:.3f}",
+                        f"{r['calc_fixed'] / 1e6:.3f}",
+                        f"{r['temp'] / 1e6:.3f}",
+                        f"{r['calc_scaling'] / 1e6:.3f}",
+                    ]
+                    for r in summary["memory"]
+                ],
+            )
+        )
+    return "\n".join(lines)
