@@ -215,9 +215,12 @@ def test_a_resumed_run_continues_exactly(full, runs, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # the command in a subprocess, interrupted
-def test_ctrl_c_stops_after_an_iteration_saves_it_and_the_run_resumes(tmp_path):
-    """The first Ctrl-C is acknowledged at once; the run stops after the iteration under way,
-    saves the policy there and exits 130; `--resume` continues from it."""
+@pytest.mark.first_line  # the resume test covers the checkpoints on both lines
+@pytest.mark.parametrize("signals", [("SIGINT",), ("SIGTERM",), ("SIGINT", "SIGINT")])
+def test_a_signal_stops_after_an_iteration_saves_it_and_the_run_resumes(tmp_path, signals):
+    """The first Ctrl-C (or SIGTERM) is acknowledged at once; the run stops after the iteration
+    under way, saves the policy there and exits 130; `--resume` continues from it. A second
+    Ctrl-C, sent while the first iteration still compiles, exits 130 at once, saving nothing."""
     import os
     import re
     import signal
@@ -226,7 +229,7 @@ def test_ctrl_c_stops_after_an_iteration_saves_it_and_the_run_resumes(tmp_path):
     import threading
     import time
 
-    from jaxscale.rlhf.cli import STOP_NOTE
+    from jaxscale.rlhf.cli import ABORT_NOTE, STOP_NOTE
 
     runs, out = tmp_path / "runs", tmp_path / "out"
     _seed_cache(runs)
@@ -246,13 +249,18 @@ def test_ctrl_c_stops_after_an_iteration_saves_it_and_the_run_resumes(tmp_path):
         while not any("iterations x" in line for line in lines):  # built; compiling next
             assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)[-2000:]
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        for name in signals:
+            proc.send_signal(getattr(signal, name))
+            time.sleep(0.2)  # two signals sent at once may arrive as one
         assert proc.wait(timeout=300) == 130, "".join(lines)[-2000:]
     finally:
         proc.kill()
     time.sleep(0.2)
     text = "".join(lines)
     assert STOP_NOTE in text and "Traceback" not in text, text[-2000:]
+    if len(signals) == 2:
+        assert ABORT_NOTE in text and not (out / "policy" / "checkpoints").exists(), text[-2000:]
+        return
     done = re.search(r"stopped after iteration (\d+) of 500, saved in", text)
     assert done, text[-2000:]
     k = int(done[1])
