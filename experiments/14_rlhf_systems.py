@@ -201,27 +201,11 @@ def main() -> int:
     print("at these bytes every method is its setup time; at 140 GB bandwidth decides")
 
     banner("Memory per phase, per device: compiled (memory_analysis) vs calc.rlhf_memory")
-    cols = ["phase", "holds", "arguments MB", "calc fixed MB", "temp MB", "calc scaling MB"]
     for name in ("reshard", "hybrid"):
         rows = rlhf_report.phase_memory(runs[name].lab, train_p)
         rows = rows if name == "reshard" else rows[:1]
         print(f"{RUNS[name][0]}:")
-        print(
-            grid(
-                cols,
-                [
-                    [
-                        r["phase"],
-                        r["holds"],
-                        f"{r['arguments'] / 1e6:.3f}",
-                        f"{r['calc_fixed'] / 1e6:.3f}",
-                        f"{r['temp'] / 1e6:.3f}",
-                        f"{r['calc_scaling'] / 1e6:.3f}",
-                    ]
-                    for r in rows
-                ],
-            )
-        )
+        print(rlhf_report.memory_table(rows))
     print(
         "arguments: what the phase's program is handed (weights, Adam moments, the batch) vs\n"
         "the calculator's fixed rows; temp: what it makes while running (the KV cache while\n"

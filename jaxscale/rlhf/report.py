@@ -246,21 +246,15 @@ def summary_text(summary: dict, k: int) -> str:
         )
     )
     if "memory" in summary:
-        lines.append("memory per device (MB): compiled (memory_analysis) vs calc rl memory's rows")
-        lines.append(
-            grid(
-                ["phase", "holds", "arguments", "calc fixed", "temp", "calc scaling"],
-                [
-                    [
-                        r["phase"],
-                        r["holds"],
-                        f"{r['arguments'] / 1e6:.3f}",
-                        f"{r['calc_fixed'] / 1e6:.3f}",
-                        f"{r['temp'] / 1e6:.3f}",
-                        f"{r['calc_scaling'] / 1e6:.3f}",
-                    ]
-                    for r in summary["memory"]
-                ],
-            )
-        )
+        lines.append("memory per device: compiled (memory_analysis) vs calc rl memory's rows")
+        lines.append(memory_table(summary["memory"]))
     return "\n".join(lines)
+
+
+def memory_table(rows: list[dict]) -> str:
+    """`phase_memory`'s rows as a text table: compiled memory per device beside the calculator."""
+    from jaxscale.render import grid
+
+    cols = ["phase", "holds", "arguments MB", "calc fixed MB", "temp MB", "calc scaling MB"]
+    mb = ("arguments", "calc_fixed", "temp", "calc_scaling")
+    return grid(cols, [[r["phase"], r["holds"], *(f"{r[k] / 1e6:.3f}" for k in mb)] for r in rows])
