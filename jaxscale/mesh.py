@@ -7,6 +7,7 @@ tensor-parallel group is the set of neighbouring devices with the fastest links)
     pipe  (pp, pipe)     pipeline stages
     fsdp  (fsdp)         batch split; params, grads and optimizer state sharded (ZeRO-3)
     expert (ep, expert)  MoE experts
+    context (cp, context) the sequence split (context parallelism: ring, all-gather, Ulysses)
     tensor (tp, tensor)  Megatron column/row split of heads, mlp and vocab
 
 Only the axes a spec names appear in the mesh: "dp=8" is a 1-D mesh with axis "data".
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MESH_AXES = ("data", "pipe", "fsdp", "expert", "tensor")
+MESH_AXES = ("data", "pipe", "fsdp", "expert", "context", "tensor")
 ALIASES = {
     "dp": "data",
     "data": "data",
@@ -26,10 +27,12 @@ ALIASES = {
     "fsdp": "fsdp",
     "ep": "expert",
     "expert": "expert",
+    "cp": "context",
+    "context": "context",
     "tp": "tensor",
     "tensor": "tensor",
 }
-_SHORT = {"data": "dp", "pipe": "pp", "fsdp": "fsdp", "expert": "ep", "tensor": "tp"}
+_SHORT = {"data": "dp", "pipe": "pp", "fsdp": "fsdp", "expert": "ep", "context": "cp", "tensor": "tp"}
 
 
 class MeshSpecError(ValueError):
@@ -101,7 +104,7 @@ def _suggest(spec: MeshSpec, n_devices: int) -> str:
 
 
 def parse_mesh(text: str) -> MeshSpec:
-    """Parse "dp=2,fsdp=2,tp=2" (aliases: dp/data, fsdp, tp/tensor, pp/pipe, ep/expert).
+    """Parse "dp=2,fsdp=2,tp=2" (aliases: dp/data, fsdp, tp/tensor, pp/pipe, ep/expert, cp/context).
 
     Raises MeshSpecError naming the problem for: an empty spec, a missing '=', an unknown axis, an
     axis given twice, a non-integer or non-positive size other than -1, and more than one -1.
@@ -118,7 +121,7 @@ def parse_mesh(text: str) -> MeshSpec:
         if name is None:
             raise MeshSpecError(
                 f"unknown mesh axis {key!r}; "
-                "known axes: dp/data, fsdp, tp/tensor, pp/pipe, ep/expert"
+                "known axes: dp/data, fsdp, tp/tensor, pp/pipe, ep/expert, cp/context"
             )
         if name in sizes:
             raise MeshSpecError(f"mesh axis {name!r} is given twice (as {key!r} and before)")

@@ -52,7 +52,8 @@ RULES: dict[str, tuple[str, ...]] = {
     # every data-like axis splits the batch, and so does the expert axis: outside the experts
     # its devices are data-parallel (the all-to-alls move tokens to the experts and back)
     "batch": ("data", "fsdp", "expert"),
-    "seq": (),
+    # context parallelism: the sequence over `context` (GSPMD gathers K/V for attention)
+    "seq": ("context",),
     "act_embed": (),
     "act_heads": ("tensor",),
     "act_kv": ("tensor",),

@@ -30,6 +30,13 @@ def _identity(x, *_):
     return x
 
 
+def whole_window(batch_BT1):
+    """(inputs [B, T], targets [B, T], positions [T]) of a [B, T+1] token window: the next-token
+    pairs of every position (context parallelism substitutes its own chunks)."""
+    T = batch_BT1.shape[1] - 1
+    return batch_BT1[:, :-1], batch_BT1[:, 1:], jnp.arange(T)
+
+
 # --- the leaf pieces --------------------------------------------------------------------------
 
 
@@ -201,6 +208,8 @@ class Pieces:
     layer_hook(layer)       runs inside the layer loop before a layer is used (ZeRO-3 gathers
                             that layer's shards there, so only one layer is ever whole)
     top_hook(top)           the same for the embedding, final norm and unembedding
+    window(batch)           the (inputs, targets, positions) this device trains on, from a
+                            [B, T+1] token window: all of it, or context parallelism's chunks
     cache(kv, k, v, pos)    a KV cache's layout (model/kv_cache.py: contiguous or paged): write
                             one layer's new keys and values at their positions, return
                             (kv, every slot's keys [B, S, G, K], values); None: no cache
@@ -221,6 +230,7 @@ class Pieces:
     loss: Callable = cross_entropy
     layer_hook: Callable = _identity
     top_hook: Callable = _identity
+    window: Callable = whole_window
     cache: Callable | None = None
 
     def replace(self, **changes) -> Pieces:
@@ -325,9 +335,9 @@ def loss_terms(params, batch_BT1, cfg: ModelConfig, pc: Pieces = DENSE):
     The loss is the mean next-token cross-entropy plus, with experts, aux_loss_weight x the
     load-balancing loss and z_loss_weight x the router z-loss (each a mean over MoE layers).
     Terms: ce; with experts also aux_loss, z_loss, drop_fraction and expert_load [L/n, E]."""
-    inputs_BT = batch_BT1[:, :-1]
-    top, x_BTD, stats, _ = trunk(params, inputs_BT, jnp.arange(inputs_BT.shape[1]), cfg, pc)
-    ce = head_loss(top, x_BTD, batch_BT1[:, 1:], cfg, pc)
+    inputs_BT, targets_BT, positions_T = pc.window(batch_BT1)
+    top, x_BTD, stats, _ = trunk(params, inputs_BT, positions_T, cfg, pc)
+    ce = head_loss(top, x_BTD, targets_BT, cfg, pc)
     if not stats:
         return ce, {"ce": ce}
     terms = {

@@ -168,7 +168,7 @@ class StepShape:
 @dataclass(frozen=True, eq=False)
 class Composition:
     """A manual strategy resolved on its mesh: what every axis module reads. Each axis module --
-    zero.py (the data axes), tp.py, ep.py, pp/ -- has the same interface:
+    zero.py (the data axes), tp.py, ep.py, cp.py, pp/ -- has the same interface:
 
         pieces(pc, comp) -> Pieces            what it substitutes in the model (or pc as it is)
         predict_comm(shape, comp) -> dict     {op: bytes} its collectives cost per step
@@ -176,12 +176,14 @@ class Composition:
     and the composer (compose.py) chains the first and sums the second."""
 
     cfg: ModelConfig
-    ways: dict  # mesh axis -> size, for data, fsdp, tensor, pipe, expert
+    ways: dict  # mesh axis -> size, for data, fsdp, tensor, pipe, expert, context
     stage: int = 0  # ZeRO stage over the data axes (0: DP)
     mode: str | None = None  # tensor mode: megatron | sequence | gather_output
     data_axes: tuple = ()  # the ZeRO group's mesh axes
     zero_specs: dict | None = None  # the ZeRO layout's PartitionSpecs (ZERO_RULES)
     plan: object = None  # the pipe axis's schedule (pp.Plan)
+    cp_form: str | None = None  # context form: ring | gather | ulysses
+    cp_split: str = "zigzag"  # how the sequence's chunks are dealt: zigzag | contiguous
 
     @property
     def n(self) -> int:  # the ZeRO group: data x fsdp
@@ -194,6 +196,10 @@ class Composition:
     @property
     def ep(self) -> int:
         return self.ways["expert"]
+
+    @property
+    def cp(self) -> int:
+        return self.ways.get("context", 1)
 
 
 def add_comm(*parts: dict) -> dict:

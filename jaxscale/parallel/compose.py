@@ -29,7 +29,7 @@ from jaxscale.sharding import Sharder
 
 __all__ = ["Built", "Strategy", "build", "check", "check_axes", "check_model", "step_shape"]
 
-_WAYS = ("data", "fsdp", "tensor", "pipe", "expert")
+_WAYS = ("data", "fsdp", "tensor", "pipe", "expert", "context")
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _auto(strategy, mesh, ways, cfg, tcfg, with_grads) -> Built:
     sharder = Sharder(mesh)
     state_sh = auto.state_shardings(cfg, tcfg, sharder)
     batch_sh = auto.batch_sharding(sharder)
-    plain = ways["fsdp"] == 1 and ways["tensor"] == 1 and ways["expert"] == 1
+    plain = all(ways[a] == 1 for a in ("fsdp", "tensor", "expert", "context"))
     why = "GSPMD chooses its own collectives here; the manual row states the schedule"
 
     def predict(cfg_, batch, seq_len):  # auto DP: GSPMD's all-reduce is the textbook one

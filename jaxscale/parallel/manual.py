@@ -25,10 +25,10 @@ from jax.sharding import PartitionSpec as P
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
-from jaxscale.parallel import common, ep, optim, pp, tp, zero
+from jaxscale.parallel import common, cp, ep, optim, pp, tp, zero
 from jaxscale.sharding import REPLICATED_RULES, ZERO_RULES, Sharder
 
-AXIS_MODULES = (tp, ep, zero, pp)  # the order their pieces compose in
+AXIS_MODULES = (tp, ep, cp, zero, pp)  # the order their pieces compose in
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +55,9 @@ def compose(strategy, mesh, ways: dict, cfg: ModelConfig, tcfg: TrainConfig) -> 
         pp.check_layers(cfg, ways["pipe"], strategy.virtual_stages)
     if strategy.tensor:
         tp.check_tp_layout(cfg, ways["tensor"], mode=strategy.tensor, seq_len=tcfg.seq_len)
+    if strategy.context:
+        c, form, split = ways["context"], strategy.context, strategy.cp_split
+        cp.check(cfg, c, form, split, tcfg.seq_len, ways["tensor"])
     axes = common.data_axes(mesh)  # the ZeRO group; the batch is also split over `expert`
     dp_specs = common.param_specs(cfg, Sharder(mesh, REPLICATED_RULES))
     z_specs = common.param_specs(cfg, Sharder(mesh, ZERO_RULES))
@@ -62,7 +65,15 @@ def compose(strategy, mesh, ways: dict, cfg: ModelConfig, tcfg: TrainConfig) -> 
         ways["pipe"], strategy.microbatches, strategy.schedule, strategy.virtual_stages
     )
     comp = common.Composition(
-        cfg, ways, strategy.zero, strategy.tensor, axes, z_specs, plan or None
+        cfg,
+        ways,
+        strategy.zero,
+        strategy.tensor,
+        axes,
+        z_specs,
+        plan or None,
+        strategy.context,
+        strategy.cp_split,
     )
     pc = pieces.DENSE
     for axis in AXIS_MODULES:
@@ -82,10 +93,10 @@ def compose(strategy, mesh, ways: dict, cfg: ModelConfig, tcfg: TrainConfig) -> 
 
 
 def local_loss(m: Manual, params, rows_BT1):
-    """This data shard's mean loss (the mean over the expert axis's shards: one all-reduce of
-    the scalar); tensor parallelism's collectives are inside the pieces."""
+    """This data shard's mean loss (the mean over the expert and context axes' shards: one
+    all-reduce of the scalar each); tensor parallelism's collectives are inside the pieces."""
     loss_fn = ep.local_loss(lambda p, r: pieces.loss(p, r, m.comp.cfg, m.pc), m.comp.ep)
-    return loss_fn(params, rows_BT1)
+    return cp.local_loss(loss_fn, m.comp.cp)(params, rows_BT1)
 
 
 def local_grads(m: Manual, params, batch_BT1, unreduced: bool):
@@ -158,7 +169,8 @@ def mean_loss(m: Manual, params, batch_BT1):
 def local_terms(m: Manual, params, batch_BT1):
     """The loss's terms, averaged over every batch shard."""
     terms = pieces.loss_terms(params, batch_BT1, m.comp.cfg, m.pc)[1]
-    return jax.lax.pmean(terms, m.batch_axes) if m.batch_axes else terms
+    axes = (*m.batch_axes, cp.AXIS) if m.comp.cp > 1 else m.batch_axes
+    return jax.lax.pmean(terms, axes) if axes else terms
 
 
 def init(m: Manual):
@@ -176,9 +188,10 @@ def predict(m: Manual, step_shape, cfg: ModelConfig, batch: int, seq_len: int):
             "census counts each branch once; its transfers are compared with their formula "
             "instead"
         )
-    shape = step_shape(cfg, batch // (comp.n * comp.ep), seq_len, t=comp.t, ep=comp.ep)
+    rows, seq_local = batch // (comp.n * comp.ep), seq_len // comp.cp
+    shape = step_shape(cfg, rows, seq_local, t=comp.t, ep=comp.ep)
     any_split = (comp.stage in (2, 3) and comp.n > 1) or comp.t > 1 or comp.ep > 1
-    parts = [axis.predict_comm(shape, comp) for axis in (zero, tp, ep)]
+    parts = [axis.predict_comm(shape, comp) for axis in (zero, tp, ep, cp)]
     return common.add_comm(*parts, common.norm_comm(shape, any_split)), None
 
 

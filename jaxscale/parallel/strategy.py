@@ -22,6 +22,15 @@ _TENSOR = {"tp": "megatron", "tp_sp": "sequence", "tp_gather": "gather_output"}
 _TENSOR_NAME = {mode: name for name, mode in _TENSOR.items()}
 _SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")  # manual, pipe axis (parallel/pp/)
 _EXPERT = ("ep",)  # manual, expert axis (parallel/ep.py): optional, the axis has one use
+# manual, context axis (parallel/cp.py): the form and how the sequence's chunks are dealt
+_CONTEXT = {
+    "cp_ring": ("ring", "zigzag"),
+    "cp_gather": ("gather", "zigzag"),
+    "cp_ulysses": ("ulysses", "zigzag"),
+    "cp_ring_contig": ("ring", "contiguous"),
+    "cp_gather_contig": ("gather", "contiguous"),
+}
+_CONTEXT_NAME = {form: name for name, form in _CONTEXT.items()}
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,8 @@ class Strategy:
     schedule: str | None = None  # manual, pipe axis: gpipe | 1f1b | interleaved | zb-h1
     microbatches: int = 1  # pipeline microbatches M per data shard (the gradient accumulation)
     virtual_stages: int = 1  # v, model chunks per pipe device (interleaved)
+    context: str | None = None  # manual, context axis: ring | gather | ulysses
+    cp_split: str = "zigzag"  # manual, context axis: zigzag (balanced) | contiguous
 
     def __post_init__(self):
         if isinstance(self.mesh, str):
@@ -49,9 +60,10 @@ class Strategy:
     def parse(
         cls, text: str, mesh: str | MeshSpec, microbatches: int = 1, virtual_stages: int = 1
     ) -> Strategy:
-        """'auto', or 'manual:' + data part (dp, zero1..3), tensor part (tp, tp_sp, tp_gather)
-        and pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) joined by '+':
-        'manual:zero3+tp', 'manual:tp_sp', 'manual:dp+1f1b'."""
+        """'auto', or 'manual:' + data part (dp, zero1..3), tensor part (tp, tp_sp, tp_gather),
+        pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) and context form (cp_ring,
+        cp_gather, cp_ulysses; cp_ring_contig, cp_gather_contig: the contiguous split) joined
+        by '+': 'manual:zero3+tp', 'manual:tp_sp', 'manual:dp+1f1b', 'manual:dp+cp_ring'."""
         path, _, rest = text.strip().partition(":")
         if path == "auto" and not rest:  # the pipe axis's numbers wait for `with_schedule`
             return cls(mesh, microbatches=microbatches, virtual_stages=virtual_stages)
@@ -64,6 +76,7 @@ class Strategy:
         zero = _DATA[chosen["data"]] if "data" in chosen else 0
         tensor = _TENSOR[chosen["tensor"]] if "tensor" in chosen else None
         schedule = chosen.get("pipeline")
+        context, split = _CONTEXT.get(chosen.get("context", ""), (None, "zigzag"))
         return cls(
             mesh,
             "manual",
@@ -72,6 +85,8 @@ class Strategy:
             schedule=schedule,
             microbatches=microbatches,
             virtual_stages=virtual_stages,
+            context=context,
+            cp_split=split,
         )
 
     def with_schedule(self, schedule: str) -> Strategy:
@@ -98,7 +113,7 @@ class Strategy:
         """'dp_fsdp_tp' (auto: the mesh's axes), 'zero3+tp_sp' (manual: the choices)."""
         spec = self.mesh if spec is None else spec
         if self.path == "auto":
-            short = {"data": "dp", "fsdp": "fsdp", "expert": "ep", "tensor": "tp"}
+            short = {"data": "dp", "fsdp": "fsdp", "expert": "ep", "context": "cp", "tensor": "tp"}
             return "_".join(short[a] for a, n in spec.axes if n != 1 and a in short) or "single"
         parts = []
         if self.zero or spec.size("data") != 1 or spec.size("fsdp") != 1:
@@ -107,6 +122,8 @@ class Strategy:
             parts.append(_EXPERT[0])
         if self.tensor:
             parts.append(_TENSOR_NAME[self.tensor])
+        if self.context:
+            parts.append(_CONTEXT_NAME[(self.context, self.cp_split)])
         if self.schedule:
             v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
             parts.append(f"{self.schedule}(M={self.microbatches}{v})")
@@ -119,7 +136,13 @@ class Strategy:
 def _parts(text: str, rest: str) -> dict:
     """{kind: part} of a manual strategy's '+'-joined parts; a part of an unknown name, or two
     of one kind (zero3+zero1, tp+tp_sp), is refused."""
-    kinds = (("data", _DATA), ("tensor", _TENSOR), ("pipeline", _SCHEDULES), ("experts", _EXPERT))
+    kinds = (
+        ("data", _DATA),
+        ("tensor", _TENSOR),
+        ("pipeline", _SCHEDULES),
+        ("experts", _EXPERT),
+        ("context", _CONTEXT),
+    )
     chosen: dict = {}
     for part in rest.split("+"):
         kind = next((k for k, names in kinds if part in names and part), None)
@@ -127,7 +150,8 @@ def _parts(text: str, rest: str) -> dict:
             raise ValueError(
                 f"--strategy: unknown part {part!r} in {text!r}; data: "
                 f"{', '.join(_DATA)}; tensor: {', '.join(_TENSOR)}; "
-                f"pipeline: {', '.join(_SCHEDULES)}; experts: ep"
+                f"pipeline: {', '.join(_SCHEDULES)}; experts: ep; context: "
+                f"{', '.join(_CONTEXT)}"
             )
         if kind in chosen:
             raise ValueError(
@@ -147,9 +171,10 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
             f"(or {', '.join(_SCHEDULES)}, with --microbatches)"
         )
     if strategy.path == "auto":
-        if strategy.zero or strategy.tensor or strategy.schedule:
+        if strategy.zero or strategy.tensor or strategy.schedule or strategy.context:
             raise ValueError(
-                "per-axis choices (ZeRO stage, tensor mode, pipeline schedule) are manual; "
+                "per-axis choices (ZeRO stage, tensor mode, pipeline schedule, context form) "
+                "are manual; "
                 "the auto path takes its layout from the mesh and the rules"
             )
         return
@@ -164,6 +189,19 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
         )
     if t == 1 and strategy.tensor is not None:
         raise ValueError(f"{label} needs a tensor axis: add tp=N to the mesh")
+    c = spec.size("context")
+    if c > 1 and strategy.context is None:
+        raise ValueError(
+            f"cp={c} is unused by {label}: name a context form, e.g. {label}+cp_ring "
+            "(or +cp_gather, +cp_ulysses)"
+        )
+    if c == 1 and strategy.context is not None:
+        raise ValueError(f"{label} needs a context axis: add cp=N to the mesh")
+    if strategy.context and strategy.tensor == "gather_output":
+        raise ValueError(
+            "tp_gather substitutes the attention core itself; context parallelism composes "
+            "with tp or tp_sp"
+        )
     if strategy.zero and spec.size("data") * spec.size("fsdp") == 1:
         raise ValueError(
             f"zero{strategy.zero} shards over the data axes, but mesh {spec} has "
@@ -229,6 +267,12 @@ def check_model(strategy: Strategy, cfg: ModelConfig, ways: dict) -> None:
     """The checks that need the model: experts against the expert axis and the composition."""
     if ways["expert"] > 1:
         ep.check(cfg, ways["expert"])
+    if strategy.context:
+        if cfg.n_experts:
+            raise ValueError(
+                "an MoE router's groups are whole sequences (capacity, slots and the balance "
+                "loss); context parallelism splits them: not supported with --experts"
+            )
 
     if cfg.n_experts and strategy.tensor == "gather_output":
         raise ValueError(
