@@ -122,7 +122,7 @@ def _schedule(m: Manual, params, batch_BT1, plan, unreduced: bool, zero_specs=No
         data_axes=comp.data_axes,
         unreduced=unreduced,
         zero_specs=zero_specs,
-        expert_ways=comp.ep,
+        mean_over=tuple((a, n) for a, n in ((ep.AXIS, comp.ep), (cp.AXIS, comp.cp)) if n > 1),
     )
 
 

@@ -21,6 +21,8 @@ and every cross-device sum is written after the loop (`_reduce`).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import partial
 
@@ -46,16 +48,16 @@ def accumulate(
     data_axes,
     unreduced: bool,
     zero_specs=None,
-    expert_ways: int = 1,
+    mean_over: tuple = (),
 ):
     """Mean loss and gradient of this data shard's rows [B_data, T+1] over the plan's M
     microbatches, in `common.accumulate`'s contract: unreduced over the data axes (stages 0-2),
     or reduced as ZeRO-3's autodiff would (sharded leaves reduce-scattered by the transpose of
     their all-gathers, replicated leaves all-reduced here). Gradient accumulation IS the
     microbatching: there is no second loop."""
-    env, carry = _setup(params, batch_BT1, plan, cfg, pc, data_axes, expert_ways)
+    env, carry = _setup(params, batch_BT1, plan, cfg, pc, data_axes, mean_over)
     carry = _run_segments(env, carry)
-    return _reduce(carry, data_axes, unreduced, zero_specs, expert_ways)
+    return _reduce(carry, data_axes, unreduced, zero_specs, mean_over)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,7 +73,6 @@ class Env:
     top: dict  # embedding, final norm, head: replicated over pipe, varying (pcast)
     blocks_v: dict  # this device's layers as v chunks: [v, L/(vP), ...] per leaf
     micro_MBT1: jax.Array  # the data shard's rows by microbatch
-    positions_T: jax.Array
     act_axes: set  # what a stage output varies over
     loss_axes: set  # what the loss accumulator varies over
     zero_act: jax.Array  # [B_m, T, D]
@@ -91,7 +92,7 @@ class Env:
 # --- setup: the parameters' and buffers' forms ------------------------------------------------
 
 
-def _setup(params, batch_BT1, plan, cfg, pc, data_axes, expert_ways) -> tuple[Env, dict]:
+def _setup(params, batch_BT1, plan, cfg, pc, data_axes, mean_over) -> tuple[Env, dict]:
     """The step's constants (`Env`) and the loop's initial state (`_zero_carry`). No collectives
     (`pcast` moves no data)."""
     v, M = plan.config.virtual_stages, plan.config.microbatches
@@ -101,16 +102,16 @@ def _setup(params, batch_BT1, plan, cfg, pc, data_axes, expert_ways) -> tuple[En
     blocks_v = jax.tree.map(lambda a: a.reshape(v, a.shape[0] // v, *a.shape[1:]), blocks)
     B = batch_BT1.shape[0]
     micro_MBT1 = batch_BT1.reshape(B // M, M, -1).swapaxes(0, 1)  # rows m, m+M, ... = mb m
-    positions_T = jnp.arange(micro_MBT1.shape[2] - 1)
     act, act_axes, zero_act, loss_axes = _buffer_types(
-        top, blocks_v, micro_MBT1, positions_T, cfg, pc
+        top, blocks_v, micro_MBT1, cfg, pc
     )
     zero_loss = _vary(jnp.zeros((), jnp.float32), loss_axes)
     zero_top = jax.tree.map(jnp.zeros_like, top)
     carry = _zero_carry(plan, act, act_axes, blocks_v, zero_top, zero_loss)
-    # d(mean over microbatches and the expert axis's shards)/d(loss_m): expert parallelism's
-    # shards are data shards whose non-expert gradients autodiff sums (parallel/ep.py)
-    seed_cot = _vary(jnp.full((), 1.0 / (M * expert_ways), jnp.float32), loss_axes)
+    # d(mean over microbatches and the expert and context axes' shards)/d(loss_m): their
+    # shards' gradients of replicated parameters autodiff sums (parallel/ep.py, cp.py)
+    shards = math.prod(n for _, n in mean_over)
+    seed_cot = _vary(jnp.full((), 1.0 / (M * shards), jnp.float32), loss_axes)
     env = Env(
         plan,
         cfg,
@@ -119,7 +120,6 @@ def _setup(params, batch_BT1, plan, cfg, pc, data_axes, expert_ways) -> tuple[En
         top,
         blocks_v,
         micro_MBT1,
-        positions_T,
         act_axes,
         loss_axes,
         zero_act,
@@ -143,13 +143,13 @@ def _zero_carry(plan: Plan, act, act_axes, blocks_v, zero_top, zero_loss) -> dic
     }
 
 
-def _buffer_types(top, blocks_v, micro_MBT1, positions_T, cfg, pc):
+def _buffer_types(top, blocks_v, micro_MBT1, cfg, pc):
     """The buffers' types, from what the first stage's forward makes (traced, not run): the
     stage output `act` and the axes it varies over (with pipe), a zero of it, and the axes the
     loss accumulator varies over."""
     chunk, tokens_BT1 = _chunk_at(blocks_v, 0), micro_MBT1[0]
     act, aux_t = jax.eval_shape(
-        lambda c, t, tok: _stage(cfg, pc, positions_T, True, t, c, None, tok),
+        lambda c, t, tok: _stage(cfg, pc, True, t, c, None, tok),
         chunk,
         top,
         tokens_BT1,
@@ -171,7 +171,7 @@ def _buffer_types(top, blocks_v, micro_MBT1, positions_T, cfg, pc):
 # --- the model's parts, as a stage runs them --------------------------------------------------
 
 
-def _stage(cfg, pc, positions_T, first, top, chunk, x_BTD, tokens_BT1, act_axes=None):
+def _stage(cfg, pc, first, top, chunk, x_BTD, tokens_BT1, act_axes=None):
     """A virtual stage as the model's one skeleton (`pieces.trunk`) on its chunk of layers,
     with its embed piece replaced: the embedding on the first virtual stage, what arrived on
     the others (`first`: a Python bool where it is known, else traced). ZeRO-3's gathers of the
@@ -191,13 +191,15 @@ def _stage(cfg, pc, positions_T, first, top, chunk, x_BTD, tokens_BT1, act_axes=
 
     stage_pc = pc.replace(embed=embed, top_hook=pieces.DENSE.top_hook)
     params = {**top, "blocks": chunk}
-    _, y_BTD, stats, _ = pieces.trunk(params, tokens_BT1[:, :-1], positions_T, cfg, stage_pc)
+    inputs_BT, _, positions_T = pc.window(tokens_BT1)
+    _, y_BTD, stats, _ = pieces.trunk(params, inputs_BT, positions_T, cfg, stage_pc)
     return (y_BTD, pieces.router_loss(stats, cfg)) if cfg.n_experts else (y_BTD, None)
 
 
 def _head_loss(top, y_BTD, tokens_BT1, cfg, pc):
     """The last virtual stage's output: the microbatch's loss."""
-    return pieces.head_loss(pc.top_hook(top), y_BTD, tokens_BT1[:, 1:], cfg, pc)
+    _, targets_BT, _ = pc.window(tokens_BT1)
+    return pieces.head_loss(pc.top_hook(top), y_BTD, targets_BT, cfg, pc)
 
 
 def _chunk_at(blocks_v, c):
@@ -211,7 +213,7 @@ def _chunk_at(blocks_v, c):
 def _core(env: Env, first, top, chunk, x_BTD, tokens_BT1):
     """`_stage`, typed for the carry (the router losses as the loss)."""
     y_BTD, aux = _stage(
-        env.cfg, env.pc, env.positions_T, first, top, chunk, x_BTD, tokens_BT1, env.act_axes
+        env.cfg, env.pc, first, top, chunk, x_BTD, tokens_BT1, env.act_axes
     )
     return _vary(y_BTD, env.act_axes), (_vary(aux, env.loss_axes) if env.moe else None)
 
@@ -397,16 +399,16 @@ def _loop_body(env: Env, shapes, state, data_KFP):
 # --- after the schedule -----------------------------------------------------------------------
 
 
-def _reduce(carry, data_axes, unreduced: bool, zero_specs, expert_ways: int):
+def _reduce(carry, data_axes, unreduced: bool, zero_specs, mean_over: tuple):
     """The loss and gradients out of the accumulators. Collectives: an all-reduce over pipe of
-    the top-level gradients and of the loss, one over `expert` of the loss (expert parallelism)
+    the top-level gradients and of the loss, one over `expert` and `context` of the loss
     and, for ZeRO-3, all-reduces over the data axes of the replicated leaves' gradients."""
     g_blocks = jax.tree.map(lambda g: g.reshape(-1, *g.shape[2:]), carry["g_blocks"])
     # all-reduce over pipe: the embedding's gradient is on the first stage, the head's on the last
     g_top = jax.lax.psum(carry["g_top"], AXIS)
     loss = jax.lax.psum(carry["loss"], AXIS)  # all-reduce of the scalar: only the last has it
-    if expert_ways > 1:  # the mean over the expert axis's shards (one all-reduce of the scalar)
-        loss = jax.lax.psum(loss / expert_ways, "expert")
+    for axis, n in mean_over:  # the mean over expert / context shards (all-reduce of the scalar)
+        loss = jax.lax.psum(loss / n, axis)
     grads = {**g_top, "blocks": g_blocks}
     if not unreduced and data_axes:  # ZeRO-3: replicated leaves' gradients summed here
         grads = jax.tree.map(
