@@ -76,10 +76,18 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     that run many commands in one process (the fuzz suites: building the tree of every command's
     flags is most of a refused command's time)."""
     from jaxscale.compat import use_fast_compile_xla_flags
-    from jaxscale.devices import cpu_devices_error, default_cpu_devices, patient_rendezvous
+    from jaxscale.devices import (
+        DEFAULT_CPU_DEVICES,
+        VERIFY_CPU_DEVICES,
+        cpu_devices_error,
+        default_cpu_devices,
+        patient_rendezvous,
+    )
     from jaxscale.launch import maybe_initialize_distributed
 
-    default_cpu_devices()
+    words = sys.argv[1:] if argv is None else argv
+    verifying = words[:1] == ["verify"]
+    default_cpu_devices(VERIFY_CPU_DEVICES if verifying else DEFAULT_CPU_DEVICES)
     if error := cpu_devices_error():
         print(f"jaxscale: error: {error}", file=sys.stderr)
         return 2

@@ -23,17 +23,20 @@ def mfu(model_flops_per_device: float, step_s: float, device_kind: str) -> float
 
 
 DEFAULT_CPU_DEVICES = 8
+# `jaxscale verify`'s default: its largest case's mesh (four axes of size 2); the other cases
+# run on the first devices of it
+VERIFY_CPU_DEVICES = 16
 # set by the process edge (`jaxscale.cli.main`) when it chose the CPU device count itself
 DEFAULTED = "JAXSCALE_DEFAULTED_CPU_DEVICES"
 
 
-def default_cpu_devices() -> None:
-    """The process edge's default: 8 simulated CPU devices when the user set no count. Only the
-    CPU backend reads it, so a GPU or TPU host still uses its accelerators."""
+def default_cpu_devices(n: int = DEFAULT_CPU_DEVICES) -> None:
+    """The process edge's default: n (8) simulated CPU devices when the user set no count. Only
+    the CPU backend reads it, so a GPU or TPU host still uses its accelerators."""
     if "JAX_NUM_CPU_DEVICES" not in os.environ and "device_count" not in os.environ.get(
         "XLA_FLAGS", ""
     ):
-        os.environ["JAX_NUM_CPU_DEVICES"] = str(DEFAULT_CPU_DEVICES)
+        os.environ["JAX_NUM_CPU_DEVICES"] = str(n)
         os.environ[DEFAULTED] = "1"
 
 

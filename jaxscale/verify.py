@@ -53,6 +53,10 @@ class Case:
         return str(self.strategy.mesh)
 
     @property
+    def n_devices(self) -> int:
+        return self.strategy.mesh.n_devices
+
+    @property
     def label(self) -> str:
         extra = "" if self.compute_dtype == "float32" else f" [{self.compute_dtype}]"
         extra += f" accum={self.grad_accum}" if self.grad_accum > 1 else ""
@@ -201,6 +205,28 @@ CASES: tuple[Case, ...] = (
         layers=4,
         model=tuple({**dict(MOE), "top_k": 1, "moe_every": 2}.items()),
     ),
+    # context parallelism: each form alone, balanced (zigzag) and contiguous, with the data
+    # axes, ZeRO, Megatron TP and sequence parallelism, the pipeline, and on 16 devices
+    _case("manual:cp_ring", "cp=8"),
+    _case("manual:cp_gather", "cp=8"),
+    _case("manual:cp_ulysses", "cp=8"),
+    _case("manual:cp_ring_contig", "cp=8"),
+    _case("manual:dp+cp_ring", "dp=2,cp=4"),
+    _case("manual:dp+cp_gather", "dp=2,cp=4"),
+    _case("manual:zero1+cp_ulysses", "dp=2,cp=4"),
+    _case("manual:dp+cp_gather_contig", "dp=2,cp=4"),
+    _case("manual:zero3+tp+cp_ring", "fsdp=2,cp=2,tp=2"),
+    _case("manual:zero3+tp+cp_ulysses", "fsdp=2,cp=2,tp=2"),
+    _case("manual:zero2+tp_sp+cp_gather", "dp=2,cp=2,tp=2"),
+    _case("manual:dp+cp_ring", "dp=2,cp=4", compute_dtype="bfloat16"),
+    _case("manual:dp+cp_gather", "dp=2,cp=4", grad_accum=2),
+    _pipe("manual:dp+cp_gather+1f1b", "pp=2,dp=2,cp=2", 4),
+    _pipe("manual:dp+cp_ulysses+zb-h1", "pp=2,dp=2,cp=2", 4),
+    _case("auto", "cp=8"),
+    _case("auto", "dp=2,cp=4"),
+    _case("auto", "fsdp=2,cp=2,tp=2"),
+    # four axes of size 2 on 16 simulated devices (`jaxscale verify` asks for 16)
+    _pipe("manual:dp+tp+cp_gather+1f1b", "dp=2,pp=2,cp=2,tp=2", 4),
 )
 
 
@@ -356,8 +382,17 @@ def _ratio(g, r, bf16: bool, same: bool = False, truth=None) -> float:
 def check(case: Case, ref: Trajectory, cfg: ModelConfig = CFG, tcfg: TrainConfig = TCFG) -> Result:
     """Run `case` against `ref` (the reference of the case's training variant, f32)."""
     cfg, tcfg = case.configs(cfg, tcfg)
+    have = jax.device_count()
+    if case.n_devices > have:
+        return Result(
+            case,
+            case.label,
+            error=f"needs {case.n_devices} devices, this process has {have} "
+            f"(JAX_NUM_CPU_DEVICES={case.n_devices})",
+        )
     try:
-        built = build(case.strategy, cfg, tcfg, with_grads=True)
+        devices = jax.devices()[: case.n_devices]
+        built = build(case.strategy, cfg, tcfg, with_grads=True, devices=devices)
     except ValueError as e:  # a layout that cannot be built on this mesh
         return Result(case, case.label, error=str(e).splitlines()[0])
     return compare(case, run_built(built, tcfg, initial=ref.initial), ref, case.label)

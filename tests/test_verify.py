@@ -27,6 +27,14 @@ def _id(case):
 # of those, the four most composed (`SECOND_LINE`); the rest are `first_line`
 # (docs/testing.md).
 PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4"}
+# context parallelism: each form once in the fast suite (ring, gather and Ulysses alone on
+# cheap meshes); its compositions, splits and variants are slow
+CP_FAST = {
+    "manual:dp+cp_ring@dp=2,cp=4",
+    "manual:cp_gather@cp=8",
+    "manual:cp_ulysses@cp=8",
+    "auto:dp_cp@dp=2,cp=4",
+}
 FIRST_MESH = {}
 for _c in verify.CASES:
     FIRST_MESH.setdefault(_c.label, _id(_c))
@@ -54,14 +62,19 @@ def _param(case):
     marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
     pipeline_slow = case.strategy.schedule and _id(case) not in PIPE_FAST
     other_mesh = not case.strategy.schedule and FIRST_MESH[case.label] != _id(case)
-    if pipeline_slow or other_mesh or (case.model and _id(case) not in MOE_FAST):
+    context_slow = case.strategy.mesh.size("context") > 1 and _id(case) not in CP_FAST
+    if pipeline_slow or other_mesh or context_slow or (case.model and _id(case) not in MOE_FAST):
         marks.append(pytest.mark.slow)
         if _id(case) not in SECOND_LINE:
             marks.append(pytest.mark.first_line)
     return pytest.param(case, id=_id(case), marks=marks)
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in verify.CASES])
+# the cases on more devices than the suite's 8 run in a process of their own (below)
+IN_PROCESS = [c for c in verify.CASES if c.n_devices <= 8]
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in IN_PROCESS])
 def test_strategy_matches_single_device_reference(case):
     ref = verify.reference_for(case, REFS)
     result = verify.check(case, ref)
@@ -171,3 +184,28 @@ def test_the_bf16_same_precision_rule_judges_errors_against_the_f32_twin():
     assert verify._ratio(opposite, ref, True, True) > 1  # the old rule: |g - r| = 2x the error
     worse = np.array([1.05, 1.0 + 2 * band[1], 0.98])  # exact where the reference is exact
     assert verify._ratio(worse, ref, True, True, truth) == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.first_line
+def test_the_sixteen_device_case_runs_in_verify_by_default():
+    """`jaxscale verify` asks for 16 simulated devices unless the user set a count: its
+    four-axis case (dp x pp x cp x tp, each 2) passes there, the 8-device cases take the first
+    8 of them."""
+    import os
+    import subprocess
+    import sys
+
+    (case,) = [c for c in verify.CASES if c.n_devices == 16]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    only = ["--only", case.mesh]
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxscale", "verify", *only, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 1 and rows[0]["passed"], rows

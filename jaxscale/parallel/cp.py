@@ -148,41 +148,55 @@ def _empty(q_BTHK):
     return zero, zero[..., 0] + NEG
 
 
+def ring_perm(c: int) -> list[tuple[int, int]]:
+    """The ring's direction: device j sends to j+1, so after h hops device i holds i-h's block."""
+    return [(j, (j + 1) % c) for j in range(c)]
+
+
 def ring_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str, axis=AXIS):
-    """Ring attention (module docstring). `k_pos_T` is this device's own positions, as
-    `q_pos_T`; an arriving block's positions are computed from its source, not sent."""
+    """Ring attention (module docstring): this device's own block, then c-1 hops as one
+    `lax.scan` (one body to compile; the census counts its trips). `k_pos_T` is this device's
+    own positions, as `q_pos_T`; an arriving block's positions are computed from its source,
+    not sent."""
     del k_pos_T
     n = n_chunks(split)
     T = q_pos_T.shape[0] * c
     i = jax.lax.axis_index(axis)
-    qs = jnp.split(q_BTHK, n, axis=1)
-    q_pos = jnp.split(q_pos_T, n)
-    acc = [_empty(q) for q in qs]
-    k_BSGK, v_BSGK = k_BTGK, v_BTGK
-    for hop in range(c):
-        src = (i - hop) % c  # whose block this device holds after `hop` hops
+    qs, q_pos = jnp.split(q_BTHK, n, axis=1), jnp.split(q_pos_T, n)
+
+    def visit(acc, k_BSGK, v_BSGK, src):
+        """Every chunk pair of the queries and the block from device `src`."""
         k_pos = jnp.split(device_positions(src, c, T, split), n)
         ks, vs = jnp.split(k_BSGK, n, axis=1), jnp.split(v_BSGK, n, axis=1)
+        out = []
         for a in range(n):
+            acc_a = acc[a]
             for b in range(n):
                 # a chunk pair whose first key comes after its last query is fully masked:
                 # skipped, its FLOPs never run (the conditional's other branch is the identity)
-                acc[a] = jax.lax.cond(
+                acc_a = jax.lax.cond(
                     k_pos[b][0] > q_pos[a][-1],
                     lambda acc_, *_: acc_,
                     lambda acc_, q, k, v, qp, kp: merge(acc_, block_attend(q, k, v, qp, kp)),
-                    acc[a],
+                    acc_a,
                     qs[a],
                     ks[b],
                     vs[b],
                     q_pos[a],
                     k_pos[b],
                 )
-        if hop < c - 1:
-            # one collective-permute of K and one of V: this device's block to the next device
-            perm = [(j, (j + 1) % c) for j in range(c)]
-            k_BSGK = jax.lax.ppermute(k_BSGK, axis, perm)
-            v_BSGK = jax.lax.ppermute(v_BSGK, axis, perm)
+            out.append(acc_a)
+        return out
+
+    def hop(carry, h):
+        acc, k_BSGK, v_BSGK = carry
+        # one collective-permute of K and one of V: every device's block to the next device
+        k_BSGK = jax.lax.ppermute(k_BSGK, axis, ring_perm(c))
+        v_BSGK = jax.lax.ppermute(v_BSGK, axis, ring_perm(c))
+        return (visit(acc, k_BSGK, v_BSGK, (i - h) % c), k_BSGK, v_BSGK), None
+
+    acc = visit([_empty(q) for q in qs], k_BTGK, v_BTGK, i)
+    (acc, _, _), _ = jax.lax.scan(hop, (acc, k_BTGK, v_BTGK), jnp.arange(1, c))
     return jnp.concatenate([o for o, _ in acc], axis=1).astype(q_BTHK.dtype)
 
 
