@@ -32,7 +32,14 @@ ALIASES = {
     "tp": "tensor",
     "tensor": "tensor",
 }
-_SHORT = {"data": "dp", "pipe": "pp", "fsdp": "fsdp", "expert": "ep", "context": "cp", "tensor": "tp"}
+_SHORT = {
+    "data": "dp",
+    "pipe": "pp",
+    "fsdp": "fsdp",
+    "expert": "ep",
+    "context": "cp",
+    "tensor": "tp",
+}
 
 
 class MeshSpecError(ValueError):

@@ -22,7 +22,6 @@ and every cross-device sum is written after the loop (`_reduce`).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from functools import partial
 
@@ -102,9 +101,7 @@ def _setup(params, batch_BT1, plan, cfg, pc, data_axes, mean_over) -> tuple[Env,
     blocks_v = jax.tree.map(lambda a: a.reshape(v, a.shape[0] // v, *a.shape[1:]), blocks)
     B = batch_BT1.shape[0]
     micro_MBT1 = batch_BT1.reshape(B // M, M, -1).swapaxes(0, 1)  # rows m, m+M, ... = mb m
-    act, act_axes, zero_act, loss_axes = _buffer_types(
-        top, blocks_v, micro_MBT1, cfg, pc
-    )
+    act, act_axes, zero_act, loss_axes = _buffer_types(top, blocks_v, micro_MBT1, cfg, pc)
     zero_loss = _vary(jnp.zeros((), jnp.float32), loss_axes)
     zero_top = jax.tree.map(jnp.zeros_like, top)
     carry = _zero_carry(plan, act, act_axes, blocks_v, zero_top, zero_loss)
@@ -212,9 +209,7 @@ def _chunk_at(blocks_v, c):
 
 def _core(env: Env, first, top, chunk, x_BTD, tokens_BT1):
     """`_stage`, typed for the carry (the router losses as the loss)."""
-    y_BTD, aux = _stage(
-        env.cfg, env.pc, first, top, chunk, x_BTD, tokens_BT1, env.act_axes
-    )
+    y_BTD, aux = _stage(env.cfg, env.pc, first, top, chunk, x_BTD, tokens_BT1, env.act_axes)
     return _vary(y_BTD, env.act_axes), (_vary(aux, env.loss_axes) if env.moe else None)
 
 
