@@ -154,17 +154,24 @@ def ring_perm(c: int) -> list[tuple[int, int]]:
 
 
 def ring_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str, axis=AXIS):
-    """Ring attention (module docstring): this device's own block, then c-1 hops as one
-    `lax.scan` (one body to compile; the census counts its trips). `k_pos_T` is this device's
-    own positions, as `q_pos_T`; an arriving block's positions are computed from its source,
-    not sent."""
+    """Ring attention (module docstring). `k_pos_T` is this device's own positions, as
+    `q_pos_T`; an arriving block's positions are computed from its source, not sent."""
     del k_pos_T
+    return ring_attend_counted(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c=c, split=split, axis=axis)[0]
+
+
+def ring_attend_counted(q_BTHK, k_BTGK, v_BTGK, q_pos_T, *, c: int, split: str, axis=AXIS):
+    """(ring attention [B, T/c, H, K], the chunk pairs this device computed): its own block,
+    then c-1 hops as one `lax.scan` (one body to compile; the census counts its trips). Each
+    computed pair is checkpointed: the backward recomputes its scores from the pair's inputs,
+    so a device keeps O(T/c) per hop, never an [T/c, T] score matrix."""
     n = n_chunks(split)
     T = q_pos_T.shape[0] * c
     i = jax.lax.axis_index(axis)
     qs, q_pos = jnp.split(q_BTHK, n, axis=1), jnp.split(q_pos_T, n)
+    pair = jax.checkpoint(lambda acc, q, k, v, qp, kp: merge(acc, block_attend(q, k, v, qp, kp)))
 
-    def visit(acc, k_BSGK, v_BSGK, src):
+    def visit(acc, done, k_BSGK, v_BSGK, src):
         """Every chunk pair of the queries and the block from device `src`."""
         k_pos = jnp.split(device_positions(src, c, T, split), n)
         ks, vs = jnp.split(k_BSGK, n, axis=1), jnp.split(v_BSGK, n, axis=1)
@@ -174,11 +181,12 @@ def ring_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str,
             for b in range(n):
                 # a chunk pair whose first key comes after its last query is fully masked:
                 # skipped, its FLOPs never run (the conditional's other branch is the identity)
-                acc_a = jax.lax.cond(
+                acc_a, done = jax.lax.cond(
                     k_pos[b][0] > q_pos[a][-1],
-                    lambda acc_, *_: acc_,
-                    lambda acc_, q, k, v, qp, kp: merge(acc_, block_attend(q, k, v, qp, kp)),
+                    lambda acc_, done_, *_: (acc_, done_),
+                    lambda acc_, done_, *xs: (pair(acc_, *xs), done_ + 1),
                     acc_a,
+                    done,
                     qs[a],
                     ks[b],
                     vs[b],
@@ -186,18 +194,20 @@ def ring_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str,
                     k_pos[b],
                 )
             out.append(acc_a)
-        return out
+        return out, done
 
     def hop(carry, h):
-        acc, k_BSGK, v_BSGK = carry
+        acc, done, k_BSGK, v_BSGK = carry
         # one collective-permute of K and one of V: every device's block to the next device
         k_BSGK = jax.lax.ppermute(k_BSGK, axis, ring_perm(c))
         v_BSGK = jax.lax.ppermute(v_BSGK, axis, ring_perm(c))
-        return (visit(acc, k_BSGK, v_BSGK, (i - h) % c), k_BSGK, v_BSGK), None
+        acc, done = visit(acc, done, k_BSGK, v_BSGK, (i - h) % c)
+        return (acc, done, k_BSGK, v_BSGK), None
 
-    acc = visit([_empty(q) for q in qs], k_BTGK, v_BTGK, i)
-    (acc, _, _), _ = jax.lax.scan(hop, (acc, k_BTGK, v_BTGK), jnp.arange(1, c))
-    return jnp.concatenate([o for o, _ in acc], axis=1).astype(q_BTHK.dtype)
+    done0 = jax.lax.pcast(jnp.zeros((), jnp.int32), axis, to="varying")
+    acc, done = visit([_empty(q) for q in qs], done0, k_BTGK, v_BTGK, i)
+    (acc, done, _, _), _ = jax.lax.scan(hop, (acc, done, k_BTGK, v_BTGK), jnp.arange(1, c))
+    return jnp.concatenate([o for o, _ in acc], axis=1).astype(q_BTHK.dtype), done
 
 
 def executed_pairs(c: int, split: str) -> list[int]:
