@@ -41,7 +41,7 @@ class Case:
     compute_dtype: str = "float32"
     grad_accum: int = 1
     optimizer: str = "adamw"  # "sgd": plain SGD without clipping, so a gradient-scale bug shows
-    bench: str = ""  # also a row of this bench suite: "meshes" (`make bench`) or "experts"
+    bench: str = ""  # also a row of a bench suite: "meshes" (`make bench`), "experts", "context"
     n_layers: int | None = None  # a deeper model than CFG's (pipeline stages slice the layers)
     model: tuple = ()  # further ModelConfig changes, (field, value) pairs (experts: MOE)
     # bf16 compared with the same bf16 model on one device (BF16_SAME_*), where bf16 itself
@@ -74,8 +74,9 @@ class Case:
         return cfg.replace(compute_dtype=self.compute_dtype, **dict(self.model)), tcfg
 
 
-def _case(text: str, mesh: str, bench: bool = False, **variant) -> Case:
-    return Case(Strategy.parse(text, mesh), bench="meshes" if bench else "", **variant)
+def _case(text: str, mesh: str, bench: bool | str = False, **variant) -> Case:
+    suite = bench if isinstance(bench, str) else "meshes" if bench else ""
+    return Case(Strategy.parse(text, mesh), bench=suite, **variant)
 
 
 # the MoE cases' model: 8 experts, top-2; capacity factor 2 gives C = 16 slots of a 32-token
@@ -207,23 +208,23 @@ CASES: tuple[Case, ...] = (
     ),
     # context parallelism: each form alone, balanced (zigzag) and contiguous, with the data
     # axes, ZeRO, Megatron TP and sequence parallelism, the pipeline, and on 16 devices
-    _case("manual:cp_ring", "cp=8"),
-    _case("manual:cp_gather", "cp=8"),
-    _case("manual:cp_ulysses", "cp=8"),
-    _case("manual:cp_ring_contig", "cp=8"),
-    _case("manual:dp+cp_ring", "dp=2,cp=4"),
+    _case("manual:cp_ring", "cp=8", "context"),
+    _case("manual:cp_gather", "cp=8", "context"),
+    _case("manual:cp_ulysses", "cp=8", "context"),
+    _case("manual:cp_ring_contig", "cp=8", "context"),
+    _case("manual:dp+cp_ring", "dp=2,cp=4", "context"),
     _case("manual:dp+cp_gather", "dp=2,cp=4"),
     _case("manual:zero1+cp_ulysses", "dp=2,cp=4"),
     _case("manual:dp+cp_gather_contig", "dp=2,cp=4"),
     _case("manual:zero3+tp+cp_ring", "fsdp=2,cp=2,tp=2"),
-    _case("manual:zero3+tp+cp_ulysses", "fsdp=2,cp=2,tp=2"),
+    _case("manual:zero3+tp+cp_ulysses", "fsdp=2,cp=2,tp=2", "context"),
     _case("manual:zero2+tp_sp+cp_gather", "dp=2,cp=2,tp=2"),
     _case("manual:dp+cp_ring", "dp=2,cp=4", compute_dtype="bfloat16"),
     _case("manual:dp+cp_gather", "dp=2,cp=4", grad_accum=2),
     _pipe("manual:dp+cp_gather+1f1b", "pp=2,dp=2,cp=2", 4),
     _pipe("manual:dp+cp_ulysses+zb-h1", "pp=2,dp=2,cp=2", 4),
     _case("auto", "cp=8"),
-    _case("auto", "dp=2,cp=4"),
+    _case("auto", "dp=2,cp=4", "context"),
     _case("auto", "fsdp=2,cp=2,tp=2"),
     # four axes of size 2 on 16 simulated devices (`jaxscale verify` asks for 16)
     _pipe("manual:dp+tp+cp_gather+1f1b", "dp=2,pp=2,cp=2,tp=2", 4),

@@ -230,6 +230,47 @@ def _add_experts(sub) -> None:
     p.set_defaults(func=_run_experts)
 
 
+def _add_context(sub) -> None:
+    p = _suite(
+        sub,
+        "context",
+        help="context parallelism: ring, all-gather and Ulysses side by side",
+        description="Runs each context-parallel form (ring attention zigzag and contiguous, "
+        "all-gather, Ulysses): collective bytes measured against cp.predict_comm, the "
+        "trajectory against one device, per-device attention FLOPs (max/mean: the load "
+        "balance), and the training step's temporaries as the sequence grows, with the "
+        "longest sequence within a per-device memory budget.",
+        examples=["jaxscale bench context", "jaxscale bench context --seq-lens 1024,2048"],
+    )
+    p.add_argument(
+        "--cp",
+        type=positive_int,
+        default=8,
+        help="context devices of the balance and memory tables (default 8)",
+    )
+    p.add_argument(
+        "--seq-lens",
+        type=comma_list(positive_int),
+        default=[1024, 2048, 4096, 8192],
+        help="sequence lengths of the temporaries table (default 1024,2048,4096,8192)",
+    )
+    p.add_argument(
+        "--balance-t",
+        type=positive_int,
+        default=4096,
+        help="sequence length of the balance table (default 4096)",
+    )
+    p.add_argument(
+        "--budget-mib",
+        type=positive_int,
+        default=256,
+        help="per-device memory budget of the longest-sequence column (default 256 MiB)",
+    )
+    _add_steps(p)
+    _add_outputs(p, "results/bench_context.png")
+    p.set_defaults(func=_run_context)
+
+
 def _add_scaling(sub) -> None:
     p = _suite(
         sub,
@@ -317,6 +358,7 @@ SUITES = (
     _add_meshes,
     _add_pipeline,
     _add_experts,
+    _add_context,
     _add_scaling,
     _add_serve,
     _add_collectives,
@@ -349,6 +391,13 @@ def _run_experts(args) -> int:
 
     _fast_cpu_compiles()
     return experts.main(args)
+
+
+def _run_context(args) -> int:
+    from jaxscale.bench import context
+
+    _fast_cpu_compiles()
+    return context.main(args)
 
 
 def _run_scaling(args) -> int:

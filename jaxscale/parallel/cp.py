@@ -18,9 +18,13 @@ Attention, per layer, on local q [B, T/c, H, K], k and v [B, T/c, G, K]:
            block meets the queries chunk by chunk: a fully masked chunk pair (every key after
            every query) is skipped by a conditional, not computed and discarded; the others
            merge into the running output by log-sum-exp rescaling (the online softmax). The
-           backward is autodiff through the loop: the transposes of the permutes carry dK/dV
-           back around the ring (2(c-1) more sends), and the residuals of every hop are kept
-           (the c blocks of K/V: T x G x K per row, as the all-gather holds).
+           backward is a ring of its own (a custom VJP, as picotron's): the forward keeps only
+           q, k, v, the output and its log-sum-exp; the K/V blocks travel again and each
+           pair's probabilities are recomputed from the log-sum-exp (the flash-attention
+           backward), while dK/dV travel with their blocks and take one more hop home:
+           2(c-1) sends of K/V and 2c of dK/dV (f32). No [T/c, T] score matrix is ever held;
+           autodiff through the loop would keep every pair's probabilities (measured: 7x
+           more temporaries at T = 8k on cp=8, docs/context.md).
   gather   (`cp_gather`, Llama 3's form) one all-gather of K and of V over the axis, the local
            queries against every key, masked by position; the backward's transposes are two
            reduce-scatters of dK and dV.
@@ -31,6 +35,8 @@ Attention, per layer, on local q [B, T/c, H, K], k and v [B, T/c, G, K]:
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -154,22 +160,50 @@ def ring_perm(c: int) -> list[tuple[int, int]]:
 
 
 def ring_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str, axis=AXIS):
-    """Ring attention (module docstring). `k_pos_T` is this device's own positions, as
-    `q_pos_T`; an arriving block's positions are computed from its source, not sent."""
+    """Ring attention (module docstring) with its own ring backward. `k_pos_T` is this
+    device's own positions, as `q_pos_T`; an arriving block's positions are computed from its
+    source, not sent."""
     del k_pos_T
-    return ring_attend_counted(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c=c, split=split, axis=axis)[0]
+    return _ring(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c, split, axis)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _ring(q, k, v, q_pos, c, split, axis):
+    return _ring_forward(q, k, v, q_pos, c, split, axis)[0].astype(q.dtype)
+
+
+def _ring_fwd(q, k, v, q_pos, c, split, axis):
+    out, lse, _ = _ring_forward(q, k, v, q_pos, c, split, axis)
+    return out.astype(q.dtype), (q, k, v, q_pos, out, lse)
+
+
+def _ring_bwd(c, split, axis, res, dout):
+    return (*_ring_backward(*res, dout, c, split, axis), None)
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
 
 
 def ring_attend_counted(q_BTHK, k_BTGK, v_BTGK, q_pos_T, *, c: int, split: str, axis=AXIS):
-    """(ring attention [B, T/c, H, K], the chunk pairs this device computed): its own block,
-    then c-1 hops as one `lax.scan` (one body to compile; the census counts its trips). Each
-    computed pair is checkpointed: the backward recomputes its scores from the pair's inputs,
-    so a device keeps O(T/c) per hop, never an [T/c, T] score matrix."""
+    """(ring attention [B, T/c, H, K], the chunk pairs this device computed): the forward as
+    the pieces run it, with the count the balance table measures."""
+    out, _, done = _ring_forward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c, split, axis)
+    return out.astype(q_BTHK.dtype), done
+
+
+def _masked(k_pos_S, q_pos_T):
+    """A chunk pair whose first key comes after its last query: every score masked."""
+    return k_pos_S[0] > q_pos_T[-1]
+
+
+def _ring_forward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c: int, split: str, axis):
+    """(out [B, T/c, H, K] f32, lse [B, T/c, H], chunk pairs computed): this device's own
+    block, then c-1 hops as one `lax.scan` (one body to compile; the census counts its trips).
+    A fully masked chunk pair is skipped by a conditional (its FLOPs never run)."""
     n = n_chunks(split)
     T = q_pos_T.shape[0] * c
     i = jax.lax.axis_index(axis)
     qs, q_pos = jnp.split(q_BTHK, n, axis=1), jnp.split(q_pos_T, n)
-    pair = jax.checkpoint(lambda acc, q, k, v, qp, kp: merge(acc, block_attend(q, k, v, qp, kp)))
 
     def visit(acc, done, k_BSGK, v_BSGK, src):
         """Every chunk pair of the queries and the block from device `src`."""
@@ -179,12 +213,10 @@ def ring_attend_counted(q_BTHK, k_BTGK, v_BTGK, q_pos_T, *, c: int, split: str, 
         for a in range(n):
             acc_a = acc[a]
             for b in range(n):
-                # a chunk pair whose first key comes after its last query is fully masked:
-                # skipped, its FLOPs never run (the conditional's other branch is the identity)
                 acc_a, done = jax.lax.cond(
-                    k_pos[b][0] > q_pos[a][-1],
+                    _masked(k_pos[b], q_pos[a]),
                     lambda acc_, done_, *_: (acc_, done_),
-                    lambda acc_, done_, *xs: (pair(acc_, *xs), done_ + 1),
+                    lambda acc_, done_, *xs: (merge(acc_, block_attend(*xs)), done_ + 1),
                     acc_a,
                     done,
                     qs[a],
@@ -207,7 +239,88 @@ def ring_attend_counted(q_BTHK, k_BTGK, v_BTGK, q_pos_T, *, c: int, split: str, 
     done0 = jax.lax.pcast(jnp.zeros((), jnp.int32), axis, to="varying")
     acc, done = visit([_empty(q) for q in qs], done0, k_BTGK, v_BTGK, i)
     (acc, done, _, _), _ = jax.lax.scan(hop, (acc, done, k_BTGK, v_BTGK), jnp.arange(1, c))
-    return jnp.concatenate([o for o, _ in acc], axis=1).astype(q_BTHK.dtype), done
+    out = jnp.concatenate([o for o, _ in acc], axis=1)
+    return out, jnp.concatenate([lse for _, lse in acc], axis=1), done
+
+
+def pair_grads(q_BTHK, k_BSGK, v_BSGK, q_pos_T, k_pos_S, dout_BTHK, lse_BTH, d_BTH):
+    """(dq, dk, dv) of one chunk pair, from the pair's inputs and the merged output's
+    log-sum-exp and D = rowsum(dout * out): the probabilities are recomputed exactly (the
+    flash-attention backward), so nothing of size [T, S] was kept from the forward."""
+    B, T, H, K = q_BTHK.shape
+    G = k_BSGK.shape[2]
+    f32 = jnp.float32
+    q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K).astype(f32)
+    do_BTGRK = dout_BTHK.reshape(B, T, G, H // G, K)
+    k_BSGK, v_BSGK = k_BSGK.astype(f32), v_BSGK.astype(f32)
+    scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK) * K**-0.5
+    lse_BGRT = jnp.transpose(lse_BTH.reshape(B, T, G, H // G), (0, 2, 3, 1))
+    d_BGRT = jnp.transpose(d_BTH.reshape(B, T, G, H // G), (0, 2, 3, 1))
+    causal_TS = q_pos_T[:, None] >= k_pos_S[None, :]
+    p_BGRTS = jnp.where(causal_TS, jnp.exp(scores_BGRTS - lse_BGRT[..., None]), 0.0)
+    dv_BSGK = jnp.einsum("bgrts,btgrk->bsgk", p_BGRTS, do_BTGRK)
+    dp_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", do_BTGRK, v_BSGK)
+    ds_BGRTS = p_BGRTS * (dp_BGRTS - d_BGRT[..., None]) * K**-0.5
+    dq_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", ds_BGRTS, k_BSGK)
+    dk_BSGK = jnp.einsum("bgrts,btgrk->bsgk", ds_BGRTS, q_BTGRK)
+    return dq_BTGRK.reshape(B, T, H, K), dk_BSGK, dv_BSGK
+
+
+def _ring_backward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, out_BTHK, lse_BTH, dout_BTHK, c, split, axis):
+    """The ring backward: the K/V blocks travel the ring again and their gradients dK/dV
+    travel with them, each device adding its queries' share; one more hop takes every dK/dV
+    home. Collectives: c-1 permutes of (K, V, dK, dV) and one of (dK, dV)."""
+    n = n_chunks(split)
+    T = q_pos_T.shape[0] * c
+    i = jax.lax.axis_index(axis)
+    f32 = jnp.float32
+    dout_BTHK = dout_BTHK.astype(f32)
+    d_BTH = jnp.sum(dout_BTHK * out_BTHK, axis=-1)
+    qs, q_pos, dos = jnp.split(q_BTHK, n, 1), jnp.split(q_pos_T, n), jnp.split(dout_BTHK, n, 1)
+    lses, ds = jnp.split(lse_BTH, n, 1), jnp.split(d_BTH, n, 1)
+
+    def visit(dq, k_BSGK, v_BSGK, dk_BSGK, dv_BSGK, src):
+        k_pos = jnp.split(device_positions(src, c, T, split), n)
+        ks, vs = jnp.split(k_BSGK, n, 1), jnp.split(v_BSGK, n, 1)
+        dks, dvs = jnp.split(dk_BSGK, n, 1), jnp.split(dv_BSGK, n, 1)
+        dq = list(dq)
+        for a in range(n):
+            for b in range(n):
+
+                def add(grads, *xs):
+                    return tuple(g + d for g, d in zip(grads, pair_grads(*xs), strict=True))
+
+                dq[a], dks[b], dvs[b] = jax.lax.cond(
+                    _masked(k_pos[b], q_pos[a]),
+                    lambda grads, *_: grads,
+                    add,
+                    (dq[a], dks[b], dvs[b]),
+                    qs[a],
+                    ks[b],
+                    vs[b],
+                    q_pos[a],
+                    k_pos[b],
+                    dos[a],
+                    lses[a],
+                    ds[a],
+                )
+        return dq, jnp.concatenate(dks, 1), jnp.concatenate(dvs, 1)
+
+    def hop(carry, h):
+        dq, blocks = carry
+        # one collective-permute each of K, V, dK and dV to the next device
+        blocks = tuple(jax.lax.ppermute(x, axis, ring_perm(c)) for x in blocks)
+        dq, dk, dv = visit(dq, *blocks, (i - h) % c)
+        return (dq, (blocks[0], blocks[1], dk, dv)), None
+
+    zero_dk = (k_BTGK * 0).astype(f32)
+    dq0 = [(q * 0).astype(f32) for q in qs]
+    dq, dk, dv = visit(dq0, k_BTGK, v_BTGK, zero_dk, zero_dk, i)
+    (dq, (_, _, dk, dv)), _ = jax.lax.scan(hop, (dq, (k_BTGK, v_BTGK, dk, dv)), jnp.arange(1, c))
+    # the last hop: every block's dK and dV back to the device that owns the block
+    dk, dv = (jax.lax.ppermute(x, axis, ring_perm(c)) for x in (dk, dv))
+    dq = jnp.concatenate(dq, axis=1)
+    return dq.astype(q_BTHK.dtype), dk.astype(k_BTGK.dtype), dv.astype(v_BTGK.dtype)
 
 
 def executed_pairs(c: int, split: str) -> list[int]:
@@ -281,12 +394,14 @@ def kv_block_bytes(shape: StepShape, comp: Composition) -> float:
 
 def predict_comm(shape: StepShape, comp: Composition) -> dict:
     """{op: bytes per device} over the context axis for one step (`shape` holds the local
-    sequence T/c). Per layer, KV = one K block (kv_block_bytes), Q = the queries' [B_l, T/c,
-    H/t, K]: ring 2(c-1) permutes of KV forward and 2(c-1) backward (+2(c-1) with remat: the
-    forward again); gather an all-gather of K and of V (c x KV each, the census counts the
-    output) and two reduce-scatters backward (+2 all-gathers with remat); Ulysses 4
-    all-to-alls forward (q, k, v, out) and 4 backward (+4 with remat). Plus the loss and the
-    gradients' all-reduce over the axis (every parameter replicated over it)."""
+    sequence T/c). Per layer, KV = one K block (kv_block_bytes) in the compute dtype, KV32 the
+    same in f32 (the ring backward's dK/dV accumulators), Q = the queries' [B_l, T/c, H/t, K]:
+    ring 2(c-1) permutes of KV forward and, backward, 2(c-1) of KV and 2c of KV32 (dK and dV
+    travel with their blocks and take one more hop home; +2(c-1) KV with remat: the forward
+    again); gather an all-gather of K and of V (c x KV each, the census counts the output) and
+    two reduce-scatters backward (+2 all-gathers with remat); Ulysses 4 all-to-alls forward (q,
+    k, v, out) and 4 backward (+4 with remat). Plus the loss and the gradients' all-reduce
+    over the axis (every parameter is replicated over it)."""
     c, cfg = comp.cp, comp.cfg
     if c == 1:
         return {}
@@ -294,7 +409,8 @@ def predict_comm(shape: StepShape, comp: Composition) -> dict:
     again = 1 if cfg.remat else 0
     out = {"all-reduce": F32 * (shape.matrix_params + shape.norm_params) + F32}
     if comp.cp_form == "ring":
-        out["collective-permute"] = L * 2 * (c - 1) * kv * (2 + again)
+        kv32 = kv * F32 / shape.act_bytes
+        out["collective-permute"] = L * (2 * (c - 1) * kv * (2 + again) + 2 * c * kv32)
     elif comp.cp_form == "gather":
         out["all-gather"] = L * 2 * c * kv * (1 + again)
         out["reduce-scatter"] = L * 2 * c * kv

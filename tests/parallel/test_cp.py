@@ -91,18 +91,21 @@ def test_block_attention_merged_by_log_sum_exp_equals_attention_over_all_keys():
 
 
 CENSUS = [
-    ("manual:cp_ring", "cp=8"),
-    ("manual:cp_gather", "cp=8"),
-    ("manual:cp_ulysses", "cp=8"),
-    ("manual:zero3+tp+cp_ulysses", "fsdp=2,cp=2,tp=2"),
+    ("manual:cp_ring", "cp=8", False),
+    ("manual:cp_gather", "cp=8", False),
+    ("manual:cp_ulysses", "cp=8", False),
+    ("manual:zero3+tp+cp_ulysses", "fsdp=2,cp=2,tp=2", False),
+    ("manual:dp+cp_ring", "dp=2,cp=4", True),  # remat: the forward's sends again
+    ("manual:cp_gather", "cp=8", True),
+    ("manual:cp_ulysses", "cp=8", True),
 ]
 
 
-@pytest.mark.parametrize("text, mesh", CENSUS)
-def test_predicted_bytes_equal_the_compiled_programs_census(text, mesh):
+@pytest.mark.parametrize("text, mesh, remat", CENSUS)
+def test_predicted_bytes_equal_the_compiled_programs_census(text, mesh, remat):
     """cp.predict_comm (summed with the other axes by the composer) against the collectives the
     compiled training step runs, op by op, within the bench's 5%."""
-    cfg = verify.CFG.replace(unroll_layers=True)
+    cfg = verify.CFG.replace(unroll_layers=True, remat=remat)
     row = meshes.bench_case(
         verify.Case(Strategy.parse(text, mesh)), cfg, verify.TCFG, 2, None, execute=False
     )
