@@ -91,6 +91,26 @@ def test_manual_strategy_checkpoint_resumes_under_the_auto_path(tmp_path, uninte
 
 
 @pytest.mark.slow
+@pytest.mark.first_line
+def test_a_context_parallel_checkpoint_resumes_without_cp_and_back(tmp_path, uninterrupted):
+    """Context parallelism keeps the one stored layout (parameters replicated over `context`):
+    a ring run on cp=4 x dp=2 saves, plain DP resumes; DP saves, Ulysses on cp=2 x dp=4 resumes;
+    both end where the uninterrupted DP run ends (to the trajectory tolerance)."""
+    _run("cp=4,dp=2", N, tmp_path / "a", strategy="manual:dp+cp_ring")
+    resumed = [_run("dp=8", 2 * N, tmp_path / "a", resume=True)]
+    _run("dp=8", N, tmp_path / "b")
+    resumed.append(
+        _run("cp=2,dp=4", 2 * N, tmp_path / "b", resume=True, strategy="manual:dp+cp_ulysses")
+    )
+    for run in resumed:
+        assert run.resumed_from == N
+        for a, b in zip(
+            jax.tree.leaves(_host(run.state)), jax.tree.leaves(uninterrupted), strict=True
+        ):
+            np.testing.assert_allclose(a, b, rtol=0, atol=TRAJ_ATOL)
+
+
+@pytest.mark.slow
 def test_a_pipelined_checkpoint_resumes_under_dp_and_back(tmp_path):
     """One stored layout for every strategy: a 1F1B run on pp=2 x dp=4 saves, plain DP resumes;
     DP saves, 1F1B on pp=2 x dp=2 x tp=2 resumes; both end where the uninterrupted DP run ends."""
