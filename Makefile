@@ -45,20 +45,22 @@ test-all: install
 smoke: install
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -m smoke $(PYTEST_ARGS)
 
-# The MoE rows, then the pipeline suite (compiles: one core each), run beside the mesh table;
-# their output is printed after it, from results/bench_{experts,pipeline}.txt. The pipeline
-# suite compiles each schedule at M = 8 (its checked rows) and 32 here, within the 4-minute
-# budget; `jaxscale bench pipeline` alone sweeps M = 4, 8, 16, 32 (docs/pipeline.md).
+# The MoE rows, the pipeline suite and the context-parallel suite (compiles: one core each) run
+# one after another beside the mesh table; their output is printed after it, from
+# results/bench_{experts,pipeline,context}.txt. The pipeline suite compiles each schedule at
+# M = 8 (its checked rows) and 32 here, within the 4-minute budget; `jaxscale bench pipeline`
+# alone sweeps M = 4, 8, 16, 32 (docs/pipeline.md).
 bench: $(BENCH_STAMP)
 	@mkdir -p results
-	@echo "bench experts, bench pipeline: running beside the mesh table (their output follows it)"
+	@echo "bench experts, pipeline, context: running beside the mesh table (their output follows it)"
 	@( JAX_PLATFORMS=cpu $(PY) -m jaxscale bench experts > results/bench_experts.txt 2>&1; e=$$?; \
-	   JAX_PLATFORMS=cpu $(PY) -m jaxscale bench pipeline --sweep 8,32 > results/bench_pipeline.txt 2>&1; \
-	   exit $$(( e || $$? )) ) & \
+	   JAX_PLATFORMS=cpu $(PY) -m jaxscale bench pipeline --sweep 8,32 > results/bench_pipeline.txt 2>&1; p=$$?; \
+	   JAX_PLATFORMS=cpu $(PY) -m jaxscale bench context > results/bench_context.txt 2>&1; \
+	   exit $$(( e || p || $$? )) ) & \
 	pid=$$!; \
 	JAX_PLATFORMS=cpu $(PY) -m jaxscale bench $(BENCH_ARGS); rc=$$?; \
 	wait $$pid; prc=$$?; \
-	for f in experts pipeline; do echo; cat results/bench_$$f.txt 2>/dev/null; done; \
+	for f in experts pipeline context; do echo; cat results/bench_$$f.txt 2>/dev/null; done; \
 	exit $$(( rc || prc ))
 
 # jaxscale's PPO beside rejax's (installed into the venv as the rl-compare extra).

@@ -536,8 +536,9 @@ def _print_meshes(args, rows, ref_ms, remat, env, cfg, tcfg, paths) -> None:
     print(report.remat_lines(remat))
     if jax.default_backend() == "cpu":
         print(
-            "* step ms on simulated CPU devices sharing the host's cores: indicative only;"
-            " compare meshes by the compiler figures, not by wall-clock."
+            "* step ms on simulated CPU devices sharing the host's cores, compiled at XLA's "
+            "backend optimisation level 0 (its memory, FLOP and collective figures are level "
+            "2's): indicative only; compare meshes by the compiler figures, not by wall-clock."
         )
     print("\nwrote " + ", ".join(str(p) for p in paths))
 

@@ -1,11 +1,17 @@
 """`jaxscale advise --validate`: scale the advisor's layout down to the simulated mesh, compile it,
 and compare the compiled program's memory and collectives with the predictions.
 
-Scaling keeps what can be kept on 8 devices: the tensor degree (capped at 8, a power of two),
-pipeline stages (a power of two, at most what the tensor degree leaves; 1F1B with as many
-microbatches as each data shard has rows), the ZeRO stage, and data parallelism over the
-remaining devices. The model is the tiny test model with as many kv heads as heads (so every
-tensor degree up to 8 divides) and as many layers as stages, at least 2.
+Scaling keeps what can be kept on 8 devices: the context degree and its form first when the layout
+splits the sequence (a power of two, half the devices at most when there is a tensor degree to
+keep; `manual:...+cp_ring` and the like on a `cp=` axis, zigzag), the tensor degree (a power of
+two, at most what the context degree leaves), pipeline stages (a power of two, at most what those
+leave; 1F1B with as many microbatches as each data shard has rows), the ZeRO stage, and data
+parallelism over the remaining devices. A layout that splits the sequence is compiled without
+pipeline stages: under a schedule the collectives are not predicted (they sit in its conditionals)
+and its transfer check takes whole-sequence activations, so the context axis's bytes could not be
+compared. The model is the tiny test model with as many kv heads as heads (so every tensor degree
+up to 8 and Ulysses' head split over what is left divide) and as many layers as stages, at least 2;
+its 32-token sequence splits into the zigzag's 2cp chunks for every cp up to 8.
 """
 
 from __future__ import annotations
@@ -24,20 +30,39 @@ CFG = ModelConfig(n_heads=8, n_kv_heads=8, unroll_layers=True)
 TCFG = TrainConfig(global_batch=16, seq_len=32)
 
 
-def scaled_strategy(tp: int, pp: int, dp: int, zero_stage: int, n_devices: int) -> tuple:
-    """(Strategy, notes): the advisor's TPx PPx DPx ZeRO-s layout on `n_devices` devices."""
-    tensor = 1
-    while tensor * 2 <= min(tp, n_devices) and n_devices % (tensor * 2) == 0:
-        tensor *= 2
-    pipe = 1  # the pipeline before the data axis: stages are what the advisor's layout adds
-    while pipe * 2 <= pp and (n_devices // tensor) % (pipe * 2) == 0:
-        pipe *= 2
-    data = n_devices // tensor // pipe
+def _power_of_two_within(limit: int, room: int) -> int:
+    """The largest power of two at most `limit` that divides `room`."""
+    n = 1
+    while n * 2 <= limit and room % (n * 2) == 0:
+        n *= 2
+    return n
+
+
+def scaled_strategy(
+    tp: int,
+    pp: int,
+    dp: int,
+    zero_stage: int,
+    n_devices: int,
+    cp: int = 1,
+    cp_form: str | None = None,
+) -> tuple:
+    """(Strategy, notes): the advisor's TPx CPx PPx DPx ZeRO-s layout on `n_devices` devices."""
+    # the context axis first (what a CP layout is validated for), leaving a tensor axis room
+    context = _power_of_two_within(min(cp, n_devices // 2 if tp > 1 else n_devices), n_devices)
+    tensor = _power_of_two_within(tp, n_devices // context)
+    # the pipeline before the data axis: stages are what the advisor's layout adds (none beside
+    # a context axis, whose bytes are compared only outside a schedule)
+    pipe = _power_of_two_within(pp if context == 1 else 1, n_devices // tensor // context)
+    data = n_devices // tensor // context // pipe
+    with_cp = f"CP{cp} -> context={context}, " if cp > 1 else ""
     notes = [
-        f"TP{tp} -> tensor={tensor}, PP{pp} -> pipe={pipe}, DP{dp} -> data={data} on "
-        f"{n_devices} devices"
+        f"TP{tp} -> tensor={tensor}, {with_cp}PP{pp} -> pipe={pipe}, DP{dp} -> data={data} "
+        f"on {n_devices} devices"
     ]
-    axes = (("pp", pipe), ("dp", data), ("tp", tensor))
+    if context > 1 and pp > 1:
+        notes.append("no pipe axis beside the context axis: its bytes are compared without one")
+    axes = (("pp", pipe), ("dp", data), ("cp", context), ("tp", tensor))
     mesh = ",".join(f"{a}={n}" for a, n in axes if n > 1) or "dp=1"
     zero = zero_stage if data > 1 else 0  # a ZeRO group of one device shards nothing
     schedule = "1f1b" if pipe > 1 else None
@@ -48,12 +73,15 @@ def scaled_strategy(tp: int, pp: int, dp: int, zero_stage: int, n_devices: int) 
         "megatron" if tensor > 1 else None,
         schedule=schedule,
         microbatches=TCFG.global_batch // data if pipe > 1 else 1,
+        context=cp_form if context > 1 else None,
     ), notes
 
 
-def validate(tp: int, pp: int, dp: int, zero_stage: int) -> tuple[list[str], bool]:
+def validate(
+    tp: int, pp: int, dp: int, zero_stage: int, cp: int = 1, cp_form: str | None = None
+) -> tuple[list[str], bool]:
     """Lines of a report, and whether every figure is within its tolerance."""
-    strategy, notes = scaled_strategy(tp, pp, dp, zero_stage, jax.device_count())
+    strategy, notes = scaled_strategy(tp, pp, dp, zero_stage, jax.device_count(), cp, cp_form)
     cfg = CFG.replace(n_layers=max(CFG.n_layers, strategy.mesh.size("pipe")))
     built = build(strategy, cfg, TCFG)
     B, T = TCFG.global_batch, TCFG.seq_len
