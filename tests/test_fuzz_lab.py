@@ -26,6 +26,7 @@ BASE = {  # the arguments each command runs with, so that a good value is cheap
     ("bench", "collectives"): ["--dry-run"],
     ("bench", "pipeline"): ["--dry-run"],
     ("bench", "experts"): ["--dry-run"],
+    ("bench", "context"): ["--dry-run"],
     ("bench", "scaling"): ["--dry-run"],
     ("bench", "serve"): ["--dry-run"],
     ("bench", "rl"): ["--dry-run"],
