@@ -1,8 +1,13 @@
-"""`jaxscale advise`: recommend data / ZeRO / tensor / pipeline / expert degrees, beside the four
-seed rule sets (seed 000 exercise 4, seed 001, seed 002 ch7 calculator, seed 004). Imports no jax.
+"""`jaxscale advise`: recommend data / ZeRO / tensor / pipeline / expert / context degrees,
+beside the four seed rule sets (seed 000 exercise 4, seed 001, seed 002 ch7 calculator, seed 004).
+Imports no jax.
 
     jaxscale advise --params 70B --gpus 64 --gpu-mem 80 [--gpus-per-node 8 --seq-len 4096
                     --batch-size 512]
+
+A context-parallel degree (cp, seed 001 §6) is considered for a long sequence: when the activations
+at --seq-len do not fit per GPU without it, even recomputed, beside a model state that does fit
+(`jaxscale.calc.advisor`'s rule; --context always / never overrides it).
 """
 
 # The advice is pure Python (jaxscale.calc.advisor*); only --validate imports jax, lazily.
@@ -10,7 +15,13 @@ seed rule sets (seed 000 exercise 4, seed 001, seed 002 ch7 calculator, seed 004
 import argparse
 from dataclasses import fields, is_dataclass
 
-from jaxscale.calc.advisor import RECOMPUTE_CHOICES, AdviceReport, advise
+from jaxscale.calc.advisor import (
+    CONTEXT_CHOICES,
+    CP_FORM_CHOICES,
+    RECOMPUTE_CHOICES,
+    AdviceReport,
+    advise,
+)
 from jaxscale.calc.advisor_model import (
     ASSUMED_MFU,
     GPU,
@@ -41,10 +52,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub,
         "advise",
-        help="recommend a TP x PP x DP (x EP) layout and ZeRO stage; seed rule sets side by side",
-        description="Recommend data / ZeRO / tensor / pipeline / expert degrees for a model on a "
-        "cluster, beside the four seed rule sets (seed 000 exercise 4, seed 001, seed 002 ch7 "
-        "calculator, seed 004). Imports no jax (except --validate).",
+        help="recommend a TP x PP x DP (x EP, x CP) layout and ZeRO stage; seed rule sets side "
+        "by side",
+        description="Recommend data / ZeRO / tensor / pipeline / expert / context degrees for a "
+        "model on a cluster, beside the four seed rule sets (seed 000 exercise 4, seed 001, seed "
+        "002 ch7 calculator, seed 004). Context parallelism is considered for a long sequence: "
+        "when its activations do not fit per GPU without it, even recomputed. Imports no jax "
+        "(except --validate).",
         example="jaxscale advise --params 70B --gpus 64 --gpu-mem 80 --seq-len 4096 "
         "--batch-size 512",
     )
@@ -86,6 +100,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a("--moe", action="store_true", help="mixture of experts: also choose an expert degree")
     a("--num-experts", type=positive_int, default=64, help="experts per MoE layer, with --moe")
     a("--top-k", type=positive_int, default=2, help="experts per token, with --moe")
+    a(
+        "--heads",
+        type=non_negative_int,
+        default=0,
+        help="query heads (the K/V blocks context parallelism moves); 0 derives d_model/128",
+    )
+    a("--kv-heads", type=non_negative_int, default=0, help="key/value heads; 0: as many as heads")
+    a(
+        "--context",
+        choices=CONTEXT_CHOICES,
+        default="auto",
+        help="context parallelism: auto considers it when the activations at --seq-len do not "
+        "fit per GPU without it, even recomputed; always or never decide",
+    )
+    a(
+        "--cp-form",
+        choices=CP_FORM_CHOICES,
+        default="auto",
+        help="its form: ring attention, gather (Llama 3's all-gather), ulysses "
+        "(DeepSpeed-Ulysses); auto ranks all three",
+    )
     a(
         "--precision",
         choices=sorted(_PRECISION_BYTES),
@@ -171,6 +206,8 @@ def _inputs(args) -> tuple[Workload, Hardware]:
         weight_bytes=state_bytes,
         grad_bytes=state_bytes,
         master_bytes=4 if args.master_weights else 0,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
     )
     hardware = Hardware(
         num_gpus=args.gpus,
@@ -187,7 +224,13 @@ def _inputs(args) -> tuple[Workload, Hardware]:
 
 def _run(args, parser: argparse.ArgumentParser) -> int:
     try:
-        report = advise(*_inputs(args), recompute=args.recompute, seed_faithful=args.seed_faithful)
+        report = advise(
+            *_inputs(args),
+            recompute=args.recompute,
+            seed_faithful=args.seed_faithful,
+            context=args.context,
+            cp_form=args.cp_form,
+        )
     except ValueError as err:
         parser.error(str(err))  # one line on stderr, exit code 2
     render(report, args.top, seed002_table=args.seed002_table or args.seed_faithful).emit(args)
@@ -198,7 +241,7 @@ def _run(args, parser: argparse.ArgumentParser) -> int:
     from jaxscale.bench.validate_layout import validate  # jax only here: the advice stays instant
 
     lay = report.best.layout
-    lines, ok = validate(lay.tp, lay.pp, lay.dp, lay.zero_stage)
+    lines, ok = validate(lay.tp, lay.pp, lay.dp, lay.zero_stage, cp=lay.cp, cp_form=lay.cp_form)
     print("\n" + "\n".join(lines))
     return 0 if ok else 1
 
@@ -299,6 +342,7 @@ def render(advice: AdviceReport, top: int = 5, *, seed002_table: bool = False) -
         layouts_fitting=len(advice.ranked),
         reasoning=list(advice.reasoning),
         seed002=_record(s2),
+        context=_record(advice.context),
     )
     derived = "" if w.hidden and w.layers else ", derived"
     moe = f", MoE {w.num_experts} experts top-{w.top_k}" if w.is_moe else ""

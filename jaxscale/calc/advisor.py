@@ -6,6 +6,19 @@ divisible into dp replicas of whole micro-batches, under each ZeRO stage; keep t
 memory fits in the usable fraction of the GPU; rank them by estimated step time -- compute
 stretched by the pipeline bubble, plus every communication on its link (advisor_model.py) -- and
 explain the choice. The step time ranks layouts; it is not a prediction of wall-clock time.
+
+Context parallelism (a cp degree splitting each sequence, in the ring, all-gather or Ulysses form)
+is considered when the sequence is long, by one rule: the activations at this --seq-len do not fit
+per GPU without it. Precisely, no layout without CP fits even with full activation recomputation
+(the least activation memory it can reach), while some layout's model state alone does fit: what
+overflows is the activations, which CP divides by cp (its attention traffic comes on top). A
+sequence that recomputation alone makes fit is not long, and a model whose state does not fit is
+not helped by splitting the sequence; both keep the advice without CP, as before. When the rule
+holds, every cp dividing the GPUs a tensor group leaves (with 2cp dividing the sequence, the
+zigzag split's chunks) is enumerated in each allowed form (Ulysses only where heads and kv heads
+per tensor shard divide by cp), and the ranking chooses among all the layouts, with and without
+CP. `context="always"` enumerates CP layouts whatever fits, "never" never; an MoE model gets none
+(the lab's context axis composes with no expert axis).
 """
 
 import math
@@ -16,6 +29,7 @@ from jaxscale.calc.advisor_model import (
     Layout,
     LayoutCost,
     Workload,
+    attention_shape,
     evaluate,
     model_shape,
 )
@@ -27,6 +41,7 @@ from jaxscale.calc.advisor_rules import (
     seed004_config,
 )
 from jaxscale.calc.advisor_seed002 import Seed002Result, seed002_advice, seed002_calculator
+from jaxscale.calc.context import FORMS as CP_FORMS
 from jaxscale.checks import positive, positive_ints
 
 _ZERO_WHY = {
@@ -37,10 +52,28 @@ _ZERO_WHY = {
 }
 
 
+_CP_WHY = {
+    "ring": "K/V blocks travel the ring, 2(cp-1) sends forward and the backward's (overlap with the"
+    " block FLOPs, its point, is not modelled)",
+    "gather": "one all-gather of K and of V per layer (Llama 3's form), reduce-scatters backward",
+    "ulysses": "4 all-to-alls per layer forward and 4 backward, heads split over the group"
+    " (DeepSpeed-Ulysses)",
+}
+
+
 @dataclass(frozen=True)
 class RuleComparison:
     advice: RuleAdvice
     cost: LayoutCost | None  # our model applied to the rule's layout; None if it has none
+
+
+@dataclass(frozen=True)
+class ContextDecision:
+    """Whether context-parallel layouts were enumerated, in which forms, and why."""
+
+    considered: bool
+    forms: tuple[str, ...]
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -56,6 +89,7 @@ class AdviceReport:
     rules: tuple[RuleComparison, ...]
     seed002: Seed002Result
     reasoning: tuple[str, ...]
+    context: ContextDecision | None = None
 
 
 def validate(workload: Workload, hw: Hardware) -> None:
@@ -71,6 +105,11 @@ def validate(workload: Workload, hw: Hardware) -> None:
         top_k=w.top_k,
     )
     positive(params=w.n_params)
+    heads = {n: getattr(w, n) for n in ("heads", "kv_heads") if getattr(w, n) != 0}
+    positive_ints(**heads)
+    n_heads, n_kv_heads, _ = attention_shape(w)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"kv_heads={n_kv_heads} does not divide heads={n_heads}")
     if w.top_k > w.num_experts:
         raise ValueError(f"top_k={w.top_k} exceeds num_experts={w.num_experts}")
     if w.micro_batch > w.batch:
@@ -104,9 +143,34 @@ def _divisors(n: int) -> list[int]:
 
 
 RECOMPUTE_CHOICES = {"auto": (False, True), "never": (False,), "always": (True,)}
+CONTEXT_CHOICES = ("auto", "always", "never")
+CP_FORM_CHOICES = ("auto", *CP_FORMS)
 
 
-def candidate_layouts(workload: Workload, hw: Hardware, recompute: str = "auto") -> list[Layout]:
+def context_degrees(
+    workload: Workload, gpus: int, tp: int, forms: tuple[str, ...]
+) -> list[tuple[int, str | None]]:
+    """(cp, form) pairs a tensor group of tp leaves room for: (1, None), and each cp > 1 dividing
+    the remaining GPUs, with the zigzag split's 2cp chunks dividing the sequence and the heads
+    dividing over tp (and, for Ulysses, over tp * cp)."""
+    out: list[tuple[int, str | None]] = [(1, None)]
+    heads, kv_heads, _ = attention_shape(workload)
+    if not forms or heads % tp or kv_heads % tp:
+        return out
+    for cp in _divisors(gpus // tp)[1:]:
+        if workload.seq % (2 * cp):
+            continue
+        for form in forms:
+            if form != "ulysses" or (heads // tp % cp == 0 and kv_heads // tp % cp == 0):
+                out.append((cp, form))
+    return out
+
+
+def candidate_layouts(
+    workload: Workload, hw: Hardware, recompute: str = "auto", cp_forms: tuple[str, ...] = ()
+) -> list[Layout]:
+    """Every layout using all the GPUs; with `cp_forms`, also those splitting each sequence over
+    cp GPUs in each of those forms."""
     if recompute not in RECOMPUTE_CHOICES:
         raise ValueError(
             f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got {recompute!r}"
@@ -115,16 +179,56 @@ def candidate_layouts(workload: Workload, hw: Hardware, recompute: str = "auto")
     g = hw.num_gpus
     layouts = []
     for tp in _divisors(math.gcd(hw.gpus_per_node, g)):
-        for pp in _divisors(g // tp):
-            dp = g // (tp * pp)
-            if pp > layers or workload.batch % (dp * workload.micro_batch):
-                continue
-            eps = [e for e in _divisors(dp) if workload.num_experts % e == 0]
-            for ep in eps if workload.is_moe else [1]:
-                for zero in (0, 1, 2, 3) if dp > 1 else (0,):
-                    for rc in RECOMPUTE_CHOICES[recompute]:
-                        layouts.append(Layout(tp, pp, dp, zero, ep, rc))
+        for cp, form in context_degrees(workload, g, tp, cp_forms):
+            for pp in _divisors(g // (tp * cp)):
+                dp = g // (tp * cp * pp)
+                if pp > layers or workload.batch % (dp * workload.micro_batch):
+                    continue
+                eps = [e for e in _divisors(dp) if workload.num_experts % e == 0]
+                for ep in eps if workload.is_moe else [1]:
+                    for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):
+                        for rc in RECOMPUTE_CHOICES[recompute]:
+                            layouts.append(Layout(tp, pp, dp, zero, ep, rc, cp, form))
     return layouts
+
+
+def long_sequence(workload: Workload, hw: Hardware) -> tuple[bool, str]:
+    """(whether the activations at this sequence length do not fit per GPU without CP, why):
+    no layout without CP fits even with full recomputation, yet some layout's model state does."""
+    frugal = [evaluate(workload, hw, x) for x in candidate_layouts(workload, hw, "always")]
+    seq = f"seq {workload.seq}"
+    if not frugal:
+        return False, "no layout without context parallelism splits the batch"
+    fitting = sum(c.fits for c in frugal)
+    if fitting:
+        return False, f"{fitting} layouts without context parallelism fit at {seq}"
+    if not any(c.memory.model_state <= hw.usable_bytes for c in frugal):
+        return False, "the model state alone does not fit: splitting the sequence cannot help"
+    least = min(c.memory.activations for c in frugal)
+    return True, (
+        f"at {seq} the activations do not fit per GPU without it (at least {least / GB:.1f} GB"
+        " with full recomputation, beside the model state)"
+    )
+
+
+def context_decision(
+    workload: Workload, hw: Hardware, choice: str = "auto", cp_form: str = "auto"
+) -> ContextDecision:
+    """The long-sequence rule (module docstring, `long_sequence`), or always / never by
+    `choice`; the forms `cp_form` allows ("auto": all three)."""
+    if choice not in CONTEXT_CHOICES:
+        raise ValueError(f"context must be one of {', '.join(CONTEXT_CHOICES)}, got {choice!r}")
+    if cp_form not in CP_FORM_CHOICES:
+        raise ValueError(f"cp_form must be one of {', '.join(CP_FORM_CHOICES)}, got {cp_form!r}")
+    forms = CP_FORMS if cp_form == "auto" else (cp_form,)
+    if choice == "never":
+        return ContextDecision(False, (), "context parallelism not considered (never)")
+    if workload.is_moe:
+        return ContextDecision(False, (), "an MoE model: the context axis has no expert axis")
+    if choice == "always":
+        return ContextDecision(True, forms, "context parallelism considered (always)")
+    is_long, why = long_sequence(workload, hw)
+    return ContextDecision(is_long, forms if is_long else (), why)
 
 
 def _rank_key(cost: LayoutCost):
@@ -147,14 +251,27 @@ def _rule_cost(
 
 
 def advise(
-    workload: Workload, hw: Hardware, *, recompute: str = "auto", seed_faithful: bool = False
+    workload: Workload,
+    hw: Hardware,
+    *,
+    recompute: str = "auto",
+    seed_faithful: bool = False,
+    context: str = "auto",
+    cp_form: str = "auto",
 ) -> AdviceReport:
     """recompute: "auto" lets the ranking choose full activation recomputation per layout (it costs
-    a third more compute), "never" or "always" fix it."""
+    a third more compute), "never" or "always" fix it. context: "auto" considers context
+    parallelism by the long-sequence rule (module docstring), "always" or "never" decide;
+    cp_form: the forms it may take ("auto": ring, gather and ulysses)."""
     validate(workload, hw)
     hidden, layers = model_shape(workload)
-    layouts = candidate_layouts(workload, hw, recompute)
-    costs = [evaluate(workload, hw, layout) for layout in layouts]
+    costs = [
+        evaluate(workload, hw, layout) for layout in candidate_layouts(workload, hw, recompute)
+    ]
+    decision = context_decision(workload, hw, context, cp_form)
+    if decision.considered:
+        split = candidate_layouts(workload, hw, recompute, decision.forms)
+        costs += [evaluate(workload, hw, layout) for layout in split if layout.cp > 1]
     if not costs:
         raise ValueError(
             f"no layout of {hw.num_gpus} GPUs (--gpus) splits the batch of {workload.batch} "
@@ -186,7 +303,18 @@ def advise(
     rules = tuple(RuleComparison(a, _rule_cost(workload, hw, a, recompute)) for a in advices)
     best = ranked[0] if ranked else None
     report = AdviceReport(
-        workload, hw, hidden, layers, best, ranked, smallest, len(costs), rules, seed002, ()
+        workload,
+        hw,
+        hidden,
+        layers,
+        best,
+        ranked,
+        smallest,
+        len(costs),
+        rules,
+        seed002,
+        (),
+        decision,
     )
     return replace(report, reasoning=explain(report))
 
@@ -199,6 +327,9 @@ def explain(report: AdviceReport) -> tuple[str, ...]:
         f"{len(report.ranked)} of {report.layouts_considered} layouts fit in {usable_gb:.1f} GB"
         f" per GPU ({hw.usable_fraction:.0%} of {hw.gpu_memory_bytes / GB:g} GB)."
     ]
+    if report.context is not None and report.context.considered:
+        forms = ", ".join(report.context.forms)
+        lines.append(f"Context parallelism ({forms}) considered: {report.context.reason}.")
     if best is None:
         s = report.smallest
         lines.append(
@@ -230,12 +361,21 @@ def explain(report: AdviceReport) -> tuple[str, ...]:
             f" (P-1)/(M+P-1) = {lay.pp - 1}/{m + lay.pp - 1} = {best.bubble_fraction:.1%} with"
             f" M={m} micro-batches per replica; point-to-point {c.bytes_per_gpu / GB:.1f} GB."
         )
-    if lay.dp > 1:
+    if lay.dp * lay.cp > 1:
         c = comms["DP"]
         link = "InfiniBand" if c.inter_node else "NVLink"
+        group = f" over the {lay.dp * lay.cp} GPUs of DP x CP" if lay.cp > 1 else ""
         lines.append(
-            f"DP={lay.dp} with ZeRO-{lay.zero_stage}, which {_ZERO_WHY[lay.zero_stage]}:"
+            f"DP={lay.dp} with ZeRO-{lay.zero_stage}{group}, which {_ZERO_WHY[lay.zero_stage]}:"
             f" {c.bytes_per_gpu / GB:.2f} GB per GPU over {link}, {c.seconds:.2f} s per step."
+        )
+    if lay.cp > 1:
+        c = comms["CP"]
+        link = "InfiniBand" if c.inter_node else "NVLink"
+        lines.append(
+            f"CP={lay.cp} ({lay.cp_form}): each GPU keeps {w.seq // lay.cp} of every sequence's"
+            f" {w.seq} tokens, so activations are divided by {lay.cp}; {_CP_WHY[lay.cp_form]};"
+            f" {c.bytes_per_gpu / GB:.1f} GB per GPU over {link}, {c.seconds:.2f} s per step."
         )
     if lay.ep > 1:
         c = comms["EP"]
@@ -250,11 +390,11 @@ def explain(report: AdviceReport) -> tuple[str, ...]:
             " activations."
         )
     # The runner-up with different degrees says more than the same layout at another ZeRO stage.
-    degrees = (lay.tp, lay.pp, lay.dp, lay.ep)
+    degrees = (lay.tp, lay.pp, lay.dp, lay.ep, lay.cp)
     others = [
         c
         for c in report.ranked[1:]
-        if (c.layout.tp, c.layout.pp, c.layout.dp, c.layout.ep) != degrees
+        if (c.layout.tp, c.layout.pp, c.layout.dp, c.layout.ep, c.layout.cp) != degrees
     ]
     if others:
         nxt = others[0]

@@ -1,19 +1,23 @@
 """The advisor's analytic model of one layout: per-GPU memory and communication per step.
 
-A layout is tp x pp x dp GPUs with a ZeRO stage; for an MoE model, groups of ep data-parallel
-replicas split the experts. Ranks are numbered tp fastest, then ep, then the rest of dp, then pp
-(Megatron's order), so a group of size n whose members are s ranks apart spans s*n consecutive
-ranks and stays inside a node only if that span does: TP (span tp) always does, because tp divides
-the node size; EP spans tp*ep, DP spans tp*dp and PP spans all GPUs.
+A layout is tp x cp x pp x dp GPUs with a ZeRO stage; for an MoE model, groups of ep data-parallel
+replicas split the experts; cp GPUs split each sequence (context parallelism, in one of three
+forms: ring, gather, ulysses; a dense model only, as the lab's context axis). Ranks are numbered tp
+fastest, then cp, then ep, then the rest of dp, then pp (Megatron's order), so a group of size n
+whose members are s ranks apart spans s*n consecutive ranks and stays inside a node only if that
+span does: TP (span tp) always does, because tp divides the node size; CP spans tp*cp, EP tp*ep,
+DP tp*cp*dp and PP all GPUs.
 
-Memory: model state from `training_memory_per_device` (dense part over dp, expert part divided by
-ep and sharded over the dp/ep replicas of each expert) plus activations. Activations per layer and
-micro-batch follow Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 2) without
+Memory: model state from `training_memory_per_device` (dense part over dp x cp, expert part divided
+by ep and sharded over the dp/ep replicas of each expert) plus activations. Activations per layer
+and micro-batch follow Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 2) without
 the attention-score term, which flash attention does not store: s*b*h*(10 + (8 + 16k)/tp) bytes in
-16-bit (k = experts per token; 8 of the TP-sharded 24 are attention, 16 the MLP). 1F1B keeps
-min(pp, m) micro-batches in flight on stage 0 (seed 002 ch7). With full recomputation a layer keeps
-only its 16-bit input, plus one layer's working set. Embedding and logits are not counted: they
-are what the `usable_fraction` headroom is for.
+16-bit (k = experts per token; 8 of the TP-sharded 24 are attention, 16 the MLP), with s the s/cp
+tokens a GPU keeps under context parallelism; all-gather CP also holds one layer's gathered K and V
+[b, s, G/tp, K] (the ring and Ulysses hold no whole-sequence K/V). 1F1B keeps min(pp, m)
+micro-batches in flight on stage 0 (seed 002 ch7). With full recomputation a layer keeps only its
+16-bit input, plus one layer's working set. Embedding and logits are not counted: they are what the
+`usable_fraction` headroom is for.
 
 Communication per GPU per step, each over the link its group spans, with no overlap assumed:
 - TP: 4 all-reduces per layer per micro-batch (2 forward, 2 backward; seed 002 ch6; +2 for the
@@ -22,14 +26,21 @@ Communication per GPU per step, each over the link its group spans, with no over
   (P-1)/(M+P-1) of the compute time (seed 002 ch7);
 - DP: ZeRO 0/1 all-reduce the gradients, ZeRO-2 reduce-scatters them and all-gathers the weights,
   ZeRO-3 all-gathers the weights twice (forward, backward) and reduce-scatters the gradients
-  (1.5x); each moves (d-1)/d of the GPU's shard per pass;
+  (1.5x); each moves (n-1)/n of the GPU's shard per pass, n = dp x cp (context GPUs hold the
+  same parameters, so they reduce gradients and shard ZeRO's state with the replicas, as
+  Megatron-LM's distributed optimizer does; the lab's manual path shards ZeRO over its data axes
+  alone and all-reduces the gradients over the context axis);
 - EP: 4 all-to-alls per MoE layer per micro-batch (dispatch, combine; forward and backward), each
-  moving (ep-1)/ep of the k routed copies of the micro-batch's tokens.
+  moving (ep-1)/ep of the k routed copies of the micro-batch's tokens;
+- CP: per layer per micro-batch the form's attention collectives (`calc/context.py`, the formulas
+  of `jaxscale.parallel.cp.predict_comm`; +the forward's again with recomputation), as bytes sent
+  on a ring.
 """
 
 import math
 from dataclasses import dataclass
 
+from jaxscale.calc import context
 from jaxscale.calc.memory import TrainingMemory, training_memory_per_device
 from jaxscale.hardware import get_device
 
@@ -42,6 +53,7 @@ INTER_NODE_BYTES_PER_S = 50e9  # one 400 Gb/s InfiniBand NIC per GPU (the seed's
 ASSUMED_MFU = 0.4  # fraction of peak the compute reaches; only converts FLOPs into bubble time
 USABLE_FRACTION = 0.9  # seed 002 keeps 10% headroom
 ASPECT_RATIO = 128  # hidden / layers of LLaMA-7B and GPT-3 (4096/32, 12288/96)
+HEAD_DIM = 128  # head width when the heads are derived (LLaMA's, GPT-3's)
 TP_ALL_REDUCES_PER_LAYER = 4
 EP_ALL_TO_ALLS_PER_LAYER = 4
 
@@ -62,6 +74,8 @@ class Workload:
     grad_bytes: float = 2
     optimizer_bytes: float = 8  # Adam m, v in fp32
     master_bytes: float = 0  # 4 with an fp32 master copy
+    heads: int = 0  # query heads; 0: hidden / HEAD_DIM
+    kv_heads: int = 0  # key/value heads (GQA); 0: as many as heads
 
     @property
     def is_moe(self) -> bool:
@@ -92,22 +106,25 @@ class Layout:
     zero_stage: int
     ep: int = 1
     recompute: bool = False  # full activation recomputation: +1 forward pass, layer inputs only
+    cp: int = 1  # context parallelism: GPUs splitting each sequence
+    cp_form: str | None = None  # ring | gather | ulysses, with cp > 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     def label(self) -> str:
         ep = f" EP{self.ep}" if self.ep > 1 else ""
+        cp = f" CP{self.cp}-{self.cp_form}" if self.cp > 1 else ""
         recompute = " +recompute" if self.recompute else ""
-        return f"TP{self.tp} PP{self.pp} DP{self.dp}{ep} ZeRO-{self.zero_stage}{recompute}"
+        return f"TP{self.tp}{cp} PP{self.pp} DP{self.dp}{ep} ZeRO-{self.zero_stage}{recompute}"
 
 
 @dataclass(frozen=True)
 class Comm:
     """Bytes one GPU sends per step and seconds they take on their link."""
 
-    kind: str  # "TP", "PP", "DP", "EP"
+    kind: str  # "TP", "PP", "DP", "EP", "CP"
     bytes_per_gpu: float
     inter_node: bool
     seconds: float
@@ -144,6 +161,28 @@ def model_shape(workload: Workload) -> tuple[int, int]:
     return hidden, max(1, round(n / (hidden * hidden * per_layer_h2)))
 
 
+def attention_shape(workload: Workload) -> tuple[int, int, int]:
+    """(heads, kv_heads, head_dim): as given, else hidden / HEAD_DIM heads, all of them kv heads."""
+    hidden, _ = model_shape(workload)
+    heads = workload.heads or max(1, hidden // HEAD_DIM)
+    return heads, workload.kv_heads or heads, max(1, hidden // heads)
+
+
+def context_shape(workload: Workload, layout: Layout) -> context.ContextShape:
+    """One micro-batch's attention on one GPU of the layout's context group (16-bit)."""
+    heads, kv_heads, head_dim = attention_shape(workload)
+    return context.ContextShape(
+        batch_local=workload.micro_batch,
+        seq_len=workload.seq,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        head_dim=head_dim,
+        cp=layout.cp,
+        tp=layout.tp,
+        remat=layout.recompute,
+    )
+
+
 def expert_fraction(workload: Workload) -> float:
     """Share of the parameters in expert MLPs (0 for a dense model)."""
     e = workload.num_experts
@@ -162,7 +201,7 @@ def _sum(a: TrainingMemory, b: TrainingMemory) -> TrainingMemory:
 
 def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
     """Memory and communication of one layout (which need not use every GPU)."""
-    w, t, p, d, e = workload, layout.tp, layout.pp, layout.dp, layout.ep
+    w, t, p, d, e, c = workload, layout.tp, layout.pp, layout.dp, layout.ep, layout.cp
     hidden, layers = model_shape(w)
     state = {
         "weight_bytes": w.weight_bytes,
@@ -173,7 +212,9 @@ def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
     n_expert = w.n_params * expert_fraction(w)
     n_dense = w.n_params - n_expert
     z = layout.zero_stage
-    mem = training_memory_per_device(n_dense, dp=d, tp=t, pp=p, zero_stage=z, **state)
+    # context GPUs hold the same parameters: they join the data-parallel group (gradient
+    # reduction, ZeRO's shards), the scaling book's "another kind of data parallelism"
+    mem = training_memory_per_device(n_dense, dp=d * c, tp=t, pp=p, zero_stage=z, **state)
     if n_expert:
         experts = training_memory_per_device(
             n_expert / e, dp=d // e, tp=t, pp=p, zero_stage=z, **state
@@ -183,12 +224,14 @@ def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
     micro = max(1, w.batch // (d * w.micro_batch))  # micro-batches per replica per step
     in_flight = min(p, micro)
     layers_per_stage = math.ceil(layers / p)
-    tokens = w.micro_batch * w.seq  # per micro-batch on one GPU
+    tokens = w.micro_batch * w.seq // c  # per micro-batch on one GPU
     act_layer = tokens * hidden * (10 + (8 + 16 * w.top_k) / t)
     if layout.recompute:
         activations = 2 * tokens * hidden * layers_per_stage * in_flight + act_layer
     else:
         activations = act_layer * layers_per_stage * in_flight
+    if layout.cp_form == "gather":  # one layer's gathered K and V: c blocks each
+        activations += 2 * c * context_shape(w, layout).kv_block_bytes
     mem = _sum(mem, TrainingMemory(0.0, 0.0, 0.0, 0.0, activations))
 
     act_bytes = 2 * tokens * hidden  # one 16-bit activation of a micro-batch
@@ -197,18 +240,20 @@ def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
         passes = TP_ALL_REDUCES_PER_LAYER + (2 if layout.recompute else 0)
         volume = passes * 2 * (t - 1) / t * act_bytes * layers_per_stage * micro
         comms.append(_comm("TP", volume, t, hw))
+    if c > 1:
+        comms.append(_comm("CP", _context_volume(w, layout) * layers_per_stage * micro, t * c, hw))
     if p > 1:
         comms.append(_comm("PP", 2 * act_bytes * micro, layout.gpus, hw))
-    if d > 1:
+    if d * c > 1:
         # ZeRO-0 all-reduces the gradients (reduce-scatter + all-gather of gradients); ZeRO-1/2
         # reduce-scatter the gradients and all-gather the updated weights; ZeRO-3 gathers twice.
         passes = {0: 2 * w.grad_bytes, 3: w.grad_bytes + 2 * w.weight_bytes}.get(
             z, w.grad_bytes + w.weight_bytes
         )
-        shard = n_dense / (t * p) * passes * (d - 1) / d
+        shard = n_dense / (t * p) * passes * (d * c - 1) / (d * c)
         if n_expert and d // e > 1:
             shard += n_expert / (e * t * p) * passes * (d // e - 1) / (d // e)
-        comms.append(_comm("DP", shard, t * d, hw))
+        comms.append(_comm("DP", shard, t * c * d, hw))
     if e > 1:
         volume = (
             EP_ALL_TO_ALLS_PER_LAYER * w.top_k * act_bytes * (e - 1) / e * layers_per_stage * micro
@@ -223,6 +268,13 @@ def evaluate(workload: Workload, hw: Hardware, layout: Layout) -> LayoutCost:
     return LayoutCost(
         layout, mem, mem.total <= hw.usable_bytes, tuple(comms), micro, bubble, compute_s, step_s
     )
+
+
+def _context_volume(workload: Workload, layout: Layout) -> float:
+    """Bytes one GPU sends over the context group for one layer and micro-batch: the form's
+    attention collectives, forward and backward (their gradients' reduction is DP's)."""
+    shape = context_shape(workload, layout)
+    return context.wire_bytes(context.layer_census(shape, layout.cp_form), layout.cp)
 
 
 def _comm(kind: str, volume: float, span: int, hw: Hardware) -> Comm:

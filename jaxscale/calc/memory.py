@@ -8,6 +8,11 @@ optimizer state.
 Tensor and pipeline parallelism split the model itself, so every model-state term is divided by
 tp*pp. ZeRO then shards over the data-parallel group: stage 1 the optimizer state (and master copy),
 stage 2 also the gradients, stage 3 also the weights (the same exercise's `training_memory`).
+
+Context parallelism (cp devices, seed 001 §6) splits the sequence: every device keeps T/cp of each
+row's tokens, so the activations per device are divided by cp, while the parameters stay whole on
+every context device (their state is not divided). The attention scores each CP form holds are
+`jaxscale.calc.context.attention_scores`.
 """
 
 import math
@@ -120,17 +125,25 @@ def zero_stage_memories(
 
 
 def activation_bytes_simple(
-    batch_size: int, seq_len: int, hidden_size: int, n_layers: int, *, checkpointing: bool = False
+    batch_size: int,
+    seq_len: int,
+    hidden_size: int,
+    n_layers: int,
+    *,
+    checkpointing: bool = False,
+    cp: int = 1,
 ) -> float:
     """Activation memory as seed 004 §12 `estimate_memory_per_gpu` estimates it.
 
     b*s*h values per layer, 4 bytes each (fp32), times 2 for the intermediates a layer keeps.
     Checkpointing keeps only ~sqrt(L) layers' activations (checkpoint every sqrt(L) layers, then
-    recompute one segment at a time), hence sqrt(n_layers) in place of n_layers.
+    recompute one segment at a time), hence sqrt(n_layers) in place of n_layers. Context
+    parallelism over cp devices keeps s/cp tokens per device: the whole divided by cp.
     """
     positive(batch_size=batch_size, seq_len=seq_len, hidden_size=hidden_size, n_layers=n_layers)
+    positive_ints(cp=cp)
     layers_kept = math.sqrt(n_layers) if checkpointing else n_layers
-    return batch_size * seq_len * hidden_size * layers_kept * FP32_BYTES * 2
+    return batch_size * seq_len * hidden_size * layers_kept * FP32_BYTES * 2 / cp
 
 
 # Seed 001 §6 `calculate_memory_per_gpu`: activations ~ 10x (3x with checkpointing) the per-device
@@ -146,16 +159,18 @@ def activation_bytes_param_heuristic(
     pp: int = 1,
     checkpointing: bool = False,
     dtype_bytes: float = 2,
+    cp: int = 1,
 ) -> float:
-    """Seed 001's rule of thumb: params/(tp*pp) * (3 if checkpointing else 10) * dtype_bytes."""
+    """Seed 001's rule of thumb: params/(tp*pp) * (3 if checkpointing else 10) * dtype_bytes,
+    divided by cp: whatever the activations, context parallelism leaves 1/cp of the tokens."""
     positive(n_params=n_params)
-    positive_ints(tp=tp, pp=pp)
+    positive_ints(tp=tp, pp=pp, cp=cp)
     multiplier = (
         PARAM_HEURISTIC_ACTIVATION_MULTIPLIER_CHECKPOINTED
         if checkpointing
         else PARAM_HEURISTIC_ACTIVATION_MULTIPLIER
     )
-    return n_params / (tp * pp) * multiplier * dtype_bytes
+    return n_params / (tp * pp) * multiplier * dtype_bytes / cp
 
 
 # Optimizer state bytes per parameter in seed 004 §12 "Memory Requirements".

@@ -155,8 +155,15 @@ def _empty(q_BTHK):
 
 
 def ring_perm(c: int) -> list[tuple[int, int]]:
-    """The ring's direction: device j sends to j+1, so after h hops device i holds i-h's block."""
+    """The forward ring: device j sends to j+1, so after h hops device i holds i-h's block."""
     return [(j, (j + 1) % c) for j in range(c)]
+
+
+def back_perm(c: int) -> list[tuple[int, int]]:
+    """The backward ring runs the other way: device j sends to j-1, so after h hops device i
+    holds i+h's block. At c = 2 both directions are one permutation, and the backward's one
+    K/V hop is the forward's (the same send of the same blocks): the compiler sends it once."""
+    return [(j, (j - 1) % c) for j in range(c)]
 
 
 def ring_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str, axis=AXIS):
@@ -308,9 +315,9 @@ def _ring_backward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, out_BTHK, lse_BTH, dout_BTHK
 
     def hop(carry, h):
         dq, blocks = carry
-        # one collective-permute each of K, V, dK and dV to the next device
-        blocks = tuple(jax.lax.ppermute(x, axis, ring_perm(c)) for x in blocks)
-        dq, dk, dv = visit(dq, *blocks, (i - h) % c)
+        # one collective-permute each of K, V, dK and dV to the previous device
+        blocks = tuple(jax.lax.ppermute(x, axis, back_perm(c)) for x in blocks)
+        dq, dk, dv = visit(dq, *blocks, (i + h) % c)
         return (dq, (blocks[0], blocks[1], dk, dv)), None
 
     zero_dk = (k_BTGK * 0).astype(f32)
@@ -318,7 +325,7 @@ def _ring_backward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, out_BTHK, lse_BTH, dout_BTHK
     dq, dk, dv = visit(dq0, k_BTGK, v_BTGK, zero_dk, zero_dk, i)
     (dq, (_, _, dk, dv)), _ = jax.lax.scan(hop, (dq, (k_BTGK, v_BTGK, dk, dv)), jnp.arange(1, c))
     # the last hop: every block's dK and dV back to the device that owns the block
-    dk, dv = (jax.lax.ppermute(x, axis, ring_perm(c)) for x in (dk, dv))
+    dk, dv = (jax.lax.ppermute(x, axis, back_perm(c)) for x in (dk, dv))
     dq = jnp.concatenate(dq, axis=1)
     return dq.astype(q_BTHK.dtype), dk.astype(k_BTGK.dtype), dv.astype(v_BTGK.dtype)
 
@@ -395,13 +402,14 @@ def kv_block_bytes(shape: StepShape, comp: Composition) -> float:
 def predict_comm(shape: StepShape, comp: Composition) -> dict:
     """{op: bytes per device} over the context axis for one step (`shape` holds the local
     sequence T/c). Per layer, KV = one K block (kv_block_bytes) in the compute dtype, KV32 the
-    same in f32 (the ring backward's dK/dV accumulators), Q = the queries' [B_l, T/c, H/t, K]:
-    ring 2(c-1) permutes of KV forward and, backward, 2(c-1) of KV and 2c of KV32 (dK and dV
-    travel with their blocks and take one more hop home; +2(c-1) KV with remat: the forward
-    again); gather an all-gather of K and of V (c x KV each, the census counts the output) and
-    two reduce-scatters backward (+2 all-gathers with remat); Ulysses 4 all-to-alls forward (q,
-    k, v, out) and 4 backward (+4 with remat). Plus the loss and the gradients' all-reduce
-    over the axis (every parameter is replicated over it)."""
+    same in f32 (the ring backward's dK/dV accumulators), Q = the queries' [B_l, T/c, H/t, K].
+    ring: 2(c-1) permutes of KV forward; backward 2(c-1) of KV (none at c = 2, where they are
+    the forward's sends: `back_perm`) and 2c of KV32 (dK and dV travel with their blocks and
+    take one more hop home); +2(c-1) KV with remat (the forward again). gather: an all-gather
+    of K and of V (c x KV each; the census counts the output) and two reduce-scatters
+    backward; +2 all-gathers with remat. Ulysses: 4 all-to-alls forward (q, k, v, out) and 4
+    backward; +4 with remat. Plus the loss and the gradients' all-reduce over the axis (every
+    parameter is replicated over it)."""
     c, cfg = comp.cp, comp.cfg
     if c == 1:
         return {}
@@ -410,7 +418,9 @@ def predict_comm(shape: StepShape, comp: Composition) -> dict:
     out = {"all-reduce": F32 * (shape.matrix_params + shape.norm_params) + F32}
     if comp.cp_form == "ring":
         kv32 = kv * F32 / shape.act_bytes
-        out["collective-permute"] = L * (2 * (c - 1) * kv * (2 + again) + 2 * c * kv32)
+        back_kv = 0 if c == 2 else 1  # c = 2: the backward's K/V hop is the forward's (back_perm)
+        sends = 2 * (c - 1) * kv * (1 + back_kv + again) + 2 * c * kv32
+        out["collective-permute"] = L * sends
     elif comp.cp_form == "gather":
         out["all-gather"] = L * 2 * c * kv * (1 + again)
         out["reduce-scatter"] = L * 2 * c * kv

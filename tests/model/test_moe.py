@@ -351,7 +351,7 @@ def test_pipeline_stages_router_losses_add_to_the_one_device_value():
     def shares_and_terms(params, tokens_BT1):
         top, blocks = pieces.split_params(params)
         half = [jax.tree.map(lambda a, s=s: jnp.split(a, 2)[s], blocks) for s in range(2)]
-        stage = partial(execute._stage, cfg, pieces.DENSE, jnp.arange(tokens_BT1.shape[1] - 1))
+        stage = partial(execute._stage, cfg, pieces.DENSE)  # positions: the whole window
         x_BTD, first = stage(True, top, half[0], None, tokens_BT1)
         _, second = stage(False, top, half[1], x_BTD, tokens_BT1)
         return first, second, pieces.loss_terms(params, tokens_BT1, cfg)[1]

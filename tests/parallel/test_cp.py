@@ -96,6 +96,7 @@ CENSUS = [
     ("manual:cp_ulysses", "cp=8", False),
     ("manual:zero3+tp+cp_ulysses", "fsdp=2,cp=2,tp=2", False),
     ("manual:dp+cp_ring", "dp=2,cp=4", True),  # remat: the forward's sends again
+    ("manual:dp+cp_ring", "dp=4,cp=2", False),  # one hop: no send may merge with another
     ("manual:cp_gather", "cp=8", True),
     ("manual:cp_ulysses", "cp=8", True),
 ]

@@ -3,11 +3,17 @@
 Scenarios reproduce the seeds' tables: seed000 (seed 000 Exercise 1, the default), seed001 (seed 001
 §6, LLaMA-2-70B configurations) and s4 (seed 004 §12 "Memory Requirements", GPT-3 on one GPU with
 and without checkpointing).
+
+--cp N adds context parallelism (seed 001 §6): N of the GPUs split each sequence, so the data
+parallel degree is gpus / (tp pp cp), activations per GPU are divided by N, and the attention
+scores each form holds (ring, all-gather, Ulysses; `calc.context.attention_scores`) are tabulated;
+--cp-form adds one form's scores to the activations.
 """
 
 import math
 from dataclasses import asdict
 
+from jaxscale.calc import context
 from jaxscale.calc import memory as mem
 from jaxscale.calc.models import SHAPE_PRESETS, get_model
 from jaxscale.cliutil import (
@@ -40,6 +46,7 @@ PARTS = ("weights", "gradients", "optimizer", "activations", "total")  # the see
 SEED001_HEADS = ("Params", "Grads", "Optimizer", "Activations", "Total")
 S4_HEADS = ("Parameters", "Gradients", "Optimizer", "Activations", "Total")
 FAITHFUL_WHAT = "the ZeRO-2 row of seed 002 ch5, which leaves gradients out (210 GB)"
+HEAD_DIM = 128  # the head width assumed for --params without --heads (LLaMA's)
 
 
 def add_parser(calc_sub) -> None:
@@ -90,6 +97,24 @@ def add_parser(calc_sub) -> None:
     hidden_alias(p, a, "--hidden")
     p.add_argument("--layers", type=positive_int, help="layers, with --params")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    g = p.add_argument_group("context parallelism (seed 001 §6: the sequence split over GPUs)")
+    g.add_argument(
+        "--cp",
+        type=positive_int,
+        default=1,
+        help="context-parallel size: GPUs sharing each sequence, activations divided by it",
+    )
+    g.add_argument(
+        "--cp-form",
+        choices=context.FORMS,
+        help="add this form's attention scores (f32) to the activations: ring (one chunk "
+        "pair at a time), gather (Llama 3's all-gather) or ulysses (DeepSpeed-Ulysses)",
+    )
+    g.add_argument(
+        "--heads",
+        type=positive_int,
+        help="query heads for the attention scores (default: the preset's, else d_model/128)",
+    )
     add_output_flags(p, plot=True, faithful=True)
     p.set_defaults(func=guarded(run))
 
@@ -97,6 +122,12 @@ def add_parser(calc_sub) -> None:
 def run(args) -> int:
     if args.scenario and (args.model or args.params):
         raise ValueError("--scenario cannot be combined with --model or --params")
+    if args.scenario and (args.cp > 1 or args.cp_form):
+        raise ValueError("--cp and --cp-form apply to the ZeRO tables, not to --scenario")
+    if args.cp_form and args.cp == 1:
+        raise ValueError("--cp-form needs --cp above 1 (one GPU per sequence has no form)")
+    if args.cp_form and args.activations == "none":
+        raise ValueError("--cp-form adds attention scores to the activations: give --activations")
     if args.model and args.params:
         raise ValueError("give --model or --params, not both")
     if args.scenario == "seed001":
@@ -106,32 +137,87 @@ def run(args) -> int:
     return _zero_tables(args)
 
 
-def _models(args) -> list[tuple[str, float, int | None, int | None, int]]:
-    """(name, params, hidden, layers, seq) for each model to tabulate."""
+def _models(args) -> list[tuple[str, float, int | None, int | None, int, int | None]]:
+    """(name, params, hidden, layers, seq, heads) for each model to tabulate."""
     if args.params:
-        return [(f"{fmt_count(args.params)} params", args.params, args.d_model, args.layers, 0)]
+        heads = args.heads or (max(1, args.d_model // HEAD_DIM) if args.d_model else None)
+        name = f"{fmt_count(args.params)} params"
+        return [(name, args.params, args.d_model, args.layers, 0, heads)]
     presets = args.model or [get_model(name) for name in SEED000_MODELS]
-    return [(m.name, m.n_params, m.d_model, m.n_layers, m.max_seq_len) for m in presets]
+    return [
+        (m.name, m.n_params, m.d_model, m.n_layers, m.max_seq_len, args.heads or m.n_heads)
+        for m in presets
+    ]
 
 
-def _activation_bytes(args, n_params, hidden, layers, seq, tp, pp) -> float:
+def _seq_len(args, seq: int) -> int:
+    return args.seq_len or seq or 2048
+
+
+def _activation_bytes(args, n_params, hidden, layers, seq, tp, pp, cp=1) -> float:
     if args.activations == "heuristic":
         return mem.activation_bytes_param_heuristic(
-            n_params, tp=tp, pp=pp, checkpointing=args.checkpointing
+            n_params, tp=tp, pp=pp, checkpointing=args.checkpointing, cp=cp
         )
     if args.activations == "simple":
         if hidden is None or layers is None:
             raise ValueError("--activations simple with --params needs --d-model and --layers")
-        seq_len = args.seq_len or seq or 2048
-        # Each pipeline stage keeps its own layers' activations; TP leaves them replicated.
+        # Each pipeline stage keeps its own layers' activations; TP leaves them replicated,
+        # CP keeps seq/cp of each sequence's tokens.
         return mem.activation_bytes_simple(
             args.batch_size,
-            seq_len,
+            _seq_len(args, seq),
             hidden,
             math.ceil(layers / pp),
             checkpointing=args.checkpointing,
+            cp=cp,
         )
     return 0.0
+
+
+def _scores(args, form, layers, seq, heads, tp, pp) -> context.AttentionScores:
+    """One GPU's attention scores under `form` ("none": no context parallelism)."""
+    if heads is None or layers is None:
+        raise ValueError("attention scores with --params need --layers and --heads or --d-model")
+    return context.attention_scores(
+        form,
+        batch=args.batch_size,
+        seq_len=_seq_len(args, seq),
+        n_heads=heads,
+        cp=1 if form == "none" else args.cp,
+        n_layers=math.ceil(layers / pp),
+        tp=tp,
+        checkpointing=args.checkpointing,
+    )
+
+
+def _score_records(args, models, tp, pp) -> list[dict]:
+    """Each model's scores per form beside the unsplit attention's (a form the heads refuse is
+    a row with its reason)."""
+    records = []
+    for name, _, _, layers, seq, heads in models:
+        if heads is None or layers is None:
+            continue
+        for form in ("none", *context.FORMS):
+            try:
+                s = _scores(args, form, layers, seq, heads, tp, pp)
+            except ValueError as err:
+                records.append({"model": name, "form": form, "note": str(err)})
+                continue
+            records.append({"model": name, **asdict(s), "bytes": s.bytes, "note": ""})
+    return records
+
+
+SCORE_COLS = [
+    Col("model", "Model"),
+    Col("form", "Form"),
+    Col("heads", "Heads"),
+    Col("rows", "Block", lambda rows: f"{rows:,}"),
+    Col("cols", "x keys", lambda cols: f"{cols:,}"),
+    Col("layers_kept", "Layers kept"),
+    Col("bytes", "Scores/GPU", fmt_bytes),
+    Col("note", "Note"),
+]
 
 
 def _record(m: mem.TrainingMemory, capacity: float, **fields) -> dict:
@@ -155,10 +241,13 @@ def _zero_cols(first: Col, args) -> list[Col]:
 
 
 def _zero_tables(args) -> int:
-    tp, pp = args.tp, args.pp
-    if args.gpus % (tp * pp):
-        raise ValueError(f"--gpus {args.gpus} does not factor into --tp {tp} x --pp {pp} x dp")
-    dp = args.gpus // (tp * pp)
+    tp, pp, cp = args.tp, args.pp, args.cp
+    if args.gpus % (tp * pp * cp):
+        with_cp = f" x --cp {cp}" if cp > 1 else ""
+        raise ValueError(
+            f"--gpus {args.gpus} does not factor into --tp {tp} x --pp {pp}{with_cp} x dp"
+        )
+    dp = args.gpus // (tp * pp * cp)
     capacity = args.gpu_mem * 1e9
     master = mem.FP32_BYTES if args.master else 0
     per_param = mem.MIXED_ADAM_BYTES_PER_PARAM + master
@@ -173,18 +262,23 @@ def _zero_tables(args) -> int:
     r.put(
         bytes_per_param=per_param, device_memory_bytes=capacity, gpus=args.gpus, dp=dp, tp=tp, pp=pp
     )
+    if cp > 1:
+        r.put(cp=cp, cp_form=args.cp_form)
     models = _models(args)
     single = []
-    for name, n, hidden, layers, seq in models:
+    for name, n, hidden, layers, seq, _ in models:
         act = _activation_bytes(args, n, hidden, layers, seq, 1, 1)
         one = mem.training_memory_per_device(n, master_bytes=master, activation_bytes=act)
         single.append(_record(one, capacity, model=name, n_params=n))
     r.say("", "Single GPU")
     r.table("single_gpu", _zero_cols(Col("model", "Model"), args), single)
-    r.say("", f"Per GPU on {args.gpus} GPUs (dp={dp}, tp={tp}, pp={pp})")
+    with_cp = f", cp={cp}" + (f" {args.cp_form}" if args.cp_form else "") if cp > 1 else ""
+    r.say("", f"Per GPU on {args.gpus} GPUs (dp={dp}, tp={tp}, pp={pp}{with_cp})")
     per_gpu, stage_col = [], Col("zero_stage", "ZeRO stage", STAGE_LABELS.__getitem__)
-    for name, n, hidden, layers, seq in models:
-        act = _activation_bytes(args, n, hidden, layers, seq, tp, pp)
+    for name, n, hidden, layers, seq, heads in models:
+        act = _activation_bytes(args, n, hidden, layers, seq, tp, pp, cp)
+        if args.cp_form:
+            act += _scores(args, args.cp_form, layers, seq, heads, tp, pp).bytes
         rows = mem.zero_stage_memories(
             n,
             dp=dp,
@@ -200,6 +294,8 @@ def _zero_tables(args) -> int:
         r.table(None, _zero_cols(stage_col, args), records)
         r.say("")
     r.put(per_gpu=per_gpu)
+    if cp > 1:
+        _say_scores(r, args, models, tp, pp)
     if args.seed_faithful:
         r.say("Stage 2 leaves the sharded gradients out, as seed 002 ch5 does.")
     if args.plot:
@@ -207,6 +303,20 @@ def _zero_tables(args) -> int:
         r.say(f"plot written to {args.plot}")
     r.emit(args)
     return 0
+
+
+def _say_scores(r: Report, args, models, tp: int, pp: int) -> None:
+    records = _score_records(args, models, tp, pp)
+    if not records:
+        r.say("Attention scores: give --layers and --heads (or --d-model) with --params", "")
+        return
+    r.say(
+        f"Attention scores per GPU at cp={args.cp} (f32, batch {args.batch_size}, tp={tp}; "
+        "none = one GPU per sequence; the ring's backward recomputes its blocks, so it keeps "
+        "one layer's)"
+    )
+    r.table("attention_scores", SCORE_COLS, records)
+    r.say("")
 
 
 def _seed001(args) -> int:
