@@ -226,6 +226,8 @@ CASES: tuple[Case, ...] = (
     _case("auto", "cp=8"),
     _case("auto", "dp=2,cp=4", "context"),
     _case("auto", "fsdp=2,cp=2,tp=2"),
+    # MoE over the context axis (dropless: capacity ranks whole sequences), with EP and DP
+    _moe("manual:dp+ep+cp_ring", "ep=2,cp=2,dp=2", moe_mode="dropless"),
     # four axes of size 2 on 16 simulated devices (`jaxscale verify` asks for 16)
     _pipe("manual:dp+tp+cp_gather+1f1b", "dp=2,pp=2,cp=2,tp=2", 4),
 )

@@ -68,17 +68,20 @@ def slots(expert_BTX, n_experts: int):
     return rank_BXT.reshape(B, X, T).swapaxes(1, 2)
 
 
-def stats(logits_BTE, probs_BTE, expert_BTX, kept_BTX, n_experts: int) -> dict:
-    """The layer's balance, z-loss, drop fraction and per-expert load (module docstring)."""
+def stats(logits_BTE, probs_BTE, expert_BTX, kept_BTX, n_experts: int, seq_mean=None) -> dict:
+    """The layer's balance, z-loss, drop fraction and per-expert load (module docstring).
+    `seq_mean` makes a mean over this device's tokens of a sequence the mean over the whole
+    sequence (context parallelism: a mean over the axis) before any product is taken."""
+    seq_mean = seq_mean or (lambda x: x)
     X = expert_BTX.shape[-1]
     counts_BTE = jnp.sum(jax.nn.one_hot(expert_BTX, n_experts, dtype=jnp.float32), axis=2)
-    f_BE = jnp.mean(counts_BTE, axis=1) / X  # share of the sequence's assignments
-    p_BE = jnp.mean(probs_BTE, axis=1)
+    f_BE = seq_mean(jnp.mean(counts_BTE, axis=1) / X)  # share of the sequence's assignments
+    p_BE = seq_mean(jnp.mean(probs_BTE, axis=1))
     z_BT = jnp.square(jax.nn.logsumexp(logits_BTE, axis=-1))
     return {
         "aux": jnp.mean(n_experts * jnp.sum(f_BE * p_BE, -1)),
-        "z": jnp.mean(z_BT),
-        "drop": 1.0 - jnp.mean(kept_BTX.astype(jnp.float32)),
+        "z": seq_mean(jnp.mean(z_BT)),
+        "drop": seq_mean(1.0 - jnp.mean(kept_BTX.astype(jnp.float32))),
         "load": jnp.mean(f_BE, axis=0),
     }
 
@@ -117,7 +120,7 @@ def moe_mlp(h_BTD, p, cfg: ModelConfig, pc):
     weight_BTX = gates_BTX * kept_BTX
     y_BTD = jnp.einsum("btxd,btx->btd", out_BTXD.astype(jnp.float32), weight_BTX)
     y_BTD = y_BTD.astype(h_BTD.dtype)
-    aux = stats(logits_BTE, probs_BTE, expert_BTX, kept_BTX, E)
+    aux = stats(logits_BTE, probs_BTE, expert_BTX, kept_BTX, E, pc.seq_mean)
     return y_BTD, jax.tree.map(pc.stat, aux)
 
 

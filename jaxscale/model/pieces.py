@@ -204,6 +204,8 @@ class Pieces:
     moe, experts, stat      an MoE layer's MLP (moe.moe_mlp), the experts on its dispatch
                             buffer (expert parallelism's all-to-alls), and the reduction that
                             makes a routing statistic one value across a tensor group
+    seq_mean                a per-sequence mean over this device's tokens made the whole
+                            sequence's (context parallelism: the mean over its axis)
     embed, head, loss       the two ends (vocab parallelism substitutes all three)
     layer_hook(layer)       runs inside the layer loop before a layer is used (ZeRO-3 gathers
                             that layer's shards there, so only one layer is ever whole)
@@ -224,6 +226,7 @@ class Pieces:
     moe: Callable = moe_lib.moe_mlp
     experts: Callable = moe_lib.local_experts
     stat: Callable = _identity
+    seq_mean: Callable = _identity
     block: Callable = block
     embed: Callable = embed
     head: Callable = head

@@ -387,6 +387,9 @@ def context_pieces(pc: Pieces, c: int, form: str, split: str = "zigzag", axis=AX
     return pc.replace(
         window=lambda batch: window(batch, c=c, split=split, axis=axis),
         attend=lambda q, k, v, qp, kp: fn(q, k, v, qp, kp, c=c, split=split, axis=axis),
+        # an MoE router's balance statistics are means over whole sequences: one all-reduce
+        # each over the axis (every device holds the same number of each sequence's tokens)
+        seq_mean=partial(jax.lax.pmean, axis_name=axis),
     )
 
 

@@ -276,12 +276,11 @@ def check_model(strategy: Strategy, cfg: ModelConfig, ways: dict) -> None:
     """The checks that need the model: experts against the expert axis and the composition."""
     if ways["expert"] > 1:
         ep.check(cfg, ways["expert"])
-    if strategy.context:
-        if cfg.n_experts:
-            raise ValueError(
-                "an MoE router's groups are whole sequences (capacity, slots and the balance "
-                "loss); context parallelism splits them: not supported with --experts"
-            )
+    if strategy.context and cfg.n_experts and cfg.moe_mode != "dropless":
+        raise ValueError(
+            "an MoE router's capacity slots rank a whole sequence's tokens, which context "
+            "parallelism splits over its devices: with --experts use --moe-mode dropless"
+        )
 
     if cfg.n_experts and strategy.tensor == "gather_output":
         raise ValueError(

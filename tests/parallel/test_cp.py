@@ -70,7 +70,7 @@ def test_what_does_not_divide_is_named():
     with pytest.raises(ValueError, match="per tensor shard"):
         build(Strategy.parse("manual:cp_ulysses+tp", "cp=4,tp=2"), four_heads, tcfg)
     moe = verify.CFG.replace(**dict(verify.MOE))
-    with pytest.raises(ValueError, match="router's groups are whole sequences"):
+    with pytest.raises(ValueError, match="with --experts use --moe-mode dropless"):
         build(Strategy.parse("manual:cp_gather", "cp=8"), moe, tcfg)
 
 
