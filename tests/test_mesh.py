@@ -11,8 +11,15 @@ from jaxscale.mesh import MESH_AXES, MeshSpec, MeshSpecError, build_mesh, parse_
 
 pytestmark = pytest.mark.smoke
 
-SHORT = {"data": "dp", "pipe": "pp", "fsdp": "fsdp", "expert": "ep", "tensor": "tp"}
-LONG = {"data": "data", "pipe": "pipe", "fsdp": "fsdp", "expert": "expert", "tensor": "tensor"}
+SHORT = {
+    "data": "dp",
+    "pipe": "pp",
+    "fsdp": "fsdp",
+    "expert": "ep",
+    "context": "cp",
+    "tensor": "tp",
+}
+LONG = {a: a for a in SHORT}
 
 
 def test_parse_canonical_order_tensor_innermost():
@@ -61,7 +68,7 @@ def _factorizations(n: int):
 
     @st.composite
     def build(draw):
-        axes = draw(st.lists(st.sampled_from(MESH_AXES), min_size=1, max_size=5, unique=True))
+        axes = draw(st.lists(st.sampled_from(MESH_AXES), min_size=1, max_size=6, unique=True))
         remaining, sizes = n, {}
         for axis in axes[:-1]:
             divisors = [d for d in range(1, remaining + 1) if remaining % d == 0]
