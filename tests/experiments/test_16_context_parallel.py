@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "16_context_paral
 @pytest.mark.slow  # the whole experiment in a subprocess
 @pytest.mark.first_line
 def test_experiment_16_runs(tmp_path):
-    argv = [sys.executable, str(SCRIPT), "--seq-len", "256", "--budget-mib", "4", "--start", "64"]
+    argv = [sys.executable, str(SCRIPT), "--seq-len", "256", "--budget-mib", "4", "--start", "128"]
     out = subprocess.run(
         [*argv, "--out", str(tmp_path)], capture_output=True, text=True, check=True, timeout=600
     ).stdout

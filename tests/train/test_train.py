@@ -271,6 +271,36 @@ def _self_only_attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
 
 @pytest.mark.slow
 @pytest.mark.first_line
+def test_the_copy_task_is_learned_with_ring_attention_over_the_context_axis():
+    """Context parallelism trains: the copy task (each window's second half repeats its first,
+    16 tokens back) on cp=4 x dp=2 with ring attention over the zigzag split, where a query's
+    source token sits on another context device for most positions. The same run and threshold
+    as the one-device-per-row copy test below."""
+    task = data.CopyData()
+    cfg = ModelConfig(n_layers=2)
+    tcfg = TrainConfig(
+        steps=200,
+        global_batch=16,
+        seq_len=32,
+        lr=3e-3,
+        warmup_steps=10,
+        eval_every=0,
+        eval_batches=2,
+    )
+    setup = RunSetup(
+        mesh="cp=4,dp=2",
+        strategy="manual:dp+cp_ring",
+        dataset="copy",
+        progress=False,
+        sample_tokens=0,
+    )
+    floor, blind = task.optimal_loss(32), math.log(task.n_symbols)
+    learned = train(cfg, tcfg, setup).evals[-1]["eval_loss"]
+    assert floor < learned < blind - 0.6, (floor, learned, blind)
+
+
+@pytest.mark.slow
+@pytest.mark.first_line
 def test_copy_task_is_learned_only_with_attention(monkeypatch):
     """The Markov task needs only the previous token, so a broken attention could still pass it.
     The copy task cannot be learned without looking `period` tokens back: with attention the
