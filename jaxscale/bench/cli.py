@@ -266,6 +266,11 @@ def _add_context(sub) -> None:
         default=256,
         help="per-device memory budget of the longest-sequence column (default 256 MiB)",
     )
+    p.add_argument(
+        "--all-splits",
+        action="store_true",
+        help="the temporaries table for the contiguous ring too (default: each form once)",
+    )
     _add_steps(p)
     _add_outputs(p, "results/bench_context.png")
     p.set_defaults(func=_run_context)
