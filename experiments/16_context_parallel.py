@@ -6,7 +6,7 @@
 Seed 001 says of context parallelism: "Split sequence length across devices", "Each GPU
 processes part of the sequence", "Communication: AllGather for attention (Ring Attention)",
 "Use case: Very long sequences (>100k tokens)". Each claim, on the compiled training step of the
-verify model (jaxscale/parallel/cp.py; docs/context.md):
+verify model (jaxscale/parallel/cp/; docs/context.md):
 
 1. Each device processes part of the sequence: per-device FLOPs (cost_analysis) and
    temporaries (memory_analysis) of one step at a fixed T on cp = 1, 2, 4, 8 devices, in the

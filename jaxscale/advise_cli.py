@@ -15,13 +15,8 @@ at --seq-len do not fit per GPU without it, even recomputed, beside a model stat
 import argparse
 from dataclasses import fields, is_dataclass
 
-from jaxscale.calc.advisor import (
-    CONTEXT_CHOICES,
-    CP_FORM_CHOICES,
-    RECOMPUTE_CHOICES,
-    AdviceReport,
-    advise,
-)
+from jaxscale.calc.advisor import RECOMPUTE_CHOICES, AdviceReport, advise
+from jaxscale.calc.advisor_context import CONTEXT_CHOICES, CP_FORM_CHOICES
 from jaxscale.calc.advisor_model import (
     ASSUMED_MFU,
     GPU,

@@ -18,12 +18,21 @@ holds, every cp dividing the GPUs a tensor group leaves (with 2cp dividing the s
 zigzag split's chunks) is enumerated in each allowed form (Ulysses only where heads and kv heads
 per tensor shard divide by cp), and the ranking chooses among all the layouts, with and without
 CP. `context="always"` enumerates CP layouts whatever fits, "never" never; an MoE model gets none
-(the lab's context axis composes with no expert axis).
+(the lab's context axis takes an MoE model only with dropless routing). The search space is
+advisor_layouts.py's, the rule advisor_context.py's.
 """
 
 import math
 from dataclasses import dataclass, replace
 
+from jaxscale.calc.advisor_context import (
+    ContextDecision,
+    context_decision,
+)
+from jaxscale.calc.advisor_layouts import (
+    RECOMPUTE_CHOICES,
+    candidate_layouts,
+)
 from jaxscale.calc.advisor_model import (
     Hardware,
     Layout,
@@ -41,7 +50,6 @@ from jaxscale.calc.advisor_rules import (
     seed004_config,
 )
 from jaxscale.calc.advisor_seed002 import Seed002Result, seed002_advice, seed002_calculator
-from jaxscale.calc.context import FORMS as CP_FORMS
 from jaxscale.checks import positive, positive_ints
 
 _ZERO_WHY = {
@@ -65,15 +73,6 @@ _CP_WHY = {
 class RuleComparison:
     advice: RuleAdvice
     cost: LayoutCost | None  # our model applied to the rule's layout; None if it has none
-
-
-@dataclass(frozen=True)
-class ContextDecision:
-    """Whether context-parallel layouts were enumerated, in which forms, and why."""
-
-    considered: bool
-    forms: tuple[str, ...]
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -135,100 +134,6 @@ def validate(workload: Workload, hw: Hardware) -> None:
     for name in ("usable_fraction", "assumed_mfu"):
         if not 0 < getattr(hw, name) <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {getattr(hw, name)!r}")
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
-
-
-RECOMPUTE_CHOICES = {"auto": (False, True), "never": (False,), "always": (True,)}
-CONTEXT_CHOICES = ("auto", "always", "never")
-CP_FORM_CHOICES = ("auto", *CP_FORMS)
-
-
-def context_degrees(
-    workload: Workload, gpus: int, tp: int, forms: tuple[str, ...]
-) -> list[tuple[int, str | None]]:
-    """(cp, form) pairs a tensor group of tp leaves room for: (1, None), and each cp > 1 dividing
-    the remaining GPUs, with the zigzag split's 2cp chunks dividing the sequence and the heads
-    dividing over tp (and, for Ulysses, over tp * cp)."""
-    out: list[tuple[int, str | None]] = [(1, None)]
-    heads, kv_heads, _ = attention_shape(workload)
-    if not forms or heads % tp or kv_heads % tp:
-        return out
-    for cp in _divisors(gpus // tp)[1:]:
-        if workload.seq % (2 * cp):
-            continue
-        for form in forms:
-            if form != "ulysses" or (heads // tp % cp == 0 and kv_heads // tp % cp == 0):
-                out.append((cp, form))
-    return out
-
-
-def candidate_layouts(
-    workload: Workload, hw: Hardware, recompute: str = "auto", cp_forms: tuple[str, ...] = ()
-) -> list[Layout]:
-    """Every layout using all the GPUs; with `cp_forms`, also those splitting each sequence over
-    cp GPUs in each of those forms."""
-    if recompute not in RECOMPUTE_CHOICES:
-        raise ValueError(
-            f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got {recompute!r}"
-        )
-    _, layers = model_shape(workload)
-    g = hw.num_gpus
-    layouts = []
-    for tp in _divisors(math.gcd(hw.gpus_per_node, g)):
-        for cp, form in context_degrees(workload, g, tp, cp_forms):
-            for pp in _divisors(g // (tp * cp)):
-                dp = g // (tp * cp * pp)
-                if pp > layers or workload.batch % (dp * workload.micro_batch):
-                    continue
-                eps = [e for e in _divisors(dp) if workload.num_experts % e == 0]
-                for ep in eps if workload.is_moe else [1]:
-                    for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):
-                        for rc in RECOMPUTE_CHOICES[recompute]:
-                            layouts.append(Layout(tp, pp, dp, zero, ep, rc, cp, form))
-    return layouts
-
-
-def long_sequence(workload: Workload, hw: Hardware) -> tuple[bool, str]:
-    """(whether the activations at this sequence length do not fit per GPU without CP, why):
-    no layout without CP fits even with full recomputation, yet some layout's model state does."""
-    frugal = [evaluate(workload, hw, x) for x in candidate_layouts(workload, hw, "always")]
-    seq = f"seq {workload.seq}"
-    if not frugal:
-        return False, "no layout without context parallelism splits the batch"
-    fitting = sum(c.fits for c in frugal)
-    if fitting:
-        return False, f"{fitting} layouts without context parallelism fit at {seq}"
-    if not any(c.memory.model_state <= hw.usable_bytes for c in frugal):
-        return False, "the model state alone does not fit: splitting the sequence cannot help"
-    least = min(c.memory.activations for c in frugal)
-    return True, (
-        f"at {seq} the activations do not fit per GPU without it (at least {least / GB:.1f} GB"
-        " with full recomputation, beside the model state)"
-    )
-
-
-def context_decision(
-    workload: Workload, hw: Hardware, choice: str = "auto", cp_form: str = "auto"
-) -> ContextDecision:
-    """The long-sequence rule (module docstring, `long_sequence`), or always / never by
-    `choice`; the forms `cp_form` allows ("auto": all three)."""
-    if choice not in CONTEXT_CHOICES:
-        raise ValueError(f"context must be one of {', '.join(CONTEXT_CHOICES)}, got {choice!r}")
-    if cp_form not in CP_FORM_CHOICES:
-        raise ValueError(f"cp_form must be one of {', '.join(CP_FORM_CHOICES)}, got {cp_form!r}")
-    forms = CP_FORMS if cp_form == "auto" else (cp_form,)
-    if choice == "never":
-        return ContextDecision(False, (), "context parallelism not considered (never)")
-    if workload.is_moe:
-        return ContextDecision(False, (), "an MoE model: the context axis has no expert axis")
-    if choice == "always":
-        return ContextDecision(True, forms, "context parallelism considered (always)")
-    is_long, why = long_sequence(workload, hw)
-    return ContextDecision(is_long, forms if is_long else (), why)
 
 
 def _rank_key(cost: LayoutCost):

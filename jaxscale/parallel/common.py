@@ -168,7 +168,7 @@ class StepShape:
 @dataclass(frozen=True, eq=False)
 class Composition:
     """A manual strategy resolved on its mesh: what every axis module reads. Each axis module --
-    zero.py (the data axes), tp.py, ep.py, cp.py, pp/ -- has the same interface:
+    zero.py (the data axes), tp.py, ep.py, cp/, pp/ -- has the same interface:
 
         pieces(pc, comp) -> Pieces            what it substitutes in the model (or pc as it is)
         predict_comm(shape, comp) -> dict     {op: bytes} its collectives cost per step

@@ -22,7 +22,7 @@ _TENSOR = {"tp": "megatron", "tp_sp": "sequence", "tp_gather": "gather_output"}
 _TENSOR_NAME = {mode: name for name, mode in _TENSOR.items()}
 _SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")  # manual, pipe axis (parallel/pp/)
 _EXPERT = ("ep",)  # manual, expert axis (parallel/ep.py): optional, the axis has one use
-# manual, context axis (parallel/cp.py): the form and how the sequence's chunks are dealt
+# manual, context axis (parallel/cp/): the form and how the sequence's chunks are dealt
 _CONTEXT = {
     "cp_ring": ("ring", "zigzag"),
     "cp_gather": ("gather", "zigzag"),

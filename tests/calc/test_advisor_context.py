@@ -8,7 +8,8 @@ import json
 import pytest
 
 from jaxscale.calc import context
-from jaxscale.calc.advisor import advise, candidate_layouts, context_decision, long_sequence
+from jaxscale.calc.advisor import advise, candidate_layouts
+from jaxscale.calc.advisor_context import context_decision, long_sequence
 from jaxscale.calc.advisor_model import Hardware, Layout, Workload, evaluate
 from jaxscale.cli import main
 

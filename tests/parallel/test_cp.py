@@ -1,4 +1,4 @@
-"""Context parallelism (jaxscale/parallel/cp.py): the splits and their balance, the refusals,
+"""Context parallelism (jaxscale/parallel/cp/): the splits and their balance, the refusals,
 the bytes each form moves against the compiled program's census, and planted bugs each caught
 by the first-step loss against the single-device reference (the equivalence matrix itself is
 tests/test_verify.py's, `verify.CASES`)."""
@@ -15,6 +15,7 @@ from jaxscale.model import pieces
 from jaxscale.model import state as model_state
 from jaxscale.parallel import cp
 from jaxscale.parallel.compose import Strategy, build
+from jaxscale.parallel.cp import ring
 
 
 def test_zigzag_gives_each_device_one_early_and_one_late_chunk():
@@ -32,9 +33,9 @@ def test_the_ring_skips_masked_chunk_pairs_balanced_only_under_zigzag(c):
     unmasked s x s chunk pairs, 2c+1 (its own block: both diagonals and the late chunk over the
     early one; every other block: half of its four pairs); the contiguous split gives device i
     i+1 pairs, so the busiest device does 2c/(c+1) times the mean."""
-    zig = cp.executed_pairs(c, "zigzag")
+    zig = ring.executed_pairs(c, "zigzag")
     assert zig == [2 * c + 1] * c
-    contig = cp.executed_pairs(c, "contiguous")
+    contig = ring.executed_pairs(c, "contiguous")
     assert contig == list(range(1, c + 1))
     assert max(contig) / np.mean(contig) == pytest.approx(2 * c / (c + 1))
 
@@ -82,9 +83,9 @@ def test_block_attention_merged_by_log_sum_exp_equals_attention_over_all_keys():
     k, v = k[:, :, :2], v[:, :, :2]  # 2 kv heads: GQA groups of 2
     pos = jnp.arange(6)
     want = pieces.attend(q, k, v, pos, pos)
-    first = cp.block_attend(q, k[:, :3], v[:, :3], pos, pos[:3])
-    second = cp.block_attend(q[:, 3:], k[:, 3:], v[:, 3:], pos[3:], pos[3:])
-    late, lse = cp.merge((first[0][:, 3:], first[1][:, 3:]), second)
+    first = ring.block_attend(q, k[:, :3], v[:, :3], pos, pos[:3])
+    second = ring.block_attend(q[:, 3:], k[:, 3:], v[:, 3:], pos[3:], pos[3:])
+    late, lse = ring.merge((first[0][:, 3:], first[1][:, 3:]), second)
     got = jnp.concatenate([first[0][:, :3], late], axis=1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not np.allclose(first[0][:, 3:], want[:, 3:], atol=1e-3)
@@ -146,14 +147,14 @@ def test_the_ring_as_built_passes_the_check_the_planted_bugs_fail():
 
 
 def test_kv_rotated_the_wrong_way_is_caught(monkeypatch):
-    monkeypatch.setattr(cp, "ring_perm", lambda c: [(j, (j - 1) % c) for j in range(c)])
+    monkeypatch.setattr(ring, "ring_perm", lambda c: [(j, (j - 1) % c) for j in range(c)])
     assert not _loss_ok(*_first_loss())
 
 
 def test_a_missing_log_sum_exp_rescale_is_caught(monkeypatch):
     # each block's normalised output added as it is: the blocks' weights are lost
     monkeypatch.setattr(
-        cp, "merge", lambda acc, part: (acc[0] + part[0], jnp.logaddexp(acc[1], part[1]))
+        ring, "merge", lambda acc, part: (acc[0] + part[0], jnp.logaddexp(acc[1], part[1]))
     )
     assert not _loss_ok(*_first_loss())
 

@@ -8,8 +8,8 @@ attention), DeepSpeed-Ulysses (4 all-to-alls per layer) and the Llama 3 paper (a
 the formulas are `calc/context.py`'s.
 """
 
-from jaxscale.calc import context
 from jaxscale.calc import training_comm as tc
+from jaxscale.calc.commands import context_tables
 from jaxscale.checks import at_most
 from jaxscale.cliutil import (
     add_command,
@@ -223,7 +223,7 @@ def run(args) -> int:
         f"({split * 4 / 1e6:,.1f} MB per GPU)",
     )
     if args.cp > 1:
-        _say_context(r, args, links[args.cp_link])
+        context_tables.say_context(r, args, links[args.cp_link])
     r.put(
         tp_mlp={
             "elements_per_allreduce": m.elements_per_allreduce,
@@ -236,94 +236,6 @@ def run(args) -> int:
     )
     r.emit(args)
     return 0
-
-
-CONTEXT_COLS = [
-    Col("form", "Form"),
-    Col("collectives", "Collectives/layer", lambda ops: ", ".join(ops)),
-    Col("calls_per_layer", "Calls"),
-    Col("census_bytes", "Census MB/layer", lambda b: f"{b / 1e6:,.2f}"),
-    Col("sent_bytes", "Sent MB/layer", lambda b: f"{b / 1e6:,.2f}"),
-    Col("step_bytes", "Sent GB/step", lambda b: f"{b / 1e9:,.2f}"),
-    Col("step_ms", "Step ms", ".2f"),
-    Col("note", "Note"),
-]
-
-
-def _context_shape(args) -> context.ContextShape:
-    if args.d_model % args.heads:
-        raise ValueError(f"--heads {args.heads} does not divide --d-model {args.d_model}")
-    if args.heads % args.kv_heads:
-        raise ValueError(f"--kv-heads {args.kv_heads} does not divide --heads {args.heads}")
-    return context.ContextShape(
-        batch_local=args.batch_size,
-        seq_len=args.seq_len,
-        n_heads=args.heads,
-        n_kv_heads=args.kv_heads,
-        head_dim=args.d_model // args.heads,
-        cp=args.cp,
-        tp=args.tp,
-        remat=args.remat,
-    )
-
-
-def _context_record(shape: context.ContextShape, form: str, layers: int, link) -> dict:
-    """One form's row: per-layer census and wire bytes, the step's (x layers) and its time."""
-    record = {"form": form, "collectives": context.CENSUS_OP[form]}
-    try:
-        census = context.layer_census(shape, form)
-    except ValueError as err:  # Ulysses: heads that do not split over cp
-        return {**record, "note": str(err)}
-    calls = context.layer_collectives(shape, form)
-    sent = context.wire_bytes(census, shape.cp)
-    # one start-up latency per collective, the layer's bytes at the link's bandwidth
-    layer_ms = (calls * link.latency_us * 1e-6 + sent / (link.bandwidth_gb_s * tc.GB)) * 1e3
-    return {
-        **record,
-        "calls_per_layer": calls,
-        "census": census,
-        "census_bytes": sum(census.values()),
-        "sent_bytes": sent,
-        "step_bytes": layers * sent,
-        "step_ms": layers * layer_ms,
-        "note": "",
-    }
-
-
-def _say_context(r: Report, args, link) -> None:
-    """The CP table: each form's attention collectives per layer and per step (forward and
-    backward), and the gradient all-reduce the axis adds."""
-    shape = _context_shape(args)
-    rows = [_context_record(shape, form, args.layers, link) for form in context.FORMS]
-    r.say(
-        "",
-        f"Context parallel, attention per layer and step, forward + backward (cp={args.cp}, "
-        f"tp={args.tp}, batch={args.batch_size}, seq={args.seq_len}, {args.heads} heads, "
-        f"{args.kv_heads} kv heads of {shape.head_dim}, bf16"
-        + (", remat" if args.remat else "")
-        + f"; {args.layers} layers over {link.name} at {link.bandwidth_gb_s:g} GB/s)",
-        f"K/V block [B, T/cp, G/tp, K] = {shape.kv_block_bytes / 1e6:,.2f} MB",
-    )
-    r.table("context_parallel", CONTEXT_COLS, rows)
-    grads = args.params / args.tp * 2  # bf16 gradients of this GPU's parameters
-    ring_share = tc.ring_allreduce_factor(args.cp)
-    r.say(
-        "ring: 2(cp-1) K/V sends forward, 2(cp-1) again and 2cp of the f32 dK/dV backward; "
-        "gather: all-gather of K and V, reduce-scatter of dK and dV; ulysses: 4 all-to-alls "
-        "forward, 4 backward. Census MB counts as the compiled program's census does "
-        "(all-gather output, reduce-scatter input).",
-        f"Every parameter is whole on each CP GPU: its gradients are also all-reduced over the "
-        f"cp group, {ring_share * grads / 1e9:.1f} GB/GPU per step "
-        f"({fmt_count(args.params)} params / tp={args.tp}, bf16).",
-        "",
-    )
-    r.put(
-        context_parallel_shape={
-            "kv_block_bytes": shape.kv_block_bytes,
-            "q_block_bytes": shape.q_block_bytes,
-            "grad_allreduce_bytes_per_gpu": ring_share * grads,
-        }
-    )
 
 
 def _d(x: float) -> str:

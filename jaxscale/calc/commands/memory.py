@@ -15,6 +15,7 @@ from dataclasses import asdict
 
 from jaxscale.calc import context
 from jaxscale.calc import memory as mem
+from jaxscale.calc.commands import context_tables
 from jaxscale.calc.models import SHAPE_PRESETS, get_model
 from jaxscale.cliutil import (
     add_command,
@@ -150,10 +151,6 @@ def _models(args) -> list[tuple[str, float, int | None, int | None, int, int | N
     ]
 
 
-def _seq_len(args, seq: int) -> int:
-    return args.seq_len or seq or 2048
-
-
 def _activation_bytes(args, n_params, hidden, layers, seq, tp, pp, cp=1) -> float:
     if args.activations == "heuristic":
         return mem.activation_bytes_param_heuristic(
@@ -166,58 +163,13 @@ def _activation_bytes(args, n_params, hidden, layers, seq, tp, pp, cp=1) -> floa
         # CP keeps seq/cp of each sequence's tokens.
         return mem.activation_bytes_simple(
             args.batch_size,
-            _seq_len(args, seq),
+            context_tables.seq_len(args, seq),
             hidden,
             math.ceil(layers / pp),
             checkpointing=args.checkpointing,
             cp=cp,
         )
     return 0.0
-
-
-def _scores(args, form, layers, seq, heads, tp, pp) -> context.AttentionScores:
-    """One GPU's attention scores under `form` ("none": no context parallelism)."""
-    if heads is None or layers is None:
-        raise ValueError("attention scores with --params need --layers and --heads or --d-model")
-    return context.attention_scores(
-        form,
-        batch=args.batch_size,
-        seq_len=_seq_len(args, seq),
-        n_heads=heads,
-        cp=1 if form == "none" else args.cp,
-        n_layers=math.ceil(layers / pp),
-        tp=tp,
-        checkpointing=args.checkpointing,
-    )
-
-
-def _score_records(args, models, tp, pp) -> list[dict]:
-    """Each model's scores per form beside the unsplit attention's (a form the heads refuse is
-    a row with its reason)."""
-    records = []
-    for name, _, _, layers, seq, heads in models:
-        if heads is None or layers is None:
-            continue
-        for form in ("none", *context.FORMS):
-            try:
-                s = _scores(args, form, layers, seq, heads, tp, pp)
-            except ValueError as err:
-                records.append({"model": name, "form": form, "note": str(err)})
-                continue
-            records.append({"model": name, **asdict(s), "bytes": s.bytes, "note": ""})
-    return records
-
-
-SCORE_COLS = [
-    Col("model", "Model"),
-    Col("form", "Form"),
-    Col("heads", "Heads"),
-    Col("rows", "Block", lambda rows: f"{rows:,}"),
-    Col("cols", "x keys", lambda cols: f"{cols:,}"),
-    Col("layers_kept", "Layers kept"),
-    Col("bytes", "Scores/GPU", fmt_bytes),
-    Col("note", "Note"),
-]
 
 
 def _record(m: mem.TrainingMemory, capacity: float, **fields) -> dict:
@@ -278,7 +230,7 @@ def _zero_tables(args) -> int:
     for name, n, hidden, layers, seq, heads in models:
         act = _activation_bytes(args, n, hidden, layers, seq, tp, pp, cp)
         if args.cp_form:
-            act += _scores(args, args.cp_form, layers, seq, heads, tp, pp).bytes
+            act += context_tables.scores(args, args.cp_form, layers, seq, heads, tp, pp).bytes
         rows = mem.zero_stage_memories(
             n,
             dp=dp,
@@ -295,7 +247,7 @@ def _zero_tables(args) -> int:
         r.say("")
     r.put(per_gpu=per_gpu)
     if cp > 1:
-        _say_scores(r, args, models, tp, pp)
+        context_tables.say_scores(r, args, models, tp, pp)
     if args.seed_faithful:
         r.say("Stage 2 leaves the sharded gradients out, as seed 002 ch5 does.")
     if args.plot:
@@ -303,20 +255,6 @@ def _zero_tables(args) -> int:
         r.say(f"plot written to {args.plot}")
     r.emit(args)
     return 0
-
-
-def _say_scores(r: Report, args, models, tp: int, pp: int) -> None:
-    records = _score_records(args, models, tp, pp)
-    if not records:
-        r.say("Attention scores: give --layers and --heads (or --d-model) with --params", "")
-        return
-    r.say(
-        f"Attention scores per GPU at cp={args.cp} (f32, batch {args.batch_size}, tp={tp}; "
-        "none = one GPU per sequence; the ring's backward recomputes its blocks, so it keeps "
-        "one layer's)"
-    )
-    r.table("attention_scores", SCORE_COLS, records)
-    r.say("")
 
 
 def _seed001(args) -> int:

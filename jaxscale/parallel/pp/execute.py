@@ -106,7 +106,7 @@ def _setup(params, batch_BT1, plan, cfg, pc, data_axes, mean_over) -> tuple[Env,
     zero_top = jax.tree.map(jnp.zeros_like, top)
     carry = _zero_carry(plan, act, act_axes, blocks_v, zero_top, zero_loss)
     # d(mean over microbatches and the expert and context axes' shards)/d(loss_m): their
-    # shards' gradients of replicated parameters autodiff sums (parallel/ep.py, cp.py)
+    # shards' gradients of replicated parameters autodiff sums (parallel/ep.py, cp/)
     shards = math.prod(n for _, n in mean_over)
     seed_cot = _vary(jnp.full((), 1.0 / (M * shards), jnp.float32), loss_axes)
     env = Env(
