@@ -212,29 +212,27 @@ def format_temps(rows: list[Temps], mesh: str) -> str:
 def plot(path: str, temp_rows: list[Temps], bal: list[Balance]) -> None:
     from jaxscale.render import figure
 
-    with figure(path, 1, 2, figsize=(13, 4.6), dpi=110) as (_, (ax_t, ax_b)):
+    # legends below the axes: they never cover a point or a bar
+    with figure(path, 1, 2, figsize=(13, 5.2), dpi=110) as (_, (ax_t, ax_b)):
         for r in temp_rows:
             ts = sorted(r.temps)
-            ax_t.loglog(
-                ts,
-                [r.temps[t] / MIB for t in ts],
-                "o-",
-                base=2,
-                label=f"{r.layout} ({r.slope:.2f})",
-            )
+            label = f"{r.layout} (slope {r.slope:.2f})"
+            ax_t.loglog(ts, [r.temps[t] / MIB for t in ts], "o-", base=2, label=label)
         ax_t.axhline(BUDGET_MIB, color="grey", ls=":", label=f"budget {BUDGET_MIB} MiB")
         ax_t.set_xlabel("sequence length T (tokens)")
         ax_t.set_ylabel("temporaries per device (MiB)")
-        ax_t.set_title("training-step temporaries vs T (slope in the legend)")
-        ax_t.legend(fontsize=8)
+        ax_t.set_title("training-step temporaries vs T")
+        ax_t.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
         width = 0.8 / len(bal)
         for n, b in enumerate(bal):
-            x = np.arange(len(b.flops)) + n * width
-            ax_b.bar(x, np.asarray(b.flops) / 1e6, width, label=f"{b.layout}: {b.ratio:.2f}")
+            x = np.arange(len(b.flops)) + (n - (len(bal) - 1) / 2) * width
+            label = f"{b.layout}: max/mean {b.ratio:.2f}"
+            ax_b.bar(x, np.asarray(b.flops) / 1e6, width, label=label)
+        ax_b.set_xticks(np.arange(len(bal[0].flops)))
         ax_b.set_xlabel("device on the context axis")
         ax_b.set_ylabel("attention MFLOP (forward)")
-        ax_b.set_title("per-device attention work (max/mean in the legend)")
-        ax_b.legend(fontsize=8)
+        ax_b.set_title("per-device attention work")
+        ax_b.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
 
 
 def main(args) -> int:
