@@ -479,7 +479,7 @@ def matrix_footer(results: list[Result]) -> list[str]:
 
 
 def _grid(results: list[Result]) -> list[str]:
-    shapes = {"(8,)": 1, "(2,4)": (2, 4), "(4,2)": (4, 2), "(2,2,2)": 3}
+    shapes = {"(8,)": 1, "(2,4)": (2, 4), "(4,2)": (4, 2), "(2,2,2)": 3, "(2,2,2,2)": 4}
     rows: dict[str, dict[str, str]] = {}
     for r in results:
         sizes = tuple(int(p.split("=")[1]) for p in r.case.mesh.split(","))
