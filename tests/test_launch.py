@@ -150,14 +150,17 @@ def test_hello_command_table(capsys):
     assert "From rank 3: [30.0, 31.0]" in out and "Correct: True" in out
 
 
+# Ctrl-C as at a terminal: a suite started from a script's background job inherits SIGINT
+# ignored, and Python then installs no KeyboardInterrupt handler in the launcher. The launcher
+# is exec'd with SIGINT at its default (a preexec_fn would fork the multithreaded test process).
+DEFAULT_SIGINT_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 @pytest.mark.slow  # two processes train until interrupted (about 20 s)
 @pytest.mark.first_line
-def _default_sigint():
-    """Ctrl-C as at a terminal: a suite started from a script's background job inherits SIGINT
-    ignored, and Python then installs no KeyboardInterrupt handler in the launcher."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_lets_the_workers_finish_their_save_and_the_run_resumes(tmp_path, capsys):
     """Ctrl-C to the launcher: the workers get SIGTERM and time to save (before: killed 3 s into
     the save, leaving only a tmp directory), the launcher exits 130, and `--resume` continues
@@ -169,13 +172,8 @@ def test_ctrl_c_lets_the_workers_finish_their_save_and_the_run_resumes(tmp_path,
     train = ["jaxscale", "train", *tiny, "--no-progress", "--sample-tokens", "0"]
     cmd = [sys.executable, "-m", "jaxscale", "launch", "-n", "2", "--", *train]
     cmd += ["--steps", "100000", "--log-every", "1", "--run-dir", str(run)]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=_default_sigint,
-    )
+    cmd = [sys.executable, "-c", DEFAULT_SIGINT_EXEC, *cmd[1:]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     while time.monotonic() < deadline:  # wait until it really trains
         metrics = run / "metrics.jsonl"
