@@ -119,7 +119,7 @@ def balance(form: str, split: str, c: int, T: int = BALANCE_T) -> Balance:
 
     def attn(q, k, v):
         pos = cp.device_positions(jax.lax.axis_index(cp.AXIS), c, T, split)
-        return cp._ATTEND[form](q, k, v, pos, pos, c=c, split=split)
+        return cp.ATTEND[form](q, k, v, pos, pos, c=c, split=split)
 
     fn = jax.shard_map(attn, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
     q, kv = _qkv(c, T)

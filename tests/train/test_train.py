@@ -269,13 +269,8 @@ def _self_only_attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
     return jnp.repeat(v_BSGK, R, axis=2)
 
 
-@pytest.mark.slow
-@pytest.mark.first_line
-def test_the_copy_task_is_learned_with_ring_attention_over_the_context_axis():
-    """Context parallelism trains: the copy task (each window's second half repeats its first,
-    16 tokens back) on cp=4 x dp=2 with ring attention over the zigzag split, where a query's
-    source token sits on another context device for most positions. The same run and threshold
-    as the one-device-per-row copy test below."""
+def _copy_run(mesh: str, strategy: str = "auto"):
+    """(eval loss after 200 steps of the copy task at T = 32, its floor, the blind log n)."""
     task = data.CopyData()
     cfg = ModelConfig(n_layers=2)
     tcfg = TrainConfig(
@@ -287,15 +282,19 @@ def test_the_copy_task_is_learned_with_ring_attention_over_the_context_axis():
         eval_every=0,
         eval_batches=2,
     )
-    setup = RunSetup(
-        mesh="cp=4,dp=2",
-        strategy="manual:dp+cp_ring",
-        dataset="copy",
-        progress=False,
-        sample_tokens=0,
-    )
-    floor, blind = task.optimal_loss(32), math.log(task.n_symbols)
+    setup = RunSetup(mesh=mesh, strategy=strategy, dataset="copy", progress=False, sample_tokens=0)
     learned = train(cfg, tcfg, setup).evals[-1]["eval_loss"]
+    return learned, task.optimal_loss(32), math.log(task.n_symbols)
+
+
+@pytest.mark.slow
+@pytest.mark.first_line
+def test_the_copy_task_is_learned_with_ring_attention_over_the_context_axis():
+    """Context parallelism trains: the copy task (each window's second half repeats its first,
+    16 tokens back) on cp=4 x dp=2 with ring attention over the zigzag split, where a query's
+    source token sits on another context device for most positions. The same run and threshold
+    as the one-device-per-row copy test below."""
+    learned, floor, blind = _copy_run("cp=4,dp=2", "manual:dp+cp_ring")
     assert floor < learned < blind - 0.6, (floor, learned, blind)
 
 
@@ -306,25 +305,12 @@ def test_copy_task_is_learned_only_with_attention(monkeypatch):
     The copy task cannot be learned without looking `period` tokens back: with attention the
     eval loss falls far below log(n_symbols); with attention restricted to the current token
     (monkeypatched into the model's pieces) it stays at log(n_symbols)."""
-    task = data.CopyData()
-    cfg = ModelConfig(n_layers=2)
-    tcfg = TrainConfig(
-        steps=200,
-        global_batch=16,
-        seq_len=32,
-        lr=3e-3,
-        warmup_steps=10,
-        eval_every=0,
-        eval_batches=2,
-    )
-    setup = RunSetup(mesh="dp=8", dataset="copy", progress=False, sample_tokens=0)
-    floor, blind = task.optimal_loss(32), math.log(task.n_symbols)
-    learned = train(cfg, tcfg, setup).evals[-1]["eval_loss"]
+    learned, floor, blind = _copy_run("dp=8")
     assert floor < learned < blind - 0.6, (floor, learned, blind)
     monkeypatch.setattr(pieces, "DENSE", pieces.DENSE.replace(attend=_self_only_attend))
     auto.jit_train_step.cache_clear()  # the compiled step is cached per config: retrace it
     try:
-        ablated = train(cfg, tcfg, setup).evals[-1]["eval_loss"]
+        ablated = _copy_run("dp=8")[0]
     finally:
         auto.jit_train_step.cache_clear()  # and never leave the ablated step to later tests
     assert ablated > blind - 0.05, (ablated, blind)

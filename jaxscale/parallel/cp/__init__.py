@@ -56,6 +56,7 @@ from jaxscale.parallel.cp.split import (
 
 FORMS = ("ring", "gather", "ulysses")
 __all__ = [
+    "ATTEND",
     "AXIS",
     "FORMS",
     "SPLITS",
@@ -148,7 +149,7 @@ def ulysses_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: s
     return jax.lax.all_to_all(out, axis, split_axis=1, concat_axis=2, tiled=True)
 
 
-_ATTEND = {"ring": ring_attend, "gather": gather_attend, "ulysses": ulysses_attend}
+ATTEND = {"ring": ring_attend, "gather": gather_attend, "ulysses": ulysses_attend}  # form -> core
 
 
 def pieces(pc: Pieces, comp: Composition) -> Pieces:
@@ -159,7 +160,7 @@ def pieces(pc: Pieces, comp: Composition) -> Pieces:
 
 
 def context_pieces(pc: Pieces, c: int, form: str, split: str = "zigzag", axis=AXIS) -> Pieces:
-    fn = _ATTEND[form]
+    fn = ATTEND[form]
     return pc.replace(
         window=lambda batch: window(batch, c=c, split=split, axis=axis),
         attend=lambda q, k, v, qp, kp: fn(q, k, v, qp, kp, c=c, split=split, axis=axis),

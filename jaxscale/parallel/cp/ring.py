@@ -236,6 +236,6 @@ def executed_pairs(c: int, split: str) -> list[int]:
         count = 0
         for src in range(c):
             k = device_positions(src, c, T, split).reshape(n, -1)
-            count += sum(int(k[b][0] <= q[a][-1]) for a in range(n) for b in range(n))
+            count += sum(not _masked(k[b], q[a]) for a in range(n) for b in range(n))
         out.append(count)
     return out
