@@ -48,7 +48,7 @@ def request_keys(seeds_B, index):
 def filtered_logits(logits_BV, temperature_B, top_k_B, top_p_B):
     """logits / temperature with everything outside the top-k and the top-p nucleus at -inf.
     The nucleus is the smallest set of most likely tokens whose probability reaches top_p (after
-    the top-k cut); ties at a cut are kept."""
+    the top-k cut); ties at a cut are kept; top_p = 1 makes no nucleus cut."""
     V = logits_BV.shape[-1]
     t_B = jnp.where(temperature_B > 0, temperature_B, 1.0)
     x_BV = logits_BV.astype(jnp.float32) / t_B[:, None]
@@ -56,12 +56,17 @@ def filtered_logits(logits_BV, temperature_B, top_k_B, top_p_B):
     k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, V), V)
     kth_B1 = jnp.take_along_axis(desc_BV, (k_B - 1)[:, None], axis=-1)
     x_BV = jnp.where(x_BV >= kth_B1, x_BV, -jnp.inf)
-    desc_BV = jnp.where(jnp.arange(V)[None, :] < k_B[:, None], desc_BV, -jnp.inf)
+    # the nucleus is measured over what the top-k step kept, ties at the k-th logit included
+    desc_BV = jnp.where(desc_BV >= kth_B1, desc_BV, -jnp.inf)
     probs_BV = jax.nn.softmax(desc_BV, axis=-1)
-    before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # mass of the more likely tokens
-    n_keep_B = jnp.maximum(jnp.sum(before_BV < top_p_B[:, None], axis=-1), 1)
+    # a token is in the nucleus while the more likely tokens' mass is below top_p, i.e. while
+    # its own and the less likely tokens' mass exceeds 1 - top_p: summed from the tail, so a
+    # confident row's running sum cannot round to 1 before its last tokens
+    tail_BV = jnp.cumsum(probs_BV[:, ::-1], axis=-1)[:, ::-1]
+    n_keep_B = jnp.maximum(jnp.sum(tail_BV > 1 - top_p_B[:, None], axis=-1), 1)
     pth_B1 = jnp.take_along_axis(desc_BV, (n_keep_B - 1)[:, None], axis=-1)
-    return jnp.where(x_BV >= pth_B1, x_BV, -jnp.inf)
+    nucleus_BV = jnp.where(x_BV >= pth_B1, x_BV, -jnp.inf)
+    return jnp.where(top_p_B[:, None] >= 1, x_BV, nucleus_BV)
 
 
 def sample(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
