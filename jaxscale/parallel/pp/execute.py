@@ -22,7 +22,7 @@ and every cross-device sum is written after the loop (`_reduce`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import jax
@@ -78,6 +78,14 @@ class Env:
     zero_loss: jax.Array
     zero_top: dict
     seed_cot: jax.Array  # d(mean loss)/d(one microbatch's loss)
+    # one branch function per kind of op, shared by every tick: `lax.switch` then traces a
+    # kind's branch once per step, not once per tick (its jaxpr cache is keyed on the function)
+    branches: dict = field(default_factory=dict)
+
+    def branch(self, kind: str):
+        if kind not in self.branches:
+            self.branches[kind] = partial(_branch, self, kind)
+        return self.branches[kind]
 
     @property
     def moe(self) -> bool:
@@ -327,7 +335,7 @@ def _tick(env: Env, carry, recv, shape, data_FP):
     for direction in ("fwd", "bwd"):
         got[direction] = None if recv[direction] is None else recv[direction][0]
         where[direction] = None if recv[direction] is None else recv[direction][1:]
-    fns = [partial(_branch, env, k) for k in kinds]
+    fns = [env.branch(k) for k in kinds]
     carry, fwd, bwd = jax.lax.switch(row[0], fns, carry, got, where)
     sent = {"fwd": None, "bwd": None}
     if fwd_pairs:  # stage outputs to the next stage
