@@ -17,10 +17,14 @@ from jaxscale.bench import serve as bench  # noqa: E402
 from jaxscale.cli import main as cli_main  # noqa: E402
 
 
-def test_bench_serve_figures_against_their_predictions():
-    """One run (every engine shape compiled once): 8 requests on 2 slots, so static batching
-    waits for each batch's longest request while continuous batching refills."""
-    result = bench.run(bench.Setup(n_requests=8, max_num_seqs=2, rates=(50.0,)), http=True)
+@pytest.fixture(scope="module")
+def result():
+    """One run for the module (every engine shape compiled once): 8 requests on 2 slots, so
+    static batching waits for each batch's longest request while continuous batching refills."""
+    return bench.run(bench.Setup(n_requests=8, max_num_seqs=2, rates=(50.0,)), http=True)
+
+
+def test_bench_serve_figures_against_their_predictions(result):
     b = result["batching"]
     for policy in ("static", "continuous"):
         assert b[policy]["steps"] == b[policy]["predicted_steps"], policy
@@ -44,11 +48,23 @@ def test_bench_serve_figures_against_their_predictions():
         assert m["ttft_p99_ms"] >= m["ttft_p50_ms"]
 
 
-def test_the_command_prints_its_table_and_writes_json_and_plot(tmp_path, capsys):
+def test_the_command_prints_its_table_and_writes_json_and_plot(
+    result, tmp_path, capsys, monkeypatch
+):
+    """The command's own part -- its flags, the table, the JSON and the plot -- on the module's
+    run (the same `run` the command calls, without its HTTP part), not a second workload."""
+    calls = []
+
+    def run(setup, http, progress=None):
+        calls.append((setup.n_requests, http))
+        return {k: v for k, v in result.items() if k != "http"}
+
+    monkeypatch.setattr(bench, "run", run)
     rc = cli_main(["bench", "serve", "--requests", "4", "--no-http", "--out", str(tmp_path)])
+    assert calls == [(4, False)]
     out = capsys.readouterr().out
     assert rc == 0
     assert "in_process" in out and "steps measured / simulate batching" in out
     data = json.loads((tmp_path / "bench_serve.json").read_text())
-    assert set(data) >= {"in_process", "batching", "capacity", "prefix"} and "http" not in data
+    assert set(data) >= {"in_process", "batching", "capacity", "prefix"}
     assert (tmp_path / "bench_serve.png").read_bytes()[:4] == b"\x89PNG"

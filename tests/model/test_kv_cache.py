@@ -1,6 +1,8 @@
 """The KV cache against full recomputation (pieces.logits), generation against the recomputing
 greedy sampler, and sampling's per-row settings and per-request seeds."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,13 @@ from jaxscale.serve import sampling
 from jaxscale.tolerances import ATOL, RTOL
 
 CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=32)  # GQA
-PARAMS = ms.init_params(CFG, 0)
+
+
+@functools.cache
+def _params():  # on first use, not at collection (every xdist worker collects)
+    return ms.init_params(CFG, 0)
+
+
 RNG = np.random.default_rng(0)
 
 
@@ -41,14 +49,14 @@ def _tokens(*shape):
 
 def test_prefill_then_decode_equals_full_recompute_at_every_position():
     tokens_BT = _tokens(2, 12)
-    want_BTV = pieces.logits(PARAMS, tokens_BT, CFG)
+    want_BTV = pieces.logits(_params(), tokens_BT, CFG)
     cache = kv_cache.init_cache(CFG, 2, 16)
     P = 5  # prompt, then one token at a time
-    logits_BV, cache = kv_cache.prefill(PARAMS, tokens_BT[:, :P], jnp.full((2,), P), cache, CFG)
+    logits_BV, cache = kv_cache.prefill(_params(), tokens_BT[:, :P], jnp.full((2,), P), cache, CFG)
     got = [logits_BV]
     for t in range(P, 12):
         logits_BV, cache = kv_cache.decode_step(
-            PARAMS, tokens_BT[:, t], jnp.full((2,), t), cache, CFG
+            _params(), tokens_BT[:, t], jnp.full((2,), t), cache, CFG
         )
         got.append(logits_BV)
     np.testing.assert_allclose(jnp.stack(got, 1), want_BTV[:, P - 1 :], rtol=RTOL, atol=ATOL)
@@ -63,9 +71,9 @@ def test_prefill_reads_each_rows_last_prompt_token_not_the_window_end():
     padded_BT = jnp.where(jnp.arange(8)[None, :] < jnp.array(lengths)[:, None], rows_BT, 0)
     cache = kv_cache.init_cache(CFG, 2, 8)
     logits_BV, _ = jax.jit(kv_cache.prefill, static_argnums=4)(
-        PARAMS, padded_BT, jnp.array(lengths), cache, CFG
+        _params(), padded_BT, jnp.array(lengths), cache, CFG
     )
-    full_BTV = jax.jit(pieces.logits, static_argnums=2)(PARAMS, rows_BT, CFG)
+    full_BTV = jax.jit(pieces.logits, static_argnums=2)(_params(), rows_BT, CFG)
     want_BV = np.stack([full_BTV[b, n - 1] for b, n in enumerate(lengths)])
     np.testing.assert_allclose(logits_BV, want_BV, rtol=RTOL, atol=ATOL)
 
@@ -77,12 +85,12 @@ def test_rows_of_different_lengths_decode_as_if_alone():
     a, b = _tokens(1, 10)[0], _tokens(1, 10)[0]
     batch = jnp.stack([a.at[3:7].set(0)[:7], b[:7]])
     cache = kv_cache.init_cache(CFG, 2, 16)
-    _, cache = kv_cache.prefill(PARAMS, batch, jnp.array([3, 7]), cache, CFG)
+    _, cache = kv_cache.prefill(_params(), batch, jnp.array([3, 7]), cache, CFG)
     logits_BV, _ = kv_cache.decode_step(
-        PARAMS, jnp.array([a[3], b[7]]), jnp.array([3, 7]), cache, CFG
+        _params(), jnp.array([a[3], b[7]]), jnp.array([3, 7]), cache, CFG
     )
-    want_a = pieces.logits(PARAMS, a[None, :4], CFG)[0, -1]
-    want_b = pieces.logits(PARAMS, b[None, :8], CFG)[0, -1]
+    want_a = pieces.logits(_params(), a[None, :4], CFG)[0, -1]
+    want_b = pieces.logits(_params(), b[None, :8], CFG)[0, -1]
     np.testing.assert_allclose(logits_BV, jnp.stack([want_a, want_b]), rtol=RTOL, atol=ATOL)
 
 
@@ -90,11 +98,13 @@ def test_rows_of_different_lengths_decode_as_if_alone():
 @pytest.mark.first_line
 def test_chunked_prefill_equals_one_prefill():
     tokens_1T = _tokens(1, 11)
-    one, _ = kv_cache.prefill(PARAMS, tokens_1T, jnp.array([11]), kv_cache.init_cache(CFG, 1), CFG)
+    one, _ = kv_cache.prefill(
+        _params(), tokens_1T, jnp.array([11]), kv_cache.init_cache(CFG, 1), CFG
+    )
     cache = kv_cache.init_cache(CFG, 1)
-    _, cache = kv_cache.prefill(PARAMS, tokens_1T[:, :6], jnp.array([6]), cache, CFG)
+    _, cache = kv_cache.prefill(_params(), tokens_1T[:, :6], jnp.array([6]), cache, CFG)
     two, _ = kv_cache.prefill(
-        PARAMS, tokens_1T[:, 6:], jnp.array([5]), cache, CFG, start_B=jnp.array([6])
+        _params(), tokens_1T[:, 6:], jnp.array([5]), cache, CFG, start_B=jnp.array([6])
     )
     np.testing.assert_allclose(two, one, rtol=RTOL, atol=ATOL)
 
@@ -103,34 +113,34 @@ def test_chunked_prefill_equals_one_prefill():
 @pytest.mark.first_line
 def test_greedy_generation_equals_the_recomputing_sampler():
     prompts = [[100, 101, 32], [35, 32, 116, 104, 101]]
-    out = gen.generate(PARAMS, prompts, CFG, max_new=10)
+    out = gen.generate(_params(), prompts, CFG, max_new=10)
     for b, prompt in enumerate(prompts):
-        assert out.row(b) == greedy_sample(CFG, PARAMS, prompt, 10)
+        assert out.row(b) == greedy_sample(CFG, _params(), prompt, 10)
 
 
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_a_request_samples_the_same_tokens_whatever_else_is_in_the_batch():
     hot = sampling.SamplingParams(temperature=1.0, seed=7)
-    alone = gen.generate(PARAMS, [[1, 2, 3]], CFG, 12, [hot])
+    alone = gen.generate(_params(), [[1, 2, 3]], CFG, 12, [hot])
     crowd = gen.generate(
-        PARAMS,
+        _params(),
         [[9, 9], [1, 2, 3], [4]],
         CFG,
         12,
         [sampling.SamplingParams(1.0, seed=1), hot, sampling.SamplingParams(0.5, top_k=5, seed=2)],
     )
     assert alone.row(0) == crowd.row(1)
-    other = gen.generate(PARAMS, [[1, 2, 3]], CFG, 12, [sampling.SamplingParams(1.0, seed=8)])
+    other = gen.generate(_params(), [[1, 2, 3]], CFG, 12, [sampling.SamplingParams(1.0, seed=8)])
     assert other.row(0) != alone.row(0)  # the seed matters (12 tokens from 256: a tie is ~0)
 
 
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_eos_and_max_tokens_stop_each_row():
-    first = gen.generate(PARAMS, [[1, 2, 3]], CFG, 8).row(0)
+    first = gen.generate(_params(), [[1, 2, 3]], CFG, 8).row(0)
     eos = first[3]
-    out = gen.generate(PARAMS, [[1, 2, 3], [1, 2, 3]], CFG, 8, max_tokens=[8, 2], eos_id=eos)
+    out = gen.generate(_params(), [[1, 2, 3], [1, 2, 3]], CFG, 8, max_tokens=[8, 2], eos_id=eos)
     stop = first.index(eos) + 1
     assert out.row(0) == first[:stop]  # up to and including the first EOS
     assert out.row(1) == first[: min(2, stop)]
@@ -174,7 +184,7 @@ def test_bad_sampling_settings_are_refused():
         with pytest.raises(ValueError):
             sampling.SamplingParams(**kw)
     with pytest.raises(ValueError, match="max_seq"):
-        gen.generate(PARAMS, [[1] * 30], CFG, 8)
+        gen.generate(_params(), [[1] * 30], CFG, 8)
 
 
 @pytest.mark.parametrize("moe_every", [1, 2])

@@ -1,6 +1,8 @@
 """Speculative decoding: the acceptance rule keeps the target's distribution (chi-square) and
 accepts at the closed-form rate; with real models, greedy output equals the target's alone."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,15 +90,21 @@ def test_tokens_per_target_pass_follow_the_closed_form():
 
 TARGET = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=64)
 DRAFT = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq=64)
-T_PARAMS, D_PARAMS = ms.init_params(TARGET, 0), ms.init_params(DRAFT, 1)
+
+
+@functools.cache
+def _models():  # on first use, not at collection (every xdist worker collects)
+    return ms.init_params(TARGET, 0), ms.init_params(DRAFT, 1)
+
+
 PROMPT = [100, 101, 102, 32, 120]
 
 
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_greedy_speculative_output_is_the_targets_own():
-    want = gen.generate(T_PARAMS, [PROMPT], TARGET, 20).row(0)
-    got, stats = spec.generate(T_PARAMS, TARGET, D_PARAMS, DRAFT, PROMPT, 20, k=4)
+    want = gen.generate(_models()[0], [PROMPT], TARGET, 20).row(0)
+    got, stats = spec.generate(_models()[0], TARGET, _models()[1], DRAFT, PROMPT, 20, k=4)
     assert got == want
     assert stats.accepted + stats.target_passes >= 20  # each pass: its accepted drafts + 1
 
@@ -107,11 +115,13 @@ def test_a_perfect_draft_is_always_accepted():
     """The target drafting for itself: p == q, so every draft passes and each target pass
     yields k + 1 tokens, sampled or greedy."""
     for s in (SamplingParams(0.0), SamplingParams(1.0, seed=3)):
-        got, stats = spec.generate(T_PARAMS, TARGET, T_PARAMS, TARGET, PROMPT, 15, k=4, sampling=s)
+        got, stats = spec.generate(
+            _models()[0], TARGET, _models()[0], TARGET, PROMPT, 15, k=4, sampling=s
+        )
         assert stats.accepted == stats.drafted and stats.tokens_per_pass == 5
         assert len(got) == 15
-    want = gen.generate(T_PARAMS, [PROMPT], TARGET, 15).row(0)
-    assert spec.generate(T_PARAMS, TARGET, T_PARAMS, TARGET, PROMPT, 15, k=4)[0] == want
+    want = gen.generate(_models()[0], [PROMPT], TARGET, 15).row(0)
+    assert spec.generate(_models()[0], TARGET, _models()[0], TARGET, PROMPT, 15, k=4)[0] == want
 
 
 @pytest.mark.slow
@@ -124,15 +134,17 @@ def test_constrained_speculative_decoding_keeps_the_grammar_and_the_greedy_outpu
     from jaxscale.serve import constrained
 
     c = constrained.JsonConstraint()
-    want = constrained.generate(T_PARAMS, TARGET, PROMPT, c, max_new=30)
-    got, stats = spec.generate(T_PARAMS, TARGET, D_PARAMS, DRAFT, PROMPT, 30, k=3, constraint=c)
+    want = constrained.generate(_models()[0], TARGET, PROMPT, c, max_new=30)
+    got, stats = spec.generate(
+        _models()[0], TARGET, _models()[1], DRAFT, PROMPT, 30, k=3, constraint=c
+    )
     assert got == want
     json.loads(bytes(got))
     for seed in range(3):
         got, _ = spec.generate(
-            T_PARAMS,
+            _models()[0],
             TARGET,
-            D_PARAMS,
+            _models()[1],
             DRAFT,
             PROMPT,
             30,

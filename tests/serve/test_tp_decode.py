@@ -1,6 +1,8 @@
 """Tensor-parallel decode on the mesh: heads and MLP over `tensor`, the KV cache split by kv
 heads, rows over `data`: the same tokens as one device, with the all-reduces in the program."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,13 @@ from jaxscale.serve import sampling
 from jaxscale.sharding import REPLICATED_RULES, Sharder
 
 CFG = ModelConfig(n_layers=2, n_heads=8, n_kv_heads=4, max_seq=48)
-PARAMS = ms.init_params(CFG, 0)
+
+
+@functools.cache
+def _params():  # on first use, not at collection (every xdist worker collects)
+    return ms.init_params(CFG, 0)
+
+
 PROMPTS = [[100, 101, 32, 61], [35, 32, 116, 104, 101, 110]]
 SAMPLING = [sampling.SamplingParams(0.0), sampling.SamplingParams(1.0, seed=4)]
 
@@ -23,9 +31,9 @@ SAMPLING = [sampling.SamplingParams(0.0), sampling.SamplingParams(1.0, seed=4)]
 @pytest.mark.slow
 @pytest.mark.first_line
 def test_tensor_parallel_decode_gives_the_single_device_tokens():
-    want = gen.generate(PARAMS, PROMPTS, CFG, 16, SAMPLING)
+    want = gen.generate(_params(), PROMPTS, CFG, 16, SAMPLING)
     mesh = build_mesh("dp=2,tp=4", devices=jax.devices()[:8])
-    got = gen.generate(PARAMS, PROMPTS, CFG, 16, SAMPLING, mesh=mesh)
+    got = gen.generate(_params(), PROMPTS, CFG, 16, SAMPLING, mesh=mesh)
     assert got.row(0) == want.row(0) and got.row(1) == want.row(1)
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
 
@@ -42,7 +50,7 @@ def test_the_kv_cache_is_split_by_kv_heads_and_attention_all_reduces():
         jnp.array([8]),
     )
     with jax.set_mesh(mesh):
-        params = jax.device_put(PARAMS, ms.param_shardings(CFG, sharder))
+        params = jax.device_put(_params(), ms.param_shardings(CFG, sharder))
         cache = jax.jit(lambda: ms_cache(sharder))()
         _, report = compile_with_report(gen.generate_batch, params, *args, CFG, 8, None, sharder)
     assert cache["k"].sharding.spec[3] == "tensor"  # kv heads over the tensor axis
