@@ -3,20 +3,42 @@ with a warning)."""
 
 from __future__ import annotations
 
+import argparse
+import socket
 import sys
+import time
 
-from jaxscale.cliutil import guarded, positive_int
+from jaxscale.cliutil import add_command, guarded, positive_int
+
+
+def port(text: str) -> int:
+    """A TCP port a server can listen on: 1..65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {text!r}")
+    return value
+
+
+def model_name(text: str) -> str:
+    """The id clients ask for: printable, no spaces, not empty."""
+    if not text or not text.isprintable() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"must be a non-empty name without spaces (what clients send as 'model'), got {text!r}"
+        )
+    return text
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "serve",
         help="OpenAI-compatible HTTP server (completions, streaming) on the continuous-batching "
         "engine",
         description="Serve a model trained by `jaxscale train` over an OpenAI-compatible API: "
         "POST /v1/completions (stream or not), GET /v1/models, GET /health. Continuous batching "
-        "over a paged KV cache with a radix prefix cache (jaxscale/serve/).",
-        epilog="example:\n  jaxscale train --out runs/a --steps 300\n  jaxscale serve "
+        "over a paged KV cache with a radix prefix cache (jaxscale/serve/). The engine's programs "
+        "are compiled before the server listens, so the first request does not wait for them.",
+        example="jaxscale train --out runs/a --steps 300\n  jaxscale serve "
         "--ckpt-dir runs/a/checkpoints --port 8000\n  curl localhost:8000/v1/completions -H "
         '\'Content-Type: application/json\' -d \'{"model": "jaxscale", "prompt": "def ", '
         '"max_tokens": 32}\'',
@@ -27,9 +49,11 @@ def add_parser(sub) -> None:
         help="checkpoint directory of a `jaxscale train` run, or its --out "
         "(default: a random tiny model, which prints noise)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=positive_int, default=8000, help="port (default 8000)")
-    p.add_argument("--model-name", default="jaxscale", help="the model id clients ask for")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=port, default=8000, help="TCP port to listen on")
+    p.add_argument(
+        "--model-name", type=model_name, default="jaxscale", help="the model id clients ask for"
+    )
     p.add_argument("--max-num-seqs", type=positive_int, default=8, help="requests running at once")
     p.add_argument(
         "--max-num-batched-tokens",
@@ -66,13 +90,39 @@ def _main(args) -> int:
     )
     if cfg.n_experts:
         raise ValueError("serving an MoE model is not implemented (its cached decode)")
+    # the address first: a port in use is one line and exit 2, before anything compiles
+    sock = _listen(args.host, args.port)
     engine = Engine(params, cfg, ecfg)
+    t0 = time.perf_counter()
+    shapes = engine.warmup()  # every program the engine steps with, compiled now
+    seconds = time.perf_counter() - t0
     print(
         f"serving {args.model_name} (d_model {cfg.d_model}, {cfg.n_layers} layers, context "
-        f"{cfg.max_seq}) on http://{args.host}:{args.port}/v1",
+        f"{cfg.max_seq}; {shapes} step shapes compiled in {seconds:.1f} s) on "
+        f"http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )
-    uvicorn.run(
-        make_app(engine, args.model_name), host=args.host, port=args.port, log_level="warning"
-    )
+    config = uvicorn.Config(make_app(engine, args.model_name), log_level="warning")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
+        pass
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound and listening; ValueError (one line, exit 2) if it cannot be."""
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: {e.strerror}") from None
+    sock = socket.socket(info[0], socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(info[4])
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock

@@ -138,11 +138,44 @@ def _number(body: dict, name: str, default, kind, low, high):
     if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
         raise ApiError(
             400,
-            f"'{name}' must be a {kind.__name__ if kind is int else 'number'} in "
+            f"'{name}' must be {'an integer' if kind is int else 'a number'} in "
             f"[{low}, {high}], got {value!r}",
             name,
         )
     return value
+
+
+# The completion fields this server implements; "user" is the client's own label (kept in no
+# log, changes nothing). Any other field is refused by name, never silently ignored -- except
+# OpenAI's fields that are not implemented here sent at the value that asks for nothing.
+IMPLEMENTED = frozenset(
+    ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
+    + ("stream", "user")
+)
+INERT = {  # value(s) besides null that ask for nothing
+    "logprobs": (),
+    "echo": (False,),
+    "best_of": (1,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "suffix": ("",),
+    "stream_options": (),
+}
+
+
+def _unsupported(body: dict) -> None:
+    """ApiError naming the first field this server does not implement."""
+    for name, value in body.items():
+        if name in IMPLEMENTED:
+            continue
+        if name not in INERT:
+            raise ApiError(400, f"unrecognized request argument supplied: {name!r}", name)
+        inert = value is None or any(
+            value == v and isinstance(value, bool) == isinstance(v, bool) for v in INERT[name]
+        )
+        if not inert:
+            raise ApiError(400, f"{name!r} is not supported by this server", name)
 
 
 def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> Completion:
@@ -150,6 +183,9 @@ def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> C
     model trained with a smaller vocabulary refuses the bytes it has no embedding for."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    _unsupported(body)
+    if body.get("model") is None:
+        raise ApiError(400, "you must provide a model parameter ('model')", "model")
     if body.get("model") != model_name:
         raise ApiError(
             404,
@@ -159,7 +195,12 @@ def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> C
         )
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = list(prompt.encode("utf-8"))
+        try:
+            ids = list(prompt.encode("utf-8"))
+        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800") has no UTF-8 bytes
+            raise ApiError(
+                400, f"'prompt' is not valid Unicode text: {e.reason} at {e.start}", "prompt"
+            ) from None
     elif (
         isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 256 for t in prompt)
     ):
@@ -207,6 +248,7 @@ def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> C
 def make_app(engine: Engine, model_name: str):
     """The Starlette app serving `engine` under `model_name`."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
@@ -253,6 +295,8 @@ def make_app(engine: Engine, model_name: str):
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise ApiError(400, "the request body is not valid JSON") from None
+            except RecursionError:
+                raise ApiError(400, "the request body is nested too deeply") from None
             c = parse_completion(body, model_name, engine.cfg.max_seq, engine.cfg.vocab)
         except ApiError as e:
             return error(e)
@@ -345,11 +389,21 @@ def make_app(engine: Engine, model_name: str):
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
+    async def http_error(request, exc):
+        """404, 405 and the like, as OpenAI error bodies."""
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return error(ApiError(exc.status_code, message, kind=kind))
+
+    async def server_error(request, exc):
+        return error(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
+
     return Starlette(
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
             Route("/v1/completions", completions, methods=["POST"]),
         ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )

@@ -138,6 +138,20 @@ def test_seed_and_stop(server):
         ({"model": NAME, "prompt": ""}, 400, "prompt"),
         ({"model": NAME, "prompt": "hi", "stream": "false"}, 400, "stream"),
         ({"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
+        # what the engine does not implement is refused by name, not ignored
+        ({"model": NAME, "prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+        ({"model": NAME, "prompt": "hi", "echo": True}, 400, "echo"),
+        ({"model": NAME, "prompt": "hi", "presence_penalty": 5.0}, 400, "presence_penalty"),
+        ({"model": NAME, "prompt": "hi", "logit_bias": {"65": 5}}, 400, "logit_bias"),
+        (
+            {"model": NAME, "prompt": "hi", "stream_options": {"include_usage": True}},
+            400,
+            "stream_options",
+        ),
+        ({"model": NAME, "prompt": "hi", "temprature": 0.5}, 400, "temprature"),
+        ({"prompt": "hi"}, 400, "model"),
+        ({"model": NAME, "prompt": "a\ud800b"}, 400, "prompt"),  # a lone surrogate
+        (b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
     ],
 )
 def test_bad_requests_get_an_openai_error_and_change_nothing(server, body, status, param):
@@ -150,6 +164,19 @@ def test_bad_requests_get_an_openai_error_and_change_nothing(server, body, statu
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"] and err["param"] == param
     assert httpx.get(f"{base}/health").json()["running"] == 0
+
+
+def test_errors_are_openai_json_and_the_connection_stays_usable(server):
+    base, _ = server
+    with httpx.Client(base_url=base) as c:  # one connection for every request below
+        for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405)):
+            r = c.request(method, path)
+            assert r.status_code == status and r.json()["error"]["message"], r.text
+        surrogate = json.dumps({"model": NAME, "prompt": "\udfff"}).encode()  # ASCII escapes
+        bad = c.post("/v1/completions", content=surrogate)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+        ok = c.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):

@@ -1,0 +1,49 @@
+"""The completion request's fields, checked before anything reaches the engine (no server):
+every field is implemented or refused by name, and OpenAI's fields this server does not
+implement pass only at the value that asks for nothing."""
+
+import pytest
+
+from jaxscale.serve.server import ApiError, parse_completion
+
+
+def _parse(**fields):
+    return parse_completion({"model": "m", "prompt": "hi", **fields}, "m", max_seq=64)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"logprobs": None, "echo": False, "best_of": 1, "suffix": None},
+        {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "me"},
+        {"stream_options": None, "n": 1, "stream": False},
+    ],
+)
+def test_fields_at_their_inert_values_are_accepted(fields):
+    assert _parse(**fields).prompt == list(b"hi")
+
+
+@pytest.mark.parametrize(
+    "fields, param, says",
+    [
+        ({"logprobs": 0}, "logprobs", "not supported"),
+        ({"echo": True}, "echo", "not supported"),
+        ({"best_of": 2}, "best_of", "not supported"),
+        ({"best_of": True}, "best_of", "not supported"),  # a bool is not the count 1
+        ({"frequency_penalty": -0.5}, "frequency_penalty", "not supported"),
+        ({"suffix": "}"}, "suffix", "not supported"),
+        ({"functions": []}, "functions", "unrecognized"),
+        ({"max_tokens": 2.5}, "max_tokens", "must be an integer"),
+        ({"prompt": "\udc80"}, "prompt", "not valid Unicode"),
+    ],
+)
+def test_other_values_are_refused_by_name(fields, param, says):
+    with pytest.raises(ApiError) as e:
+        _parse(**fields)
+    assert e.value.status == 400 and e.value.param == param and says in str(e.value)
+
+
+def test_a_request_without_a_model_is_told_so():
+    with pytest.raises(ApiError) as e:
+        parse_completion({"prompt": "hi"}, "m", max_seq=64)
+    assert e.value.status == 400 and e.value.param == "model" and "None" not in str(e.value)

@@ -1,0 +1,42 @@
+"""`jaxscale serve`'s flags and address, refused before anything compiles or listens."""
+
+import socket
+
+import pytest
+
+from jaxscale.cli import main as cli_main
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--port", "70000"], "1..65535"),
+        (["--port", "0"], "positive"),
+        (["--model-name", ""], "non-empty"),
+        (["--model-name", "my model"], "without spaces"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(flags, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["serve", *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and flags[0] in err and says in err
+
+
+def test_a_port_in_use_is_one_line_before_the_banner(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        rc = cli_main(["serve", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"cannot listen on 127.0.0.1:{port}" in err
+    assert "on http://" not in err and "Traceback" not in err  # no banner
+
+
+def test_help_states_the_defaults_and_keeps_the_example_lines(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "(default 8000)" in out and "(default jaxscale)" in out
+    assert "\n  jaxscale serve --ckpt-dir" in out and "\n  curl localhost:8000" in out
