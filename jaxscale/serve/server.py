@@ -1,8 +1,9 @@
 """`jaxscale serve`: an OpenAI-compatible HTTP API on the engine (Starlette app, uvicorn).
 
-Routes: POST /v1/completions (streamed as server-sent events, or whole), GET /v1/models,
-GET /health. The engine runs in its own thread (`EngineThread`): requests reach it through a
-queue, tokens come back to each request's asyncio queue. A bad request gets a 4xx with an
+Routes: POST /v1/completions and POST /v1/chat/completions (streamed as server-sent events,
+or whole; the request bodies are `api.py`'s), GET /v1/models, GET /health. The engine runs in
+its own thread (`EngineThread`): requests reach it through a queue, tokens come back to each
+request's asyncio queue. A bad request gets a 4xx with an
 OpenAI-style error body and changes nothing; a client that goes away mid-stream has its request
 aborted, which frees its slot and pages.
 """
@@ -14,13 +15,11 @@ import contextlib
 import itertools
 import json
 import queue
-import secrets
 import threading
 import time
-from dataclasses import dataclass
 
+from jaxscale.serve.api import ApiError, parse_chat, parse_completion
 from jaxscale.serve.engine import Engine
-from jaxscale.serve.sampling import SamplingParams
 from jaxscale.serve.scheduler import Request
 
 
@@ -99,152 +98,6 @@ class EngineThread:
         self.callbacks.clear()
 
 
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ):
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": str(self),
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-@dataclass(frozen=True)
-class Completion:
-    prompt: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    stop: tuple[str, ...]
-    stream: bool
-
-
-def _number(body: dict, name: str, default, kind, low, high):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-        raise ApiError(
-            400,
-            f"'{name}' must be {'an integer' if kind is int else 'a number'} in "
-            f"[{low}, {high}], got {value!r}",
-            name,
-        )
-    return value
-
-
-# The completion fields this server implements; "user" is the client's own label (kept in no
-# log, changes nothing). Any other field is refused by name, never silently ignored -- except
-# OpenAI's fields that are not implemented here sent at the value that asks for nothing.
-IMPLEMENTED = frozenset(
-    ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
-    + ("stream", "user")
-)
-INERT = {  # value(s) besides null that ask for nothing
-    "logprobs": (),
-    "echo": (False,),
-    "best_of": (1,),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "logit_bias": ({},),
-    "suffix": ("",),
-    "stream_options": (),
-}
-
-
-def _unsupported(body: dict) -> None:
-    """ApiError naming the first field this server does not implement."""
-    for name, value in body.items():
-        if name in IMPLEMENTED:
-            continue
-        if name not in INERT:
-            raise ApiError(400, f"unrecognized request argument supplied: {name!r}", name)
-        inert = value is None or any(
-            value == v and isinstance(value, bool) == isinstance(v, bool) for v in INERT[name]
-        )
-        if not inert:
-            raise ApiError(400, f"{name!r} is not supported by this server", name)
-
-
-def parse_completion(body, model_name: str, max_seq: int, vocab: int = 256) -> Completion:
-    """The request body, checked; ApiError names the first thing wrong. Tokens are bytes; a
-    model trained with a smaller vocabulary refuses the bytes it has no embedding for."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    _unsupported(body)
-    if body.get("model") is None:
-        raise ApiError(400, "you must provide a model parameter ('model')", "model")
-    if body.get("model") != model_name:
-        raise ApiError(
-            404,
-            f"the model {body.get('model')!r} does not exist; this server has {model_name!r}",
-            "model",
-            "model_not_found",
-        )
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        try:
-            ids = list(prompt.encode("utf-8"))
-        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800") has no UTF-8 bytes
-            raise ApiError(
-                400, f"'prompt' is not valid Unicode text: {e.reason} at {e.start}", "prompt"
-            ) from None
-    elif (
-        isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 256 for t in prompt)
-    ):
-        ids = prompt
-    else:
-        raise ApiError(400, "'prompt' must be a non-empty string (or a list of byte ids)", "prompt")
-    if not ids:
-        raise ApiError(400, "'prompt' must not be empty", "prompt")
-    if max(ids) >= vocab:
-        raise ApiError(
-            400,
-            f"this model's vocabulary is bytes 0..{vocab - 1}; the prompt has byte {max(ids)}",
-            "prompt",
-        )
-    # OpenAI's default of 16 new tokens, cut to the context the prompt leaves
-    max_tokens = _number(body, "max_tokens", max(1, min(16, max_seq - len(ids))), int, 1, max_seq)
-    if len(ids) + max_tokens > max_seq:
-        raise ApiError(
-            400,
-            f"this model's context is {max_seq} tokens; the prompt has {len(ids)} "
-            f"and max_tokens asks for {max_tokens}",
-            "prompt",
-            "context_length_exceeded",
-        )
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, "'stop' must be a string or a list of non-empty strings", "stop")
-    if body.get("n") not in (None, 1):
-        raise ApiError(400, "only n = 1 is supported", "n")
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise ApiError(400, f"'stream' must be true or false, got {stream!r}", "stream")
-    sampling = SamplingParams(
-        temperature=float(_number(body, "temperature", 1.0, (int, float), 0.0, 2.0)),
-        top_p=float(_number(body, "top_p", 1.0, (int, float), 1e-6, 1.0)),
-        top_k=_number(body, "top_k", 0, int, 0, 1 << 20),
-        # no seed: a fresh one per request, so equal requests get different samples (OpenAI's
-        # behaviour); with a seed, the same request gets the same tokens
-        seed=_number(body, "seed", secrets.randbelow(2**32), int, 0, 2**32 - 1),
-    )
-    return Completion(ids, max_tokens, sampling, tuple(stop), bool(stream))
-
-
 def make_app(engine: Engine, model_name: str):
     """The Starlette app serving `engine` under `model_name`."""
     from starlette.applications import Starlette
@@ -290,6 +143,14 @@ def make_app(engine: Engine, model_name: str):
         )
 
     async def completions(request):
+        return await _generate(request, chat=False)
+
+    async def chat_completions(request):
+        return await _generate(request, chat=True)
+
+    async def _generate(request, chat: bool):
+        """One request of either endpoint: parsed, run on the engine, answered whole or as
+        server-sent events; the two differ only in the prompt and the answer's shape."""
         try:
             try:
                 body = await request.json()
@@ -297,22 +158,36 @@ def make_app(engine: Engine, model_name: str):
                 raise ApiError(400, "the request body is not valid JSON") from None
             except RecursionError:
                 raise ApiError(400, "the request body is nested too deeply") from None
-            c = parse_completion(body, model_name, engine.cfg.max_seq, engine.cfg.vocab)
+            parse = parse_chat if chat else parse_completion
+            c = parse(body, model_name, engine.cfg.max_seq, engine.cfg.vocab)
         except ApiError as e:
             return error(e)
-        rid = f"cmpl-{next(ids)}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(ids)}"
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         req = Request(rid, c.prompt, c.max_tokens, c.sampling)
         state["engine"].submit(req, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
         created = int(time.time())
 
-        def chunk(text, reason):
+        def chunk(text, reason, first=False):
+            """A whole answer (`text` all of it) or one server-sent event's piece."""
+            if not chat:
+                choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+                kind = "text_completion"
+            elif not c.stream:
+                message = {"role": "assistant", "content": text}
+                choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+                kind = "chat.completion"
+            else:  # the first piece names the role; the last carries only the finish reason
+                delta = {"role": "assistant", "content": text} if first else {"content": text}
+                delta = {} if reason and not text else delta
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                kind = "chat.completion.chunk"
             return {
                 "id": rid,
-                "object": "text_completion",
+                "object": kind,
                 "created": created,
                 "model": model_name,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}],
+                "choices": [choice],
             }
 
         returned = {"tokens": 0}  # tokens behind the text sent (up to a stop string)
@@ -379,6 +254,8 @@ def make_app(engine: Engine, model_name: str):
 
         async def sse():
             try:
+                if chat:  # the role first, as OpenAI's stream does
+                    yield f"data: {json.dumps(chunk('', None, first=True))}\n\n"
                 async for piece, reason in pieces():
                     yield f"data: {json.dumps(chunk(piece, reason))}\n\n"
                 yield "data: [DONE]\n\n"
@@ -403,6 +280,7 @@ def make_app(engine: Engine, model_name: str):
             Route("/health", health),
             Route("/v1/models", models),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

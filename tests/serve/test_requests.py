@@ -4,7 +4,7 @@ implement pass only at the value that asks for nothing."""
 
 import pytest
 
-from jaxscale.serve.server import ApiError, parse_completion
+from jaxscale.serve.api import ApiError, chat_prompt, parse_chat, parse_completion
 
 
 def _parse(**fields):
@@ -47,3 +47,49 @@ def test_a_request_without_a_model_is_told_so():
     with pytest.raises(ApiError) as e:
         parse_completion({"prompt": "hi"}, "m", max_seq=64)
     assert e.value.status == 400 and e.value.param == "model" and "None" not in str(e.value)
+
+
+def _chat(**fields):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return parse_chat(body, "m", max_seq=64)
+
+
+def test_the_chat_template_as_documented():
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"},
+    ]
+    assert chat_prompt(messages) == (
+        "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\nhello\n<|user|>\nbye\n<|assistant|>\n"
+    )
+    # text parts are joined; "developer" (OpenAI's newer name) is the system role
+    parts = [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]
+    c = _chat(messages=[{"role": "developer", "content": parts}], max_completion_tokens=5)
+    assert bytes(c.prompt).decode() == "<|system|>\nbe brief\n<|assistant|>\n"
+    assert c.max_tokens == 5
+    assert _chat(logprobs=False, tools=[], response_format={"type": "text"}).max_tokens == 16
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": "hi", "name": "a"}]}, "messages[0]"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content",
+        ),
+        ({"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
+        ({"logprobs": True}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "hi"}, "prompt"),  # the completions endpoint's field
+        ({"max_completion_tokens": 60}, "messages"),  # the context: 26 + 60 > 64
+    ],
+)
+def test_bad_chat_requests_name_the_field(fields, param):
+    with pytest.raises(ApiError) as e:
+        _chat(**fields)
+    assert e.value.status == 400 and e.value.param == param, str(e.value)

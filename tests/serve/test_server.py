@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow  # one server for the module; about a minute of re
 
 from jaxscale.config import ModelConfig  # noqa: E402
 from jaxscale.model import state as ms  # noqa: E402
+from jaxscale.serve.api import chat_prompt  # noqa: E402
 from jaxscale.serve.engine import Engine, EngineConfig  # noqa: E402
 from jaxscale.serve.sampling import SamplingParams  # noqa: E402
 from jaxscale.serve.scheduler import Request  # noqa: E402
@@ -85,6 +86,34 @@ def test_streaming_equals_the_whole_answer(server):
     assert len(chunks) >= 2
     assert "".join(c.choices[0].text for c in chunks) == _direct("import os", 12)
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_completions_whole_and_streamed_through_the_template(server):
+    """The openai client's chat API: the answer is the engine's own continuation of the
+    documented template's prompt, whole and streamed (the role first, then the text)."""
+    base, _ = server
+    messages = [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]
+    want = _direct(chat_prompt(messages), 12)
+    client = _client(base)
+    whole = client.chat.completions.create(
+        model=NAME, messages=messages, max_completion_tokens=12, temperature=0
+    )
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == want
+    assert whole.choices[0].finish_reason == "length"
+    # "<|system|>\nx\n" + "<|user|>\nhi\n" + "<|assistant|>\n": 13 + 12 + 14 bytes
+    assert whole.usage.prompt_tokens == 13 + 12 + 14
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME, messages=messages, max_tokens=12, temperature=0, stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.chat.completions.create(model=NAME, messages=messages, logprobs=True)
 
 
 def test_concurrent_clients_each_get_their_own_answer(server):
