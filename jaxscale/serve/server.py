@@ -20,6 +20,7 @@ import time
 
 from jaxscale.serve.api import ApiError, parse_chat, parse_completion
 from jaxscale.serve.engine import Engine
+from jaxscale.serve.metrics import ServerMetrics, Timing
 from jaxscale.serve.scheduler import Request
 
 
@@ -106,6 +107,7 @@ def make_app(engine: Engine, model_name: str):
     from starlette.routing import Route
 
     ids = itertools.count()
+    metrics = ServerMetrics(engine)
     state: dict = {}
 
     @contextlib.asynccontextmanager
@@ -132,6 +134,10 @@ def make_app(engine: Engine, model_name: str):
             }
         )
 
+    async def prometheus(request):
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
     async def models(request):
         return JSONResponse(
             {
@@ -151,6 +157,7 @@ def make_app(engine: Engine, model_name: str):
     async def _generate(request, chat: bool):
         """One request of either endpoint: parsed, run on the engine, answered whole or as
         server-sent events; the two differ only in the prompt and the answer's shape."""
+        endpoint, timing = ("chat_completions" if chat else "completions"), Timing()
         try:
             try:
                 body = await request.json()
@@ -161,6 +168,7 @@ def make_app(engine: Engine, model_name: str):
             parse = parse_chat if chat else parse_completion
             c = parse(body, model_name, engine.cfg.max_seq, engine.cfg.vocab)
         except ApiError as e:
+            metrics.refused(endpoint, e.status)
             return error(e)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(ids)}"
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -190,7 +198,6 @@ def make_app(engine: Engine, model_name: str):
                 "choices": [choice],
             }
 
-        returned = {"tokens": 0}  # tokens behind the text sent (up to a stop string)
         checked = [time.monotonic()]
 
         async def next_event():
@@ -217,7 +224,7 @@ def make_app(engine: Engine, model_name: str):
                 if isinstance(ev, Exception):
                     raise ApiError(400, str(ev))
                 text += ev.text
-                returned["tokens"] += 1
+                timing.token()  # tokens behind the text sent (up to a stop string)
                 reason = ev.finish_reason
                 hits = [text.find(s) for s in c.stop if s in text]
                 if hits:
@@ -238,13 +245,16 @@ def make_app(engine: Engine, model_name: str):
                 async for part in pieces():
                     parts.append(part)
             except ApiError as e:
+                metrics.finished(endpoint, e.status, len(c.prompt), timing)
                 return error(e)
             except ClientGone:
+                metrics.finished(endpoint, 499, len(c.prompt), timing)
                 return Response(status_code=499)  # nobody is left to read it
             finally:  # done, failed or hung up: the slot is free either way
                 state["engine"].abort(rid)
+            metrics.finished(endpoint, 200, len(c.prompt), timing)
             body = chunk("".join(p for p, _ in parts), parts[-1][1])
-            n = returned["tokens"]
+            n = timing.tokens
             body["usage"] = {
                 "prompt_tokens": len(c.prompt),
                 "completion_tokens": n,
@@ -253,16 +263,20 @@ def make_app(engine: Engine, model_name: str):
             return JSONResponse(body)
 
         async def sse():
+            status = 499  # unless it ends below: the client went away
             try:
                 if chat:  # the role first, as OpenAI's stream does
                     yield f"data: {json.dumps(chunk('', None, first=True))}\n\n"
                 async for piece, reason in pieces():
                     yield f"data: {json.dumps(chunk(piece, reason))}\n\n"
                 yield "data: [DONE]\n\n"
+                status = 200
             except ApiError as e:  # the status line is sent: the error goes in the stream
+                status = e.status
                 yield f"data: {json.dumps(e.body())}\n\n"
             finally:  # the client went away (or we are done): free the slot either way
                 state["engine"].abort(rid)
+                metrics.finished(endpoint, status, len(c.prompt), timing)
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
@@ -279,6 +293,7 @@ def make_app(engine: Engine, model_name: str):
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
+            Route("/metrics", prometheus),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],

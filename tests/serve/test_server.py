@@ -116,6 +116,53 @@ def test_chat_completions_whole_and_streamed_through_the_template(server):
         client.chat.completions.create(model=NAME, messages=messages, logprobs=True)
 
 
+def _scrape(base) -> dict:
+    """/metrics parsed by prometheus_client's own parser: {(sample, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{base}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def test_metrics_parse_and_count_the_requests_run_while_scraping(server):
+    base, engine = server
+    ok = ("jaxscale_requests_total", (("endpoint", "completions"), ("status", "200")))
+    missing = ("jaxscale_requests_total", (("endpoint", "completions"), ("status", "404")))
+    counts = ("jaxscale_generation_tokens_total", "jaxscale_prompt_tokens_total")
+    counts += ("jaxscale_time_to_first_token_seconds_count",)
+    counts += ("jaxscale_time_per_output_token_seconds_count",)
+    counts += ("jaxscale_e2e_request_latency_seconds_count",)
+    before = _scrape(base)
+    prompts = [f"n = {i}" for i in range(4)]
+    client = _client(base)
+    with ThreadPoolExecutor(4) as pool:
+        answers = [
+            pool.submit(
+                client.completions.create, model=NAME, prompt=p, max_tokens=20, temperature=0
+            )
+            for p in prompts
+        ]
+        during = [_scrape(base) for _ in range(5)]  # a scrape never waits for the engine
+        assert all(a.result().usage.completion_tokens == 20 for a in answers)
+    httpx.post(f"{base}/v1/completions", json={"model": "gpt-4", "prompt": "hi"})
+    after = _scrape(base)
+    delta = {k: after.get((k, ()), 0) - before.get((k, ()), 0) for k in counts}
+    assert after[ok] - before.get(ok, 0) == 4 and after[missing] - before.get(missing, 0) == 1
+    assert delta["jaxscale_generation_tokens_total"] == 4 * 20
+    assert delta["jaxscale_prompt_tokens_total"] == sum(len(p) for p in prompts)
+    assert all(delta[k] == 4 for k in counts[2:]), delta
+    for scrape in (*during, after):
+        used, free = scrape[("jaxscale_kv_pages_used", ())], scrape[("jaxscale_kv_pages_free", ())]
+        assert used + free == ECFG.n_pages - 1
+        assert 0 <= scrape[("jaxscale_prefix_cache_hit_rate", ())] <= 1
+    assert after[("jaxscale_requests_running", ())] == after[("jaxscale_requests_waiting", ())] == 0
+
+
 def test_concurrent_clients_each_get_their_own_answer(server):
     base, _ = server
     prompts = [f"x = {i}" * (i + 1) for i in range(6)]  # more than the 4 slots
