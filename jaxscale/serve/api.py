@@ -48,6 +48,7 @@ class Completion:
     sampling: SamplingParams
     stop: tuple[str, ...]
     stream: bool
+    constraint: object = None  # a grammar every generated token obeys (serve/constrained.py)
 
 
 def _number(body: dict, name: str, default, kind, low, high):
@@ -68,7 +69,7 @@ def _number(body: dict, name: str, default, kind, low, high):
 # changes nothing). Any other field is refused by name -- except OpenAI's fields that are not
 # implemented here, sent at the value that asks for nothing.
 COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
-COMMON += ("stream", "user")
+COMMON += ("stream", "user", "response_format", "guided_regex")
 IMPLEMENTED = {
     "completion": frozenset((*COMMON, "prompt")),
     "chat": frozenset((*COMMON, "messages", "max_completion_tokens")),
@@ -85,7 +86,6 @@ INERT = {
         **_INERT,
         "logprobs": (False,),
         "top_logprobs": (),
-        "response_format": ({"type": "text"},),
         "tools": ([],),
         "tool_choice": ("none",),
     },
@@ -234,4 +234,48 @@ def _completion(
         # behaviour); with a seed, the same request gets the same tokens
         seed=_number(body, "seed", secrets.randbelow(2**32), int, 0, 2**32 - 1),
     )
-    return Completion(ids, max_tokens, sampling, tuple(stop), bool(stream))
+    return Completion(ids, max_tokens, sampling, tuple(stop), bool(stream), _constraint(body))
+
+
+FORMATS = (
+    '{"type": "text"}, {"type": "json_object"} or '
+    '{"type": "json_schema", "json_schema": {"schema": {...}}}'
+)
+
+
+def _constraint(body: dict):
+    """The structured output a request asks for, as a grammar: OpenAI's `response_format`
+    (`json_object`: compact JSON; `json_schema`: JSON valid under `json_schema.schema`, through
+    outlines-core) or vLLM's `guided_regex` (a full match). None for plain text."""
+    from jaxscale.serve import constrained
+
+    fmt, regex = body.get("response_format"), body.get("guided_regex")
+    fmt = None if fmt in (None, {"type": "text"}) else fmt
+    if fmt is not None and regex is not None:
+        raise ApiError(400, "give 'response_format' or 'guided_regex', not both", "guided_regex")
+    if regex is not None:
+        if not isinstance(regex, str):
+            raise ApiError(400, "'guided_regex' must be a string", "guided_regex")
+        try:
+            return constrained.RegexConstraint(regex)
+        except ValueError as e:
+            raise ApiError(400, f"'guided_regex': {e}", "guided_regex") from None
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return constrained.JsonConstraint()
+    spec = fmt.get("json_schema") if kind == "json_schema" else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise ApiError(400, f"'response_format' must be {FORMATS}", "response_format")
+    try:
+        return constrained.SchemaConstraint(spec["schema"])
+    except ImportError:
+        raise ApiError(
+            400,
+            "json_schema outputs need outlines-core on the server: pip install -e '.[grammar]'",
+            "response_format",
+        ) from None
+    except Exception as e:  # noqa: BLE001 - outlines-core's compiler names what it cannot do
+        where = "'response_format.json_schema.schema'"
+        raise ApiError(400, f"{where}: {e}", "response_format") from None

@@ -20,7 +20,7 @@ from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
 from jaxscale.serve import json_pda
 from jaxscale.serve.regex_dfa import compile_regex
-from jaxscale.serve.sampling import SamplingParams, filtered_logits
+from jaxscale.serve.sampling import SamplingParams, sample
 
 
 class JsonConstraint:
@@ -76,15 +76,16 @@ class RegexConstraint:
 def _step(params, tokens_1T, start, cache, mask_V, key, settings, cfg):
     positions_1T = start + jnp.arange(tokens_1T.shape[1])[None, :]
     logits_1TV, cache = kv_cache.forward(params, tokens_1T, positions_1T, cache, cfg)
-    x_V = filtered_logits(
-        logits_1TV[:, -1], settings["temperature"], settings["top_k"], settings["top_p"]
-    )[0]
-    x_V = jnp.where(mask_V, x_V, -jnp.inf)  # the grammar's mask, after temperature/top-k/top-p
-    greedy = jnp.argmax(jnp.where(mask_V, logits_1TV[0, -1], -jnp.inf))
-    drawn = jax.random.categorical(key, x_V)
-    # top-k/top-p may have cut every allowed token: fall back to the allowed argmax
-    drawn = jnp.where(jnp.isfinite(x_V).any(), drawn, greedy)
-    return jnp.where(settings["temperature"][0] > 0, drawn, greedy).astype(jnp.int32), cache
+    # the grammar's mask after temperature/top-k/top-p, as the engine samples
+    tok_1 = sample(
+        logits_1TV[:, -1],
+        key[None],
+        settings["temperature"],
+        settings["top_k"],
+        settings["top_p"],
+        mask_V[None],
+    )
+    return tok_1[0], cache
 
 
 def generate(

@@ -72,16 +72,17 @@ def _bucket(n: int, sizes) -> int:
 
 
 @partial(jax.jit, static_argnames="cfg", donate_argnames="pool")
-def _run(params, pool, table_BN, tokens_BT, positions_BT, last_B, settings, index_B, cfg):
+def _run(params, pool, table_BN, tokens_BT, positions_BT, last_B, settings, index_B, mask_BV, cfg):
     """Feed tokens at positions through the paged cache; sample each row's next token from the
-    logits at its last real token. Returns (pool, tokens [B])."""
+    logits at its last real token, among the tokens `mask_BV` allows (all, unless the request
+    has a grammar). Returns (pool, tokens [B])."""
     logits_BTV, cache = kv_cache.forward(
         params, tokens_BT, positions_BT, kv_cache.paged(pool, table_BN), cfg
     )
     logits_BV = logits_BTV[jnp.arange(tokens_BT.shape[0]), last_B]
     keys_B = sampling.request_keys(settings["seed"], index_B)
     tok_B = sampling.sample(
-        logits_BV, keys_B, settings["temperature"], settings["top_k"], settings["top_p"]
+        logits_BV, keys_B, settings["temperature"], settings["top_k"], settings["top_p"], mask_BV
     )
     return {"k": cache["k"], "v": cache["v"]}, tok_B
 
@@ -128,6 +129,17 @@ class Engine:
         bad = [t for t in req.prompt if not 0 <= t < self.cfg.vocab]
         if bad:
             raise ValueError(f"token {bad[0]} is outside the vocabulary [0, {self.cfg.vocab})")
+        if req.constraint is not None:
+            if req.grammar is None:
+                req.grammar = req.constraint.initial()
+            if not req.constraint.allowed(req.grammar, req.max_tokens - len(req.out)).any():
+                never = not req.constraint.allowed(req.grammar, 1 << 30).any()
+                raise ValueError(
+                    "the output's grammar matches no text at all"
+                    if never
+                    else "the output's grammar cannot be completed within max_tokens "
+                    f"{req.max_tokens}"
+                )
         self.scheduler.add(req)
         self.texts[req.id] = Detokenizer()
 
@@ -140,7 +152,10 @@ class Engine:
         last = np.zeros(B, np.int32)
         index = np.zeros(B, np.int32)
         params = [sampling.SamplingParams(0.0)] * B
+        mask = np.ones((B, self.cfg.vocab), bool)
         for b, (req, n) in enumerate(rows):
+            if req.constraint is not None and req.computed + n == len(req.tokens):
+                mask[b] = self._allowed(req)
             tokens[b, :n] = req.tokens[req.computed : req.computed + n]
             positions[b, :n] = np.arange(req.computed, req.computed + n)
             table[b, : len(req.pages)] = req.pages
@@ -157,9 +172,19 @@ class Engine:
             jnp.asarray(last),
             sampling.as_arrays(params),
             jnp.asarray(index),
+            jnp.asarray(mask),
             self.cfg,
         )
         return [int(t) for t in np.asarray(tok_B)[: len(rows)]]
+
+    def _allowed(self, req: Request) -> np.ndarray:
+        """The grammar's allowed next tokens [V] with the tokens left (the grammar's masks are
+        over the 256 bytes)."""
+        allowed = np.asarray(req.constraint.allowed(req.grammar, req.max_tokens - len(req.out)))
+        row = np.zeros(self.cfg.vocab, bool)
+        n = min(self.cfg.vocab, len(allowed))
+        row[:n] = allowed[:n]
+        return row
 
     def step(self) -> list[Event]:
         """One scheduling step: the decode program, then the prefill program."""
@@ -187,12 +212,25 @@ class Engine:
                 reaches_end = req.computed + n == len(req.tokens)
                 self.scheduler.advance(req, n, tok if reaches_end else None, self.ecfg.eos_id)
                 if reaches_end:
-                    text = self.texts[req.id].push(tok)
+                    text = self._grammar_step(req, tok)
                     if req.done:
                         text += self.texts.pop(req.id).finish()
                     events.append(Event(req.id, tok, text, req.finish_reason))
         self.steps += 1
         return events
+
+    def _grammar_step(self, req: Request, tok: int) -> str:
+        """`tok`'s text, after advancing the request's grammar: a grammar that is complete ends
+        the request ("stop"); the byte that ends a regex or schema output is not text."""
+        c = req.constraint
+        if c is None:
+            return self.texts[req.id].push(tok)
+        req.grammar = c.advance(req.grammar, tok)
+        if not c.done(req.grammar):
+            return self.texts[req.id].push(tok)
+        if not req.done:
+            self.scheduler.finish(req, "stop")
+        return "" if tok == getattr(c, "end", None) else self.texts[req.id].push(tok)
 
     def warmup(self) -> int:
         """Compile every shape the engine can run (batch sizes x (decode + prefill buckets)),

@@ -69,10 +69,16 @@ def filtered_logits(logits_BV, temperature_B, top_k_B, top_p_B):
     return jnp.where(top_p_B[:, None] >= 1, x_BV, nucleus_BV)
 
 
-def sample(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
+def sample(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, mask_BV=None):
     """Next token per row [B] int32: argmax where temperature is 0, else a draw from the
-    filtered softmax with that row's key."""
+    filtered softmax with that row's key. `mask_BV` (a grammar's allowed tokens, bool) applies
+    after temperature, top-k and top-p; where those cut every allowed token, the allowed argmax."""
     x_BV = filtered_logits(logits_BV, temperature_B, top_k_B, top_p_B)
-    drawn_B = jax.vmap(jax.random.categorical)(keys_B, x_BV)
+    if mask_BV is not None:
+        x_BV = jnp.where(mask_BV, x_BV, -jnp.inf)
+        logits_BV = jnp.where(mask_BV, logits_BV, -jnp.inf)
     greedy_B = jnp.argmax(logits_BV, axis=-1)
+    drawn_B = jax.vmap(jax.random.categorical)(keys_B, x_BV)
+    if mask_BV is not None:
+        drawn_B = jnp.where(jnp.isfinite(x_BV).any(axis=-1), drawn_B, greedy_B)
     return jnp.where(temperature_B > 0, drawn_B, greedy_B).astype(jnp.int32)

@@ -34,6 +34,10 @@ class Request:
     preemptions: int = 0
     cached: int = 0  # prompt tokens found in the prefix cache at admission
     path: list = field(default_factory=list)  # prefix-cache nodes this request holds
+    # a grammar (serve/constrained.py: initial/allowed/advance/done) every sampled token obeys,
+    # and its state after the tokens in `out`
+    constraint: object = None
+    grammar: object = None
 
     @property
     def tokens(self) -> list[int]:

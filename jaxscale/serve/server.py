@@ -172,7 +172,7 @@ def make_app(engine: Engine, model_name: str):
             return error(e)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(ids)}"
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        req = Request(rid, c.prompt, c.max_tokens, c.sampling)
+        req = Request(rid, c.prompt, c.max_tokens, c.sampling, constraint=c.constraint)
         state["engine"].submit(req, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
         created = int(time.time())
 

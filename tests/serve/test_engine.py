@@ -122,3 +122,45 @@ def test_requests_that_cannot_fit_are_refused():
     with pytest.raises(ValueError, match="already in flight"):
         small.add(Request("fits", [2], 1))
     assert [r.id for r in small.scheduler.waiting] == ["fits"]
+
+
+def test_grammars_in_the_batch_constrain_their_own_rows_only():
+    """A JSON request, a regex request and a plain one in one batch on 2 slots: the JSON parses,
+    the regex text fully matches, each equals the single-request constrained generator's greedy
+    output, and the plain request's tokens are those it gets alone."""
+    import json
+    import re
+
+    from jaxscale.serve import constrained
+
+    prompt = [int(t) for t in PROMPTS[0]]
+    regex = r"[a-c]{2,5}@(x|yz)"
+    grammars = [constrained.JsonConstraint(), constrained.RegexConstraint(regex), None]
+    max_new = [40, 12, MAX_NEW]
+    eng = Engine(PARAMS, CFG, EngineConfig(max_num_seqs=2, max_num_batched_tokens=16))
+    reqs = [
+        Request(str(i), prompt, n, SamplingParams(0.0), constraint=g)
+        for i, (g, n) in enumerate(zip(grammars, max_new, strict=True))
+    ]
+    texts = {r.id: "" for r in reqs}
+    for r in reqs:
+        eng.add(r)
+    while eng.scheduler.has_work():
+        for ev in eng.step():
+            texts[ev.request_id] += ev.text
+    json.loads(texts["0"])
+    assert re.fullmatch(regex, texts["1"]) and reqs[1].finish_reason == "stop"
+    for r, g in zip(reqs[:2], grammars[:2], strict=True):
+        alone = constrained.generate(PARAMS, CFG, prompt, g, r.max_tokens)
+        assert r.out == alone, (r.out, alone)
+    assert reqs[2].out == gen.generate(PARAMS, [PROMPTS[0]], CFG, MAX_NEW).row(0)
+
+
+def test_a_grammar_that_cannot_finish_within_max_tokens_is_refused_at_add():
+    from jaxscale.serve import constrained
+
+    eng = Engine(PARAMS, CFG)
+    c = constrained.RegexConstraint("[0-9]{10}")
+    with pytest.raises(ValueError, match="max_tokens 5"):
+        eng.add(Request("r", [65], 5, constraint=c))
+    assert not eng.scheduler.has_work()

@@ -84,7 +84,10 @@ def test_the_chat_template_as_documented():
         ),
         ({"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
         ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"guided_regex": "(ab"}, "guided_regex"),
+        ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
         ({"prompt": "hi"}, "prompt"),  # the completions endpoint's field
         ({"max_completion_tokens": 60}, "messages"),  # the context: 26 + 60 > 64
     ],

@@ -4,6 +4,7 @@ max_tokens, stop, seed; bad requests get OpenAI-style 4xx bodies and leave the s
 client that disconnects mid-stream has its slot freed."""
 
 import json
+import re
 import socket
 import threading
 import time
@@ -161,6 +162,58 @@ def test_metrics_parse_and_count_the_requests_run_while_scraping(server):
         assert used + free == ECFG.n_pages - 1
         assert 0 <= scrape[("jaxscale_prefix_cache_hit_rate", ())] <= 1
     assert after[("jaxscale_requests_running", ())] == after[("jaxscale_requests_waiting", ())] == 0
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["id", "ok"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_hold_for_a_hundred_seeded_requests(server):
+    """response_format json_schema (outlines-core), json_object and vLLM's guided_regex, whole
+    and streamed, sampled at temperature 1: every text is what was asked for."""
+    base, _ = server
+    client = _client(base)
+    fmt = {"type": "json_schema", "json_schema": {"name": "row", "schema": SCHEMA}}
+
+    def ask(seed):
+        r = client.chat.completions.create(
+            model=NAME,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=36,
+            temperature=1.0,
+            seed=seed,
+            response_format=fmt,
+        )
+        return r.choices[0].message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        rows = [json.loads(t) for t in pool.map(ask, range(100))]
+    for row in rows:  # the schema, checked by hand: two keys, an int and a bool
+        assert set(row) == {"id", "ok"} and type(row["id"]) is int and type(row["ok"]) is bool
+    chunks = client.completions.create(
+        model=NAME,
+        prompt="{",
+        max_tokens=30,
+        seed=1,
+        stream=True,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    json.loads("".join(c.choices[0].text for c in chunks))
+    regex = "[0-9]{3}-[a-z]{2,4}"
+    text = client.completions.create(
+        model=NAME, prompt="a", max_tokens=12, seed=2, extra_body={"guided_regex": regex}
+    )
+    assert re.fullmatch(regex, text.choices[0].text), text.choices[0].text
+    for extra, says in (
+        ({"guided_regex": "(ab"}, "guided_regex"),
+        ({"guided_regex": "[0-9]{30}"}, "max_tokens 12"),  # the grammar cannot finish in time
+    ):
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.completions.create(model=NAME, prompt="a", max_tokens=12, extra_body=extra)
 
 
 def test_concurrent_clients_each_get_their_own_answer(server):
