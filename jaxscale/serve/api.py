@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from jaxscale.serve.engine import TOP_LOGPROBS
 from jaxscale.serve.sampling import SamplingParams
 
 
@@ -49,6 +50,7 @@ class Completion:
     stop: tuple[str, ...]
     stream: bool
     constraint: object = None  # a grammar every generated token obeys (serve/constrained.py)
+    logprobs: int | None = None  # None: none; n: each token's and the n most likely tokens'
 
 
 def _number(body: dict, name: str, default, kind, low, high):
@@ -71,8 +73,8 @@ def _number(body: dict, name: str, default, kind, low, high):
 COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
 COMMON += ("stream", "user", "response_format", "guided_regex")
 IMPLEMENTED = {
-    "completion": frozenset((*COMMON, "prompt")),
-    "chat": frozenset((*COMMON, "messages", "max_completion_tokens")),
+    "completion": frozenset((*COMMON, "prompt", "logprobs")),
+    "chat": frozenset((*COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs")),
 }
 _INERT = {  # value(s) besides null that ask for nothing
     "presence_penalty": (0,),
@@ -81,11 +83,9 @@ _INERT = {  # value(s) besides null that ask for nothing
     "stream_options": (),
 }
 INERT = {
-    "completion": {**_INERT, "logprobs": (), "echo": (False,), "best_of": (1,), "suffix": ("",)},
+    "completion": {**_INERT, "echo": (False,), "best_of": (1,), "suffix": ("",)},
     "chat": {
         **_INERT,
-        "logprobs": (False,),
-        "top_logprobs": (),
         "tools": ([],),
         "tool_choice": ("none",),
     },
@@ -234,7 +234,54 @@ def _completion(
         # behaviour); with a seed, the same request gets the same tokens
         seed=_number(body, "seed", secrets.randbelow(2**32), int, 0, 2**32 - 1),
     )
-    return Completion(ids, max_tokens, sampling, tuple(stop), bool(stream), _constraint(body))
+    return Completion(
+        ids, max_tokens, sampling, tuple(stop), bool(stream), _constraint(body), _logprobs(body)
+    )
+
+
+def _logprobs(body: dict) -> int | None:
+    """How many top log-probabilities per token the request asks for (None: none): the legacy
+    endpoint's `logprobs` (0..5), or chat's `logprobs` true with `top_logprobs` (0..20)."""
+    if "messages" not in body:
+        return _number(body, "logprobs", None, int, 0, 5)
+    on = body.get("logprobs")
+    if on not in (None, True, False):
+        raise ApiError(400, f"'logprobs' must be true or false, got {on!r}", "logprobs")
+    top = _number(body, "top_logprobs", None, int, 0, TOP_LOGPROBS)
+    if top is not None and not on:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if on else None
+
+
+def _token(t: int) -> str:
+    """A byte token as text: itself when printable ASCII, else vLLM's `bytes:\\xNN` form."""
+    return chr(t) if 32 <= t < 127 else f"bytes:\\x{t:02x}"
+
+
+def logprobs(tokens: list, n: int, chat: bool) -> dict:
+    """OpenAI's `logprobs` object for `tokens` [(Event, text offset)]: the chat form
+    (`content`: token, logprob, bytes, top_logprobs) or the legacy one (tokens, token_logprobs,
+    top_logprobs as {token: logprob}, text_offset)."""
+    if chat:
+        return {
+            "content": [
+                {
+                    "token": _token(ev.token),
+                    "logprob": ev.logprob,
+                    "bytes": [ev.token],
+                    "top_logprobs": [
+                        {"token": _token(t), "logprob": lp, "bytes": [t]} for t, lp in ev.top[:n]
+                    ],
+                }
+                for ev, _ in tokens
+            ]
+        }
+    return {
+        "tokens": [_token(ev.token) for ev, _ in tokens],
+        "token_logprobs": [ev.logprob for ev, _ in tokens],
+        "top_logprobs": [{_token(t): lp for t, lp in ev.top[:n]} for ev, _ in tokens],
+        "text_offset": [offset for _, offset in tokens],
+    }
 
 
 FORMATS = (

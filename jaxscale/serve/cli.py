@@ -64,6 +64,12 @@ def add_parser(sub) -> None:
     p.add_argument("--page-size", type=positive_int, default=16, help="KV page size in tokens")
     p.add_argument("--n-pages", type=positive_int, default=256, help="pages in the KV pool")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn the radix cache off")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help="tensor-parallel decode over the first N devices, e.g. tp=2: heads and MLP over "
+        "`tensor`, the KV pages split by kv head (default: one device)",
+    )
     p.set_defaults(func=main)
 
 
@@ -92,7 +98,7 @@ def _main(args) -> int:
         raise ValueError("serving an MoE model is not implemented (its cached decode)")
     # the address first: a port in use is one line and exit 2, before anything compiles
     sock = _listen(args.host, args.port)
-    engine = Engine(params, cfg, ecfg)
+    engine = Engine(params, cfg, ecfg, mesh=_mesh(args.mesh))
     t0 = time.perf_counter()
     shapes = engine.warmup()  # every program the engine steps with, compiled now
     seconds = time.perf_counter() - t0
@@ -108,6 +114,25 @@ def _main(args) -> int:
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
         pass
     return 0
+
+
+def _mesh(spec: str | None):
+    """`--mesh` on the process's first devices (MeshSpecError is a ValueError: one line)."""
+    if spec is None:
+        return None
+    import math
+
+    import jax
+
+    from jaxscale.mesh import build_mesh, parse_mesh
+
+    parsed = parse_mesh(spec)
+    if -1 in parsed.shape:
+        raise ValueError(f"--mesh {spec}: give every axis its size (the engine uses N devices)")
+    n = math.prod(parsed.shape)
+    if n > jax.device_count():
+        raise ValueError(f"--mesh {spec} needs {n} devices; this process has {jax.device_count()}")
+    return build_mesh(parsed, devices=jax.devices()[:n])
 
 
 def _listen(host: str, port: int) -> socket.socket:

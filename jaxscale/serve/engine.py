@@ -48,6 +48,13 @@ class Event:
     token: int
     text: str
     finish_reason: str | None
+    # the token's log-probability under the model (raw logits: before temperature, top-k,
+    # top-p and any grammar), and the TOP_LOGPROBS most likely tokens' (ids, log-probabilities)
+    logprob: float = 0.0
+    top: tuple = ()
+
+
+TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs; computed for every row, a [B, 20] top-k
 
 
 class Detokenizer:
@@ -62,6 +69,38 @@ class Detokenizer:
 
     def finish(self) -> str:
         return self._decoder.decode(b"", final=True)
+
+
+def _placed(params, pool, cfg: ModelConfig, mesh):
+    """Parameters and pool laid out for tensor-parallel decode on `mesh` (a mesh whose only
+    axis of size > 1 is `tensor`: a data axis would split the engine's rows, which replicas
+    do, not one engine)."""
+    from jaxscale.model import state as ms
+    from jaxscale.sharding import REPLICATED_RULES, Sharder
+
+    wide = {a: n for a, n in mesh.shape.items() if n > 1}
+    if set(wide) - {"tensor"}:
+        raise ValueError(
+            f"the engine runs tensor-parallel decode (--mesh tp=N); the mesh {dict(mesh.shape)} "
+            "has other axes"
+        )
+    tp = wide.get("tensor", 1)
+    if cfg.n_kv_heads % tp:
+        raise ValueError(f"tp={tp} must divide the model's {cfg.n_kv_heads} kv heads")
+    if cfg.n_experts:
+        raise ValueError("tensor-parallel decode of an MoE model is not implemented")
+    sharder = Sharder(mesh, REPLICATED_RULES)
+    with jax.set_mesh(mesh):
+        params = jax.device_put(params, ms.param_shardings(cfg, sharder))
+        pool = jax.device_put(pool, sharder.named(POOL_AXES))
+    return params, pool
+
+
+def _on(mesh):
+    """The mesh as the context of the step's dispatch, or nothing on one device."""
+    import contextlib
+
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
 def _bucket(n: int, sizes) -> int:
@@ -84,7 +123,15 @@ def _run(params, pool, table_BN, tokens_BT, positions_BT, last_B, settings, inde
     tok_B = sampling.sample(
         logits_BV, keys_B, settings["temperature"], settings["top_k"], settings["top_p"], mask_BV
     )
-    return {"k": cache["k"], "v": cache["v"]}, tok_B
+    logp_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1)
+    top_BK, top_ids_BK = jax.lax.top_k(logp_BV, min(TOP_LOGPROBS, logp_BV.shape[-1]))
+    logp_B = jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
+    return {"k": cache["k"], "v": cache["v"]}, (tok_B, logp_B, top_ids_BK, top_BK)
+
+
+# the page pool [L, n_pages, page_size, G, K] under tensor parallelism: each device holds its
+# kv heads' pages, the ones its query heads read (attention needs no collective)
+POOL_AXES = ("layers", None, None, "kv_heads", "head_dim")
 
 
 @dataclass
@@ -92,6 +139,9 @@ class Engine:
     params: dict
     cfg: ModelConfig
     ecfg: EngineConfig = field(default_factory=EngineConfig)
+    # tensor-parallel decode: parameters by the sharding rules (heads and MLP over `tensor`),
+    # the pool split by kv heads; GSPMD places the all-reduces (two per layer). None: one device
+    mesh: jax.sharding.Mesh | None = None
 
     def __post_init__(self):
         e, cfg = self.ecfg, self.cfg
@@ -109,6 +159,8 @@ class Engine:
             e.static_batching,
         )
         self.pool = kv_cache.init_paged(cfg, e.n_pages, e.page_size)
+        if self.mesh is not None:
+            self.params, self.pool = _placed(self.params, self.pool, cfg, self.mesh)
         self.batch_sizes = tuple(2**i for i in range((e.max_num_seqs - 1).bit_length() + 1))
         # prefill chunk lengths: powers of two from 8 up to the first that holds the budget
         top = (max(e.max_num_batched_tokens, 8) - 1).bit_length()
@@ -143,8 +195,9 @@ class Engine:
         self.scheduler.add(req)
         self.texts[req.id] = Detokenizer()
 
-    def _feed(self, rows: list[tuple[Request, int]], T: int, batch: int = 0) -> list[int]:
-        """One program over `rows` (request, tokens fed), padded to a batch size and T."""
+    def _feed(self, rows: list[tuple[Request, int]], T: int, batch: int = 0) -> list[tuple]:
+        """One program over `rows` (request, tokens fed), padded to a batch size and T: per row
+        (token, its log-probability, the top (ids, log-probabilities))."""
         B = batch or _bucket(len(rows), self.batch_sizes)
         tokens = np.zeros((B, T), np.int32)
         positions = np.full((B, T), self.cfg.max_seq, np.int32)  # padding: beyond every table
@@ -163,19 +216,24 @@ class Engine:
         self.shapes.add((B, T))
         if rows:
             self.exact_shapes.add((len(rows), max(n for _, n in rows)))
-        self.pool, tok_B = _run(
-            self.params,
-            self.pool,
-            jnp.asarray(table),
-            jnp.asarray(tokens),
-            jnp.asarray(positions),
-            jnp.asarray(last),
-            sampling.as_arrays(params),
-            jnp.asarray(index),
-            jnp.asarray(mask),
-            self.cfg,
-        )
-        return [int(t) for t in np.asarray(tok_B)[: len(rows)]]
+        with _on(self.mesh):
+            self.pool, out = _run(
+                self.params,
+                self.pool,
+                jnp.asarray(table),
+                jnp.asarray(tokens),
+                jnp.asarray(positions),
+                jnp.asarray(last),
+                sampling.as_arrays(params),
+                jnp.asarray(index),
+                jnp.asarray(mask),
+                self.cfg,
+            )
+        tok_B, logp_B, top_ids_BK, top_BK = (np.asarray(x)[: len(rows)] for x in out)
+        return [
+            (int(t), float(lp), tuple(zip(ids.tolist(), lps.tolist(), strict=True)))
+            for t, lp, ids, lps in zip(tok_B, logp_B, top_ids_BK, top_BK, strict=True)
+        ]
 
     def _allowed(self, req: Request) -> np.ndarray:
         """The grammar's allowed next tokens [V] with the tokens left (the grammar's masks are
@@ -208,14 +266,14 @@ class Engine:
         for rows, T in groups:
             if not rows:
                 continue
-            for (req, n), tok in zip(rows, self._feed(rows, T), strict=True):
+            for (req, n), (tok, logp, top) in zip(rows, self._feed(rows, T), strict=True):
                 reaches_end = req.computed + n == len(req.tokens)
                 self.scheduler.advance(req, n, tok if reaches_end else None, self.ecfg.eos_id)
                 if reaches_end:
                     text = self._grammar_step(req, tok)
                     if req.done:
                         text += self.texts.pop(req.id).finish()
-                    events.append(Event(req.id, tok, text, req.finish_reason))
+                    events.append(Event(req.id, tok, text, req.finish_reason, logp, top))
         self.steps += 1
         return events
 

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 
-from jaxscale.serve.api import ApiError, parse_chat, parse_completion
+from jaxscale.serve.api import ApiError, logprobs, parse_chat, parse_completion
 from jaxscale.serve.engine import Engine
 from jaxscale.serve.metrics import ServerMetrics, Timing
 from jaxscale.serve.scheduler import Request
@@ -176,19 +176,21 @@ def make_app(engine: Engine, model_name: str):
         state["engine"].submit(req, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
         created = int(time.time())
 
-        def chunk(text, reason, first=False):
-            """A whole answer (`text` all of it) or one server-sent event's piece."""
+        def chunk(text, reason, first=False, tokens=()):
+            """A whole answer (`text` all of it) or one server-sent event's piece, with the
+            log-probabilities of its `tokens` when the request asked for them."""
+            lp = None if c.logprobs is None else logprobs(tokens, c.logprobs, chat)
             if not chat:
-                choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+                choice = {"text": text, "index": 0, "logprobs": lp, "finish_reason": reason}
                 kind = "text_completion"
             elif not c.stream:
                 message = {"role": "assistant", "content": text}
-                choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": reason}
                 kind = "chat.completion"
             else:  # the first piece names the role; the last carries only the finish reason
                 delta = {"role": "assistant", "content": text} if first else {"content": text}
                 delta = {} if reason and not text else delta
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}
                 kind = "chat.completion.chunk"
             return {
                 "id": rid,
@@ -215,14 +217,16 @@ def make_app(engine: Engine, model_name: str):
                     continue
 
         async def pieces():
-            """(text, finish_reason) as they come; a stop string ends the request."""
-            text, sent = "", 0
+            """(text, finish_reason, tokens) as they come, `tokens` the events behind the text
+            since the last piece; a stop string ends the request."""
+            text, sent, tokens, given = "", 0, [], 0
             while True:
                 ev = await next_event()
                 if isinstance(ev, EngineError):
                     raise ApiError(500, str(ev), kind="server_error")
                 if isinstance(ev, Exception):
                     raise ApiError(400, str(ev))
+                tokens.append((ev, len(text)))  # the token, and its text's offset
                 text += ev.text
                 timing.token()  # tokens behind the text sent (up to a stop string)
                 reason = ev.finish_reason
@@ -234,8 +238,8 @@ def make_app(engine: Engine, model_name: str):
                 hold = 0 if reason else max((len(s) - 1 for s in c.stop), default=0)
                 upto = max(sent, len(text) - hold)
                 if upto > sent or reason:
-                    yield text[sent:upto], reason
-                    sent = upto
+                    yield text[sent:upto], reason, tokens[given:]
+                    sent, given = upto, len(tokens)
                 if reason:
                     return
 
@@ -253,7 +257,8 @@ def make_app(engine: Engine, model_name: str):
             finally:  # done, failed or hung up: the slot is free either way
                 state["engine"].abort(rid)
             metrics.finished(endpoint, 200, len(c.prompt), timing)
-            body = chunk("".join(p for p, _ in parts), parts[-1][1])
+            text, every = "".join(p[0] for p in parts), [t for p in parts for t in p[2]]
+            body = chunk(text, parts[-1][1], tokens=every)
             n = timing.tokens
             body["usage"] = {
                 "prompt_tokens": len(c.prompt),
@@ -267,8 +272,8 @@ def make_app(engine: Engine, model_name: str):
             try:
                 if chat:  # the role first, as OpenAI's stream does
                     yield f"data: {json.dumps(chunk('', None, first=True))}\n\n"
-                async for piece, reason in pieces():
-                    yield f"data: {json.dumps(chunk(piece, reason))}\n\n"
+                async for piece, reason, tokens in pieces():
+                    yield f"data: {json.dumps(chunk(piece, reason, tokens=tokens))}\n\n"
                 yield "data: [DONE]\n\n"
                 status = 200
             except ApiError as e:  # the status line is sent: the error goes in the stream

@@ -51,7 +51,7 @@ def _in_process(ckpt, prompt: str, n: int) -> str:
     return bytes(out).decode("utf-8", errors="replace")
 
 
-def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
+def test_serve_on_a_tensor_mesh_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
     run = tmp_path / "run"
     rc = cli_main(
         [
@@ -87,6 +87,8 @@ def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
             "--port",
             str(port),
             *ENGINE,
+            "--mesh",  # tensor-parallel decode: the same tokens as the one-device engine
+            "tp=2",
         ],
         env=env,
         stdout=subprocess.PIPE,

@@ -164,3 +164,28 @@ def test_a_grammar_that_cannot_finish_within_max_tokens_is_refused_at_add():
     with pytest.raises(ValueError, match="max_tokens 5"):
         eng.add(Request("r", [65], 5, constraint=c))
     assert not eng.scheduler.has_work()
+
+
+def test_log_probabilities_are_the_uncached_models():
+    """Each event's log-probability and top tokens: log_softmax of the full recomputation
+    (pieces.logits over prompt + output) at the position that produced the token."""
+    import jax
+
+    from jaxscale.model import pieces
+    from jaxscale.tolerances import ATOL, RTOL
+
+    prompt = [int(t) for t in PROMPTS[1]]
+    eng = Engine(PARAMS, CFG, EngineConfig(max_num_seqs=2, max_num_batched_tokens=16))
+    eng.add(Request("r", prompt, MAX_NEW, SamplingParams(1.0, seed=5)))
+    events = []
+    while eng.scheduler.has_work():
+        events += eng.step()
+    out = [ev.token for ev in events]
+    logits = pieces.logits(PARAMS, np.asarray([prompt + out], np.int32), CFG)
+    logp = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+    for i, ev in enumerate(events):
+        want = logp[len(prompt) - 1 + i]
+        np.testing.assert_allclose(ev.logprob, want[ev.token], rtol=RTOL, atol=ATOL)
+        ids = [t for t, _ in ev.top]
+        assert ids == list(np.argsort(-want, kind="stable")[: len(ids)]) and len(ids) == 20
+        np.testing.assert_allclose([lp for _, lp in ev.top], want[ids], rtol=RTOL, atol=ATOL)

@@ -14,7 +14,7 @@ def _parse(**fields):
 @pytest.mark.parametrize(
     "fields",
     [
-        {"logprobs": None, "echo": False, "best_of": 1, "suffix": None},
+        {"logprobs": None, "echo": False, "best_of": 1, "suffix": None, "seed": 3},
         {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "me"},
         {"stream_options": None, "n": 1, "stream": False},
     ],
@@ -26,7 +26,7 @@ def test_fields_at_their_inert_values_are_accepted(fields):
 @pytest.mark.parametrize(
     "fields, param, says",
     [
-        ({"logprobs": 0}, "logprobs", "not supported"),
+        ({"logprobs": 6}, "logprobs", "must be an integer in [0, 5]"),
         ({"echo": True}, "echo", "not supported"),
         ({"best_of": 2}, "best_of", "not supported"),
         ({"best_of": True}, "best_of", "not supported"),  # a bool is not the count 1
@@ -83,7 +83,9 @@ def test_the_chat_template_as_documented():
             "messages[0].content",
         ),
         ({"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
         ({"guided_regex": "(ab"}, "guided_regex"),
@@ -96,3 +98,10 @@ def test_bad_chat_requests_name_the_field(fields, param):
     with pytest.raises(ApiError) as e:
         _chat(**fields)
     assert e.value.status == 400 and e.value.param == param, str(e.value)
+
+
+def test_log_probabilities_are_asked_for_per_endpoint():
+    assert _parse().logprobs is None and _parse(logprobs=0).logprobs == 0
+    assert _chat().logprobs is None and _chat(logprobs=False).logprobs is None
+    assert _chat(logprobs=True).logprobs == 0
+    assert _chat(logprobs=True, top_logprobs=20).logprobs == 20

@@ -40,3 +40,15 @@ def test_help_states_the_defaults_and_keeps_the_example_lines(capsys):
     out = capsys.readouterr().out
     assert "(default 8000)" in out and "(default jaxscale)" in out
     assert "\n  jaxscale serve --ckpt-dir" in out and "\n  curl localhost:8000" in out
+
+
+def test_a_mesh_the_engine_cannot_run_is_refused_in_one_line(capsys):
+    rc = cli_main(["serve", "--mesh", "dp=2,tp=2", "--port", str(_free_port())])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tensor-parallel" in err and "Traceback" not in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

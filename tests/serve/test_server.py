@@ -10,6 +10,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -24,6 +25,7 @@ from jaxscale.serve.engine import Engine, EngineConfig  # noqa: E402
 from jaxscale.serve.sampling import SamplingParams  # noqa: E402
 from jaxscale.serve.scheduler import Request  # noqa: E402
 from jaxscale.serve.server import make_app  # noqa: E402
+from jaxscale.tolerances import ATOL, RTOL  # noqa: E402
 
 CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=64)
 PARAMS = ms.init_params(CFG, 0)
@@ -113,8 +115,37 @@ def test_chat_completions_whole_and_streamed_through_the_template(server):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "length"
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.chat.completions.create(model=NAME, messages=messages, logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=NAME, messages=messages, top_logprobs=3)
+
+
+def test_log_probabilities_on_both_endpoints_whole_and_streamed(server):
+    """Greedy: each token is its own top-1, with that log-probability; the streamed tokens and
+    values are the whole answer's."""
+    base, _ = server
+    client = _client(base)
+    r = client.completions.create(model=NAME, prompt="ab", max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) == 3 and max(top, key=top.get) == tok and top[tok] == value <= 0
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    messages = [{"role": "user", "content": "hi"}]
+    kw = dict(model=NAME, messages=messages, max_tokens=8, temperature=0, logprobs=True)
+    whole = client.chat.completions.create(top_logprobs=2, **kw).choices[0].logprobs.content
+    assert [len(t.top_logprobs) for t in whole] == [2] * 8
+    assert all(t.top_logprobs[0].token == t.token for t in whole)
+    streamed = [
+        t
+        for c in client.chat.completions.create(stream=True, top_logprobs=2, **kw)
+        if c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    assert [t.token for t in streamed] == [t.token for t in whole]
+    # the same numbers up to float rounding (the two ran in batches of different shapes)
+    np.testing.assert_allclose(
+        [t.logprob for t in streamed], [t.logprob for t in whole], rtol=RTOL, atol=ATOL
+    )
 
 
 def _scrape(base) -> dict:
@@ -268,7 +299,7 @@ def test_seed_and_stop(server):
         ({"model": NAME, "prompt": "hi", "stream": "false"}, 400, "stream"),
         ({"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
         # what the engine does not implement is refused by name, not ignored
-        ({"model": NAME, "prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+        ({"model": NAME, "prompt": "hi", "logprobs": 9}, 400, "logprobs"),
         ({"model": NAME, "prompt": "hi", "echo": True}, 400, "echo"),
         ({"model": NAME, "prompt": "hi", "presence_penalty": 5.0}, 400, "presence_penalty"),
         ({"model": NAME, "prompt": "hi", "logit_bias": {"65": 5}}, 400, "logit_bias"),

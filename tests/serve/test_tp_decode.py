@@ -61,3 +61,57 @@ def ms_cache(sharder):
     from jaxscale.model import kv_cache
 
     return kv_cache.init_cache(CFG, 1, 12, sharder=sharder)
+
+
+@pytest.mark.slow
+@pytest.mark.first_line
+@pytest.mark.parametrize("tp", [2, 4])
+def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
+    """The continuous-batching engine with its parameters over `tensor` and its page pool split
+    by kv heads: queued, chunked, greedy and sampled requests get the one-device engine's tokens
+    (and log-probabilities), and the step program all-reduces over `tensor`."""
+    from jaxscale.serve.engine import Engine, EngineConfig, _run
+    from jaxscale.serve.scheduler import Request
+
+    ecfg = EngineConfig(max_num_seqs=2, max_num_batched_tokens=8, page_size=8, n_pages=24)
+
+    def run(mesh):
+        eng = Engine(_params(), CFG, ecfg, mesh=mesh)
+        reqs = [
+            Request(str(i), p, 10, s)
+            for i, (p, s) in enumerate(zip(PROMPTS * 2, SAMPLING * 2, strict=True))
+        ]
+        lps = {r.id: [] for r in reqs}
+        for r in reqs:
+            eng.add(r)
+        while eng.scheduler.has_work():
+            for ev in eng.step():
+                lps[ev.request_id].append(ev.logprob)
+        return [r.out for r in reqs], lps, eng
+
+    want, want_lp, _ = run(None)
+    got, got_lp, eng = run(build_mesh(f"tp={tp}", devices=jax.devices()[:tp]))
+    assert got == want
+    for rid in want_lp:
+        np.testing.assert_allclose(got_lp[rid], want_lp[rid], atol=1e-4)
+    k = eng.pool["k"]
+    assert k.sharding.shard_shape(k.shape)[3] == CFG.n_kv_heads // tp  # kv heads split
+    with jax.set_mesh(eng.mesh):  # the decode program ([2, 1]) as the engine runs it
+        _, report = compile_with_report(_run, *_run_args(eng, 2, 1), CFG)
+    ops = report.collective_totals()
+    assert ops["all-reduce"].count >= 2 * CFG.n_layers  # attention out and MLP down, per layer
+
+
+def _run_args(eng, B, T):
+    settings = sampling.as_arrays([sampling.SamplingParams(0.0)] * B)
+    return (
+        eng.params,
+        eng.pool,
+        jnp.zeros((B, eng.n_table), jnp.int32),
+        jnp.zeros((B, T), jnp.int32),
+        jnp.zeros((B, T), jnp.int32),
+        jnp.zeros((B,), jnp.int32),
+        settings,
+        jnp.zeros((B,), jnp.int32),
+        jnp.ones((B, CFG.vocab), bool),
+    )
