@@ -94,8 +94,6 @@ def _main(args) -> int:
         n_pages=args.n_pages,
         prefix_cache=not args.no_prefix_cache,
     )
-    if cfg.n_experts:
-        raise ValueError("serving an MoE model is not implemented (its cached decode)")
     # the address first: a port in use is one line and exit 2, before anything compiles
     sock = _listen(args.host, args.port)
     engine = Engine(params, cfg, ecfg, mesh=_mesh(args.mesh))

@@ -144,6 +144,11 @@ class Engine:
     mesh: jax.sharding.Mesh | None = None
 
     def __post_init__(self):
+        if self.cfg.n_experts and self.cfg.moe_mode != "dropless":
+            # capacity routing couples the tokens of one call (which ones drop depends on the
+            # batch); served dropless, each token goes to its top-k experts whatever shares its
+            # step: the trained model's forward wherever training dropped nothing
+            self.cfg = self.cfg.replace(moe_mode="dropless")
         e, cfg = self.ecfg, self.cfg
         if cfg.max_seq % e.page_size:
             raise ValueError(f"page_size {e.page_size} must divide max_seq {cfg.max_seq}")

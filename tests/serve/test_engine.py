@@ -189,3 +189,36 @@ def test_log_probabilities_are_the_uncached_models():
         ids = [t for t, _ in ev.top]
         assert ids == list(np.argsort(-want, kind="stable")[: len(ids)]) and len(ids) == 20
         np.testing.assert_allclose([lp for _, lp in ev.top], want[ids], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    "moe_every", [pytest.param(1, marks=[pytest.mark.slow, pytest.mark.first_line]), 2]
+)
+def test_an_moe_model_is_served_dropless_with_its_uncached_greedy_tokens(moe_every):
+    """A capacity-routed MoE checkpoint is served dropless (a token's experts do not depend on
+    what shares its step): queued, chunked and batched, each request's greedy tokens are the
+    uncached model's, recomputed over the whole sequence at every step."""
+    import jax
+
+    from jaxscale.model import pieces
+
+    cfg = CFG.replace(n_experts=4, top_k=2, moe_mode="capacity", moe_every=moe_every)
+    params = ms.init_params(cfg, 0)
+    eng = Engine(params, cfg, EngineConfig(max_num_seqs=2, max_num_batched_tokens=8))
+    assert eng.cfg.moe_mode == "dropless"
+    greedy = SamplingParams(0.0)
+    reqs = [Request(str(i), [int(t) for t in p], 6, greedy) for i, p in enumerate(PROMPTS[:3])]
+    for r in reqs:
+        eng.add(r)
+    while eng.scheduler.has_work():
+        eng.step()
+    dropless = cfg.replace(moe_mode="dropless")
+    width = max(len(r.prompt) for r in reqs) + 6  # one shape: causal, so the padding is unread
+    logits = jax.jit(lambda t: pieces.logits(params, t, dropless))
+    for r in reqs:
+        seq = list(r.prompt)
+        for _ in range(6):
+            row = np.zeros((1, width), np.int32)
+            row[0, : len(seq)] = seq
+            seq.append(int(np.argmax(logits(row)[0, len(seq) - 1])))
+        assert r.out == seq[len(r.prompt) :], r.id
