@@ -3,9 +3,9 @@
 Routes: POST /v1/completions and POST /v1/chat/completions (streamed as server-sent events,
 or whole; the request bodies are `api.py`'s), GET /v1/models, GET /health. The engine runs in
 its own thread (`EngineThread`): requests reach it through a queue, tokens come back to each
-request's asyncio queue. A bad request gets a 4xx with an
-OpenAI-style error body and changes nothing; a client that goes away mid-stream has its request
-aborted, which frees its slot and pages.
+request's asyncio queue. A bad request gets a 4xx with an OpenAI-style error body and changes
+nothing; a client that goes away mid-stream has its request aborted, which frees its slot and
+pages. GET /metrics: Prometheus' text format (`metrics.py`).
 """
 
 from __future__ import annotations
