@@ -13,6 +13,7 @@ CUDA-graph lesson.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -98,8 +99,6 @@ def _placed(params, pool, cfg: ModelConfig, mesh):
 
 def _on(mesh):
     """The mesh as the context of the step's dispatch, or nothing on one device."""
-    import contextlib
-
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
