@@ -6,9 +6,12 @@ exercise 2), measured on the KV-cached model beside the roofline calculator's pr
     python experiments/08_inference_roofline.py --d-model 1024 --layers 24 --heads 16 --d-ff 3584 \
         --max-seq 1024 --dtype bfloat16                                # ~365M, on a GPU
 
-The cached attention reads every slot of the cache (S = --max-seq), masked, so a decode step
-moves the weights plus batch x S tokens of K/V: the prediction uses that S. On CPU there is no
-peak in jaxscale/hardware.py: the measurements print without the fraction of roofline.
+The cached attention reads only the live slots of the cache, in blocks of kv_cache.BLOCK (up to
+the last position a row holds), so a decode step moves the weights plus batch x (the live
+tokens, rounded up to a block) of K/V: the prediction uses that count, and the last table shows
+the step time of the same live tokens in caches of more and more slots (flat: the unused slots
+are never read). On CPU there is no peak in jaxscale/hardware.py: the measurements print without
+the fraction of roofline.
 """
 
 import argparse
@@ -45,16 +48,21 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", help="weights, activations and KV cache")
     p.add_argument("--prompts", default="16,32,64", help="prefill lengths (batch 1)")
     p.add_argument("--batches", default="1,2,4,8,16", help="decode batch sizes")
+    p.add_argument("--live", type=int, default=64, help="tokens in each row's cache at decode")
+    p.add_argument("--slots", default="64,512,4096", help="cache sizes for the same live tokens")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--unroll-layers", action="store_true", help="no layer loop in the program")
     a = p.parse_args()
+    slots = [int(x) for x in a.slots.split(",")]
+    if a.live < 1 or a.live > min(slots + [a.max_seq]):
+        p.error(f"--live {a.live} must be in [1, the smallest cache: {min(slots + [a.max_seq])}]")
     cfg = ModelConfig(
         d_model=a.d_model,
         n_layers=a.layers,
         n_heads=a.heads,
         n_kv_heads=a.kv_heads or a.heads,
         d_ff=a.d_ff,
-        max_seq=a.max_seq,
+        max_seq=max(a.max_seq, *slots),
         compute_dtype=a.dtype,
         param_dtype=a.dtype,
         unroll_layers=a.unroll_layers,
@@ -67,8 +75,11 @@ def main() -> None:
     device = for_device_kind(kind)
     print(
         f"{kind}, jax {jax.__version__}: {n_params / 1e6:.1f}M params in {a.dtype}, KV "
-        f"{kv_per_token / 1024:.1f} KiB/token, cache S = {cfg.max_seq}"
+        f"{kv_per_token / 1024:.1f} KiB/token, cache S = {a.max_seq}, {a.live} live tokens "
+        f"at decode"
     )
+    # the slots a decode step reads: the live tokens rounded up to a block of the cache's
+    read = min(a.max_seq, -(-a.live // kv_cache.BLOCK) * kv_cache.BLOCK)
 
     def predicted(prompt, batch, gen):
         if device is None:
@@ -107,7 +118,7 @@ def main() -> None:
     )
     for n in [int(x) for x in a.prompts.split(",")]:
         tokens = jnp.zeros((1, n), jnp.int32)
-        s = timed(prefill, params, tokens, kv_cache.init_cache(cfg, 1), reps=a.reps)
+        s = timed(prefill, params, tokens, kv_cache.init_cache(cfg, 1, a.max_seq), reps=a.reps)
         pred = predicted(n, 1, 1)
         frac = f"{pred.prefill_s / s:.1%}" if pred else "-"
         print(
@@ -115,25 +126,45 @@ def main() -> None:
             f"{f'{pred.prefill_s * 1e3:.3f}' if pred else '-':>13} {frac:>12}"
         )
 
-    decode = jax.jit(lambda params, t, pos, c: kv_cache.decode_step(params, t, pos, c, cfg)[0])
+    # the cache donated, as the engine's pool and generation's loop carry are: written in place
+    decode = jax.jit(
+        lambda params, t, pos, c: kv_cache.decode_step(params, t, pos, c, cfg), donate_argnums=3
+    )
+
+    def timed_decode(batch: int, slots: int) -> float:
+        """Seconds per decode step of `batch` rows at position live - 1 in a cache of `slots`."""
+        cache = kv_cache.init_cache(cfg, batch, slots)
+        tok, pos = jnp.zeros((batch,), jnp.int32), jnp.full((batch,), a.live - 1, jnp.int32)
+        logits, cache = decode(params, tok, pos, cache)  # compile and warm up
+        jax.block_until_ready(logits)
+        t0 = time.perf_counter()
+        for _ in range(a.reps):
+            logits, cache = decode(params, tok, pos, cache)
+        jax.block_until_ready(logits)
+        return (time.perf_counter() - t0) / a.reps
+
     print(
         f"\n{'decode batch':>14} {'step ms':>9} {'tokens/s':>11} {'FLOP/B':>8} "
         f"{'predicted ms':>13} {'of roofline':>12}"
     )
     for b in [int(x) for x in a.batches.split(",")]:
-        cache = kv_cache.init_cache(cfg, b)
-        pos = jnp.full((b,), cfg.max_seq // 2, jnp.int32)
-        s = timed(decode, params, jnp.zeros((b,), jnp.int32), pos, cache, reps=a.reps)
-        pred = predicted(cfg.max_seq, b, 1)  # every slot of the cache is read
+        s = timed_decode(b, a.max_seq)
+        pred = predicted(read, b, 1)
         step = pred.decode_per_token_s if pred else None
         frac = f"{step / s:.1%}" if pred else "-"
         print(
-            f"{b:>14} {s * 1e3:>9.3f} {b / s:>11,.0f} {intensity(cfg.max_seq, b)[1]:>8.1f} "
+            f"{b:>14} {s * 1e3:>9.3f} {b / s:>11,.0f} {intensity(read, b)[1]:>8.1f} "
             f"{f'{step * 1e3:.3f}' if pred else '-':>13} {frac:>12}"
         )
+    print(f"\n{'cache slots':>14} {'step ms':>9} {'vs smallest':>12}   (batch 1, {a.live} live)")
+    first = None
+    for n in slots:
+        s = timed_decode(1, n)
+        first = first or s
+        print(f"{n:>14} {s * 1e3:>9.3f} {s / first:>11.2f}x")
     print(
         "\nFLOP/B: `calc inference`'s arithmetic intensity. A decode step reads every weight "
-        "and the whole\ncache for one token per row: about 1 FLOP/B per row for a bf16 model "
+        "and the live\ncache for one token per row: about 1 FLOP/B per row for a bf16 model "
         "whose weights outweigh\nits cache, less where the cache dominates (as here). A "
         "prefill's grows with the prompt. Below a\ndevice's ridge point (H100: ~295 FLOP/B) a "
         "step is memory-bound: its time barely grows with\nthe batch, and tokens/s grows "

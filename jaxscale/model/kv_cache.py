@@ -18,6 +18,10 @@ capacity large enough.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
 import jax.numpy as jnp
 
 from jaxscale.config import ModelConfig
@@ -61,46 +65,143 @@ def paged(pool: dict, block_table_BN) -> dict:
     return {**pool, "block_table": jnp.asarray(block_table_BN, jnp.int32)}
 
 
-def contiguous(kv, kn_BTGK, vn_BTGK, positions_BT):
-    """The contiguous layout (`Pieces.cache`): one layer's (k, v) [B, S, G, K], slot s of a row
-    at position s. Writes the new keys and values at their positions: (kv, k, v)."""
-    k_BSGK, v_BSGK = kv
-    rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
-    k_BSGK = k_BSGK.at[rows_B1, positions_BT].set(kn_BTGK.astype(k_BSGK.dtype))
-    v_BSGK = v_BSGK.at[rows_B1, positions_BT].set(vn_BTGK.astype(v_BSGK.dtype))
-    return (k_BSGK, v_BSGK), k_BSGK, v_BSGK
+BLOCK = 128  # key slots per iteration of the cached attention loop
 
 
-def paged_layout(block_table_BN):
-    """The paged layout (`Pieces.cache`) of a block table [B, N]: one layer's (k, v) page pool
-    [n_pages, page_size, G, K]; row b's position t lives in page table[b, t // page_size] at
-    offset t % page_size. Reading gathers each row's N pages in order, [B, N x page_size, G, K]:
-    the same keys in the same order as the contiguous layout."""
+@dataclass(frozen=True)
+class Layout:
+    """A KV cache's layout (`Pieces.cache`): where slot s (the token at position s) of a row lives
+    in every layer's keys and values {"k", "v"}, [L, ...], which the layer scan carries and each
+    layer updates in place.
 
-    def cache(kv, kn_BTGK, vn_BTGK, positions_BT):
-        k_PsGK, v_PsGK = kv
-        ps, N = k_PsGK.shape[1], block_table_BN.shape[1]
+    write(cache, layer, k_BTGK, v_BTGK, positions_BT) -> cache   the new keys and values
+    read(cache, layer, start) -> (k [B, block, G, K], v)         slots [start, start + block)
+    slots                                                        S, slots per row
+    """
+
+    write: Callable
+    read: Callable
+    slots: int
+    block: int
+
+    def attend(self, q_BTHK, cache, layer, positions_BT):
+        """Causal attention of queries at their positions [B, T] over the cache's live slots only:
+        a loop over blocks of `block` slots up to the last position a real query holds (slots
+        past it are never read), merged by the online softmax (scores and sums in f32). A
+        position >= S (a padding row's) sees every live slot and sets no bound."""
+        B, T, H, K = q_BTHK.shape
+        S, blk = self.slots, self.block
+        G = cache["k"].shape[-2]
+        q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
+        live = jnp.max(jnp.where(positions_BT < S, positions_BT, 0)) + 1
+        lowest = jnp.finfo(jnp.float32).min
+
+        def body(j, carry):
+            m_BGRT, l_BGRT, acc_BGRTK = carry
+            # the last block may start early so it stays inside the S slots; the slots it shares
+            # with the block before were counted there, so they are masked here
+            start = jnp.minimum(j * blk, S - blk)
+            k_BbGK, v_BbGK = self.read(cache, layer, start)
+            k_positions_b = start + jnp.arange(blk)
+            s_BGRTb = jnp.einsum(
+                "btgrk,bsgk->bgrts", q_BTGRK, k_BbGK.astype(q_BTHK.dtype)
+            ).astype(jnp.float32) * K**-0.5
+            seen_BTb = (k_positions_b[None, None, :] <= positions_BT[:, :, None]) & (
+                k_positions_b >= j * blk
+            )
+            seen = seen_BTb[:, None, None]
+            s_BGRTb = jnp.where(seen, s_BGRTb, lowest)
+            m_new = jnp.maximum(m_BGRT, jnp.max(s_BGRTb, axis=-1))
+            p_BGRTb = jnp.where(seen, jnp.exp(s_BGRTb - m_new[..., None]), 0.0)
+            rescale = jnp.exp(m_BGRT - m_new)
+            pv_BGRTK = jnp.einsum(
+                "bgrts,bsgk->bgrtk",
+                p_BGRTb.astype(q_BTHK.dtype),
+                v_BbGK.astype(q_BTHK.dtype),
+                preferred_element_type=jnp.float32,
+            )
+            return (
+                m_new,
+                l_BGRT * rescale + jnp.sum(p_BGRTb, axis=-1),
+                acc_BGRTK * rescale[..., None] + pv_BGRTK,
+            )
+
+        R = H // G
+        init = (
+            jnp.full((B, G, R, T), lowest, jnp.float32),
+            jnp.zeros((B, G, R, T), jnp.float32),
+            jnp.zeros((B, G, R, T, K), jnp.float32),
+        )
+        _, l_BGRT, acc_BGRTK = jax.lax.fori_loop(0, (live + blk - 1) // blk, body, init)
+        out_BGRTK = acc_BGRTK / jnp.maximum(l_BGRT, jnp.finfo(jnp.float32).tiny)[..., None]
+        return jnp.einsum("bgrtk->btgrk", out_BGRTK).reshape(B, T, H, K).astype(q_BTHK.dtype)
+
+
+def contiguous(S: int, block: int = BLOCK) -> Layout:
+    """The contiguous layout of S slots per row: keys and values [L, B, S, G, K], slot s of a row
+    at position s."""
+    blk = min(block, S)
+
+    def write(cache, layer, kn_BTGK, vn_BTGK, positions_BT):
+        rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
+        # a scatter into the carried cache: in place (a position >= S, padding, is dropped)
+        return {
+            n: cache[n].at[layer, rows_B1, positions_BT].set(new.astype(cache[n].dtype))
+            for n, new in (("k", kn_BTGK), ("v", vn_BTGK))
+        }
+
+    def read(cache, layer, start):
+        def one(x_LBSGK):
+            _, B, _, G, K = x_LBSGK.shape
+            return jax.lax.dynamic_slice(x_LBSGK, (layer, 0, start, 0, 0), (1, B, blk, G, K))[0]
+
+        return one(cache["k"]), one(cache["v"])
+
+    return Layout(write, read, S, blk)
+
+
+def paged_layout(block_table_BN, page_size: int, block: int = BLOCK) -> Layout:
+    """The paged layout of a block table [B, N]: keys and values are page pools
+    [L, n_pages, page_size, G, K]; row b's position t lives in page table[b, t // page_size] at
+    offset t % page_size. A block is a run of whole pages of the row's table: the same keys in
+    the same order as the contiguous layout."""
+    ps, N = page_size, block_table_BN.shape[1]
+    n_pages = max(1, min(block // ps, N))
+
+    def write(cache, layer, kn_BTGK, vn_BTGK, positions_BT):
         idx_BT = jnp.minimum(positions_BT // ps, N - 1)
         page_BT = jnp.take_along_axis(block_table_BN, idx_BT, axis=1)
         # a position beyond the row's table (a padding token's) writes to page 0, never read
         page_BT = jnp.where(positions_BT < N * ps, page_BT, 0)
         slot_BT = positions_BT % ps
-        k_PsGK = k_PsGK.at[page_BT, slot_BT].set(kn_BTGK.astype(k_PsGK.dtype))
-        v_PsGK = v_PsGK.at[page_BT, slot_BT].set(vn_BTGK.astype(v_PsGK.dtype))
-        B, (G, K) = block_table_BN.shape[0], k_PsGK.shape[2:]
-        k_BSGK = k_PsGK[block_table_BN].reshape(B, N * ps, G, K)
-        v_BSGK = v_PsGK[block_table_BN].reshape(B, N * ps, G, K)
-        return (k_PsGK, v_PsGK), k_BSGK, v_BSGK
+        return {
+            n: cache[n].at[layer, page_BT, slot_BT].set(new.astype(cache[n].dtype))
+            for n, new in (("k", kn_BTGK), ("v", vn_BTGK))
+        }
 
-    return cache
+    def read(cache, layer, start):
+        pages_Bn = jax.lax.dynamic_slice_in_dim(block_table_BN, start // ps, n_pages, axis=1)
+
+        def one(pool_LPsGK):
+            x_BnsGK = pool_LPsGK[layer][pages_Bn]
+            B, n, s, G, K = x_BnsGK.shape
+            return x_BnsGK.reshape(B, n * s, G, K)
+
+        return one(cache["k"]), one(cache["v"])
+
+    return Layout(write, read, N * ps, n_pages * ps)
 
 
-def forward(params, tokens_BT, positions_BT, cache: dict, cfg: ModelConfig, pc=DENSE):
+def forward(params, tokens_BT, positions_BT, cache: dict, cfg: ModelConfig, pc=DENSE, block=BLOCK):
     """Logits [B, T, V] float32 of tokens at positions (each inside the cache), and the cache
     (contiguous, or paged: the same keys) with their keys and values written: the model's trunk
-    with the cache's layout as its `cache` piece."""
+    with the cache's layout as its `cache` piece. Attention reads the live slots only, `block`
+    slots at a time."""
     table = cache.get("block_table")
-    layout = contiguous if table is None else paged_layout(table)
+    if table is None:
+        layout = contiguous(cache["k"].shape[2], block)
+    else:
+        layout = paged_layout(table, cache["k"].shape[2], block)
     pc = pc.replace(cache=layout)
     kv = {"k": cache["k"], "v": cache["v"]}
     top, x_BTD, _, kv = pieces.trunk(params, tokens_BT, positions_BT, cfg, pc, kv)

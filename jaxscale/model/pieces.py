@@ -122,20 +122,16 @@ def out_proj(out_BTHK, p):
 def attention(h_BTD, p, positions, cfg: ModelConfig, pc: Pieces, kv=None):
     """Q/K/V projections, RoPE, `pc.attend`, output projection: (out [B, T, D], kv). Under
     tensor parallelism the heads are local shards: no collective until the caller's `pc.leave`
-    (Megatron g). With one layer's cache `kv`, `pc.cache` (its layout: contiguous or paged)
-    writes the new keys and values at their positions and gives every slot's, which the queries
-    attend over at key positions 0..S-1; the updated `kv` is returned."""
+    (Megatron g). With a cache `kv` = (every layer's keys and values, this layer's index),
+    `pc.cache` (its layout: contiguous or paged, model/kv_cache.py) writes the new keys and
+    values at their positions, and the queries attend over the live slots; the updated `kv` is
+    returned."""
     q_BTHK, k_BTGK, v_BTGK = qkv(h_BTD, p, positions, cfg, pc)
     if kv is not None:
-        kv, k_BSGK, v_BSGK = pc.cache(kv, k_BTGK, v_BTGK, positions)
-        k_positions_S = jnp.arange(k_BSGK.shape[1])
-        out_BTHK = pc.attend(
-            q_BTHK,
-            k_BSGK.astype(q_BTHK.dtype),
-            v_BSGK.astype(q_BTHK.dtype),
-            positions,
-            k_positions_S,
-        )
+        cache, layer = kv
+        cache = pc.cache.write(cache, layer, k_BTGK, v_BTGK, positions)
+        out_BTHK = pc.cache.attend(q_BTHK, cache, layer, positions)
+        kv = (cache, layer)
     elif cfg.attention_impl != "jaxscale" and pc.attend is attend:
         # The fused kernels know the causal pattern only: queries and keys at the same positions,
         # true here (both are `positions`). A strategy that substitutes the core (sequence
@@ -180,7 +176,7 @@ def head(top, x_BTD, cfg: ModelConfig, pc: Pieces):
 def block(x_BTD, p, positions, cfg: ModelConfig, pc: Pieces, kv=None):
     """One pre-norm transformer block on one layer's arrays `p`: (x, statistics, kv), where the
     statistics are an MoE layer's (jaxscale/model/moe.py) and empty for a dense layer, and `kv`
-    is this layer's cache after the block wrote its keys and values (None without a cache)."""
+    is (the cache after the block wrote its keys and values, the layer's index), or None."""
     h_BTD = pc.enter(rms_norm(x_BTD, p["attn_norm_D"], cfg.norm_eps))
     a_BTD, kv = attention(h_BTD, p, positions, cfg, pc, kv)
     x_BTD = pc.constrain(x_BTD + pc.leave(a_BTD), ACT)
@@ -212,9 +208,9 @@ class Pieces:
     top_hook(top)           the same for the embedding, final norm and unembedding
     window(batch)           the (inputs, targets, positions) this device trains on, from a
                             [B, T+1] token window: all of it, or context parallelism's chunks
-    cache(kv, k, v, pos)    a KV cache's layout (model/kv_cache.py: contiguous or paged): write
-                            one layer's new keys and values at their positions, return
-                            (kv, every slot's keys [B, S, G, K], values); None: no cache
+    cache                   a KV cache's layout (model/kv_cache.Layout: contiguous or paged):
+                            write a layer's new keys and values at their positions, attend over
+                            the live slots; None: no cache
     """
 
     constrain: Callable = _identity
@@ -234,7 +230,7 @@ class Pieces:
     layer_hook: Callable = _identity
     top_hook: Callable = _identity
     window: Callable = whole_window
-    cache: Callable | None = None
+    cache: object = None  # model/kv_cache.Layout
 
     def replace(self, **changes) -> Pieces:
         return replace(self, **changes)
@@ -249,9 +245,10 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
     With experts the scan runs over groups of n = moe_every layers, the last of each MoE: a key
     stacked over all layers gives each layer of the group its slice, the dense MLP's keys (L - L/n
     layers) the first n - 1, the router's and experts' (L/n) the last. `cache` ({"k", "v"}, each
-    [L, ...] in `pc.cache`'s layout) is scanned beside the layers, one layer's slice per block.
-    Returns (x, statistics of the MoE layers stacked [L/n, ...] (empty for a dense model), the
-    updated cache or None)."""
+    [L, ...] in `pc.cache`'s layout) rides in the scan's carry, each layer writing its slots in
+    place and reading only the live ones (as scanned inputs and outputs, every step would copy
+    the whole cache). Returns (x, statistics of the MoE layers stacked [L/n, ...] (empty for a
+    dense model), the updated cache or None)."""
     n = cfg.moe_every if cfg.n_experts else 1
     groups = layers["attn_norm_D"].shape[0] // n  # attention and norms stack every layer
 
@@ -264,27 +261,22 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
     if cfg.remat:  # keep only the block inputs; recompute the insides (and their collectives)
         layer_fn = jax.checkpoint(layer_fn, policy=jax.checkpoint_policies.nothing_saveable)
 
-    def body(x_BTD, xs):
-        group, kv_group = xs
-        stats, new_kv = {}, []
+    def body(carry, xs):
+        x_BTD, cache = carry
+        group, g = xs
+        stats = {}
         for i in range(n):
-            kv = None if kv_group is None else (kv_group["k"][i], kv_group["v"][i])
+            kv = None if cache is None else (cache, g * n + i)
             x_BTD, aux, kv = layer_fn(x_BTD, _group_layer(group, i, n, cfg), kv)
+            cache = None if kv is None else kv[0]
             stats = aux or stats
-            new_kv.append(kv)
-        if kv_group is None:
-            return x_BTD, (stats, None)
-        return x_BTD, (
-            stats,
-            {"k": jnp.stack([k for k, _ in new_kv]), "v": jnp.stack([v for _, v in new_kv])},
-        )
+        return (x_BTD, cache), stats
 
-    xs = (by_group(layers), None if cache is None else by_group(cache))
     unroll = groups if cfg.unroll_layers else 1
-    x_BTD, (stats, kv) = jax.lax.scan(body, x_BTD, xs, unroll=unroll)
-    if kv is not None:
-        kv = {k: v.reshape(v.shape[0] * v.shape[1], *v.shape[2:]) for k, v in kv.items()}
-    return x_BTD, stats, kv
+    (x_BTD, cache), stats = jax.lax.scan(
+        body, (x_BTD, cache), (by_group(layers), jnp.arange(groups)), unroll=unroll
+    )
+    return x_BTD, stats, cache
 
 
 def _group_layer(group, i, n, cfg: ModelConfig):
