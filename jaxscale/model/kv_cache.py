@@ -103,9 +103,8 @@ class Layout:
             start = jnp.minimum(j * blk, S - blk)
             k_BbGK, v_BbGK = self.read(cache, layer, start)
             k_positions_b = start + jnp.arange(blk)
-            s_BGRTb = jnp.einsum(
-                "btgrk,bsgk->bgrts", q_BTGRK, k_BbGK.astype(q_BTHK.dtype)
-            ).astype(jnp.float32) * K**-0.5
+            s_BGRTb = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BbGK.astype(q_BTHK.dtype))
+            s_BGRTb = s_BGRTb.astype(jnp.float32) * K**-0.5
             seen_BTb = (k_positions_b[None, None, :] <= positions_BT[:, :, None]) & (
                 k_positions_b >= j * blk
             )

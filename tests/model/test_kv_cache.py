@@ -260,9 +260,7 @@ def test_a_decode_steps_bytes_do_not_grow_with_unused_slots():
     accessed (cost_analysis) in a 4,096-slot cache within 5% of a 128-slot one's. A whole-cache
     copy or read per step would add 32x the small cache's bytes."""
     cfg = CFG.replace(max_seq=4096)
-    step = jax.jit(
-        lambda p, t, pos, c: kv_cache.decode_step(p, t, pos, c, cfg), donate_argnums=3
-    )
+    step = jax.jit(lambda p, t, pos, c: kv_cache.decode_step(p, t, pos, c, cfg), donate_argnums=3)
     tok, pos = jnp.zeros((1,), jnp.int32), jnp.full((1,), 63, jnp.int32)
 
     def bytes_accessed(S):
