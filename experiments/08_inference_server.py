@@ -49,7 +49,7 @@ def main() -> None:
     for r in reqs:
         eng.add(r)
     first, done, t0, step = {}, {}, time.perf_counter(), 0
-    while eng.scheduler.has_work():
+    while eng.has_work():
         plan_running = [r.id for r in eng.scheduler.running]
         events = eng.step()
         t = (time.perf_counter() - t0) * 1e3
@@ -57,7 +57,7 @@ def main() -> None:
             first.setdefault(ev.request_id, t)
             if ev.finish_reason:
                 done[ev.request_id] = t
-        if step < 12 or not eng.scheduler.has_work():
+        if step < 12 or not eng.has_work():
             print(
                 f"  step {step:>3} {t:>8.1f} ms  running before: {plan_running or '-'}  "
                 f"tokens to: {[ev.request_id for ev in events]}"

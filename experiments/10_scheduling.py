@@ -16,7 +16,11 @@ program saves, what shape buckets bound, and what overlapping the host with the 
    device array (no round trip to the host), and the host does S of step n+1 and P of step n
    while the device computes, thanks to JAX's asynchronous dispatch. Measured beside
    `jaxscale simulate overlap`'s prediction for the measured device time C. Host work is
-   `time.sleep` (as in the seed), which releases the interpreter lock.
+   `time.sleep` (as in the seed), which releases the interpreter lock;
+5. the same in the serving engine (`EngineConfig.overlap`, on by default): its step's wall time in
+   steady decoding, reading each step's tokens before the next (off) and a step late (on),
+   beside its device step alone (the program it launches, dispatched back to back on the same
+   inputs): the engine's host work is what the ratio adds.
 CPU timings are indicative; the ratios are the result.
 """
 
@@ -144,7 +148,7 @@ def buckets(cfg, params, B) -> None:
         prompt = [int(t) for t in rng.integers(32, 127, rng.integers(1, 41))]
         eng.add(Request(str(i), prompt, int(rng.integers(1, 25)), SamplingParams(0.0)))
     t0 = time.perf_counter()
-    while eng.scheduler.has_work():
+    while eng.has_work():
         eng.step()
     wall = time.perf_counter() - t0
     print(f"  {3 * B} requests, {eng.steps} engine steps, {wall:.1f} s (compiles included)")
@@ -234,6 +238,58 @@ def overlap(cfg, params, B, steps, sched_frac, post_frac) -> dict:
     }
 
 
+def engine_overlap(cfg, params, B, steps) -> dict:
+    from jaxscale.serve import program
+    from jaxscale.serve.engine import Engine, EngineConfig
+    from jaxscale.serve.sampling import SamplingParams
+    from jaxscale.serve.scheduler import Request
+
+    banner("5. the engine: its step beside its device step, host work read a step late or not")
+    ecfg = EngineConfig(max_num_seqs=B, max_num_batched_tokens=16 * B, page_size=16, n_pages=256)
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(32, 127, 16)] for _ in range(B)]
+    out, res = {}, {}
+    for on in (False, True):
+        eng = Engine(params, cfg, EngineConfig(**{**ecfg.__dict__, "overlap": on}))
+        eng.warmup()
+        reqs = [
+            Request(str(i), p, steps + 8, SamplingParams(1.0, seed=i))
+            for i, p in enumerate(prompts)
+        ]
+        for r in reqs:
+            eng.add(r)
+        for _ in range(3):  # prefill, then decoding
+            eng.step()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            eng.step()
+            times.append(time.perf_counter() - t0)
+        while eng.has_work():
+            eng.step()
+        res[on] = float(np.median(times)) * 1e3
+        out[on] = [r.out for r in reqs]
+    # the device step alone: the decode program on the same inputs, back to back, no host work
+    feed = eng.feed([(r, 1) for r in reqs], 1)
+    feed["src"][:] = -1
+    prev = jnp.zeros((2 * eng.b_max,), jnp.int32)
+    pool, o = program.run(eng.params, eng.pool, feed, prev, cfg)
+    jax.block_until_ready(o)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        pool, o = program.run(eng.params, pool, feed, prev, cfg)
+    jax.block_until_ready(o)
+    device = (time.perf_counter() - t0) / steps * 1e3
+    same = out[False] == out[True]
+    print(f"  {B} requests decoding, {steps} steps timed (median)")
+    print(f"  {'':<28}{'ms per step':>12}{'vs device':>11}")
+    print(f"  {'device step alone':<28}{device:>12.2f}{1:>10.2f}x")
+    for on, name in ((False, "engine, tokens read first"), (True, "engine, read a step late")):
+        print(f"  {name:<28}{res[on]:>12.2f}{res[on] / device:>10.2f}x")
+    print(f"  the same tokens: {same}")
+    return {"device_ms": device, "engine_ms": res, "same_tokens": same}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=positive_int, default=8, help="decode batch (8)")
@@ -263,6 +319,7 @@ def main() -> None:
     small_matmuls()
     buckets(cfg, params, a.batch)
     overlap(cfg, params, a.batch, a.steps, a.sched_frac, a.post_frac)
+    engine_overlap(cfg, params, a.batch, a.steps)
 
 
 if __name__ == "__main__":

@@ -92,12 +92,12 @@ def poisson_in_process(setup: Setup, params, rate: float) -> dict:
     last: dict[str, float] = {}
     count: dict[str, int] = {}
     t0, i = time.perf_counter(), 0
-    while i < len(prompts) or eng.scheduler.has_work():
+    while i < len(prompts) or eng.has_work():
         now = time.perf_counter() - t0
         while i < len(prompts) and arrive[i] <= now:
             eng.add(Request(str(i), prompts[i], setup.max_new, SamplingParams(1.0, seed=i)))
             i += 1
-        if not eng.scheduler.has_work():
+        if not eng.has_work():
             time.sleep(max(0.0, arrive[i] - now))
             continue
         for ev in eng.step():
@@ -228,7 +228,7 @@ def capacity(setup: Setup, params) -> dict:
     )
     frag = calc_kv.fragmentation(per_token, len(reqs), setup.prompt_len + setup.max_new, S)
     peak = pages_each = 0
-    while eng.scheduler.has_work():
+    while eng.has_work():
         eng.step()
         peak = max(peak, len(eng.scheduler.running))
         pages_each = max([pages_each] + [len(r.pages) for r in eng.scheduler.running])

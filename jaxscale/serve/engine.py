@@ -1,22 +1,28 @@
 """The serving engine: continuous batching over a paged KV cache (jaxscale/serve/scheduler.py
-decides, this module runs the device programs).
+decides, jaxscale/serve/program.py is the device program it launches).
 
 Every step runs at most two compiled programs on the page pool: the one-token rows ([B, 1]:
-decode steps, and prompts with one token left) and the prefill chunks ([B, T]); each samples
-the next token of the rows that reached the end of their tokens. Shapes are static: B is rounded
-up to a power of two (up to max_num_seqs) and T to a prefill bucket, padding rows write to page
-0 and are never read, so the number of compiles is bounded by len(batch sizes) x (1 + len(prefill
-buckets)) and reported (`compiles`; `warmup` compiles them all): the JAX form of the seed's
-CUDA-graph lesson.
+decode steps, and prompts with one token left) and the prefill chunks ([B, T]) -- in steady
+decoding, one; each samples the next token of the rows that reached the end of their tokens.
+Shapes are static: B is rounded up to a power of two (up to max_num_seqs) and T to a prefill
+bucket, padding rows write to page 0 and are never read, so the number of compiles is bounded
+by len(batch sizes) x (1 + len(prefill buckets)) and reported (`compiles`; `warmup` compiles
+them all): the JAX form of the seed's CUDA-graph lesson.
+
+Host work hides behind the device (`EngineConfig.overlap`): a step schedules and launches its
+programs, and only then reads back the previous step's tokens, while these run. A sampled token
+stays on the device until then: the scheduler holds a PLACEHOLDER for it, and the next step's
+program takes it from the previous step's output. So `step()` returns the events of the step
+before; a request that ended there (EOS, a grammar's end) was fed once more meanwhile, and that
+row's result is dropped. A constrained request's mask needs its last token, so while one runs the
+previous step is read before scheduling. The tokens are the same either way (tested).
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +30,13 @@ import numpy as np
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
-from jaxscale.serve import sampling
+from jaxscale.serve import program, sampling
 from jaxscale.serve.pages import NULL_PAGE, PageAllocator
 from jaxscale.serve.prefix_cache import RadixCache
+from jaxscale.serve.program import TOP_LOGPROBS
 from jaxscale.serve.scheduler import Request, Scheduler
+
+PLACEHOLDER = -1  # a sampled token still on the device (the scheduler's stand-in)
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class EngineConfig:
     eos_id: int | None = None
     prefix_cache: bool = True  # reuse the KV pages of cached prompt prefixes
     static_batching: bool = False  # admit only into an empty batch (the baseline it improves on)
+    overlap: bool = True  # read a step's tokens while the next one runs (False: before it)
 
 
 @dataclass
@@ -55,7 +65,7 @@ class Event:
     top: tuple = ()
 
 
-TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs; computed for every row, a [B, 20] top-k
+__all__ = ["TOP_LOGPROBS", "Detokenizer", "Engine", "EngineConfig", "Event"]
 
 
 class Detokenizer:
@@ -72,36 +82,6 @@ class Detokenizer:
         return self._decoder.decode(b"", final=True)
 
 
-def _placed(params, pool, cfg: ModelConfig, mesh):
-    """Parameters and pool laid out for tensor-parallel decode on `mesh` (a mesh whose only
-    axis of size > 1 is `tensor`: a data axis would split the engine's rows, which replicas
-    do, not one engine)."""
-    from jaxscale.model import state as ms
-    from jaxscale.sharding import REPLICATED_RULES, Sharder
-
-    wide = {a: n for a, n in mesh.shape.items() if n > 1}
-    if set(wide) - {"tensor"}:
-        raise ValueError(
-            f"the engine runs tensor-parallel decode (--mesh tp=N); the mesh {dict(mesh.shape)} "
-            "has other axes"
-        )
-    tp = wide.get("tensor", 1)
-    if cfg.n_kv_heads % tp:
-        raise ValueError(f"tp={tp} must divide the model's {cfg.n_kv_heads} kv heads")
-    if cfg.n_experts:
-        raise ValueError("tensor-parallel decode of an MoE model is not implemented")
-    sharder = Sharder(mesh, REPLICATED_RULES)
-    with jax.set_mesh(mesh):
-        params = jax.device_put(params, ms.param_shardings(cfg, sharder))
-        pool = jax.device_put(pool, sharder.named(POOL_AXES))
-    return params, pool
-
-
-def _on(mesh):
-    """The mesh as the context of the step's dispatch, or nothing on one device."""
-    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
-
-
 def _bucket(n: int, sizes) -> int:
     for s in sizes:
         if n <= s:
@@ -109,28 +89,13 @@ def _bucket(n: int, sizes) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
 
 
-@partial(jax.jit, static_argnames="cfg", donate_argnames="pool")
-def _run(params, pool, table_BN, tokens_BT, positions_BT, last_B, settings, index_B, mask_BV, cfg):
-    """Feed tokens at positions through the paged cache; sample each row's next token from the
-    logits at its last real token, among the tokens `mask_BV` allows (all, unless the request
-    has a grammar). Returns (pool, tokens [B])."""
-    logits_BTV, cache = kv_cache.forward(
-        params, tokens_BT, positions_BT, kv_cache.paged(pool, table_BN), cfg
-    )
-    logits_BV = logits_BTV[jnp.arange(tokens_BT.shape[0]), last_B]
-    keys_B = sampling.request_keys(settings["seed"], index_B)
-    tok_B = sampling.sample(
-        logits_BV, keys_B, settings["temperature"], settings["top_k"], settings["top_p"], mask_BV
-    )
-    logp_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1)
-    top_BK, top_ids_BK = jax.lax.top_k(logp_BV, min(TOP_LOGPROBS, logp_BV.shape[-1]))
-    logp_B = jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
-    return {"k": cache["k"], "v": cache["v"]}, (tok_B, logp_B, top_ids_BK, top_BK)
+@dataclass
+class _Launched:
+    """One program of a step, launched and not yet read: its rows (request, tokens fed, the
+    index in `out` of the token it samples, or None) and its device outputs."""
 
-
-# the page pool [L, n_pages, page_size, G, K] under tensor parallelism: each device holds its
-# kv heads' pages, the ones its query heads read (attention needs no collective)
-POOL_AXES = ("layers", None, None, "kv_heads", "head_dim")
+    rows: list[tuple[Request, int, int | None]]
+    out: tuple
 
 
 @dataclass
@@ -164,7 +129,7 @@ class Engine:
         )
         self.pool = kv_cache.init_paged(cfg, e.n_pages, e.page_size)
         if self.mesh is not None:
-            self.params, self.pool = _placed(self.params, self.pool, cfg, self.mesh)
+            self.params, self.pool = program.place(self.params, self.pool, cfg, self.mesh)
         self.batch_sizes = tuple(2**i for i in range((e.max_num_seqs - 1).bit_length() + 1))
         # prefill chunk lengths: powers of two from 8 up to the first that holds the budget
         top = (max(e.max_num_batched_tokens, 8) - 1).bit_length()
@@ -173,6 +138,14 @@ class Engine:
         self.exact_shapes: set[tuple[int, int]] = set()  # what an unbucketed engine compiles
         self.texts: dict[str, Detokenizer] = {}
         self.steps = 0
+        self.launched: list[_Launched] = []  # the last step's programs, not yet read
+        self.src: dict[str, int] = {}  # request id -> its placeholder's index in `prev`
+        self.b_max = self.batch_sizes[-1]
+        self._zeros = jnp.zeros((self.b_max,), jnp.int32)  # `prev`'s half with no step behind
+
+    def has_work(self) -> bool:
+        """Requests waiting or running, or a step whose tokens are not read yet."""
+        return self.scheduler.has_work() or bool(self.launched)
 
     @property
     def compiles(self) -> int:
@@ -199,45 +172,51 @@ class Engine:
         self.scheduler.add(req)
         self.texts[req.id] = Detokenizer()
 
-    def _feed(self, rows: list[tuple[Request, int]], T: int, batch: int = 0) -> list[tuple]:
-        """One program over `rows` (request, tokens fed), padded to a batch size and T: per row
-        (token, its log-probability, the top (ids, log-probabilities))."""
+    def feed(self, rows: list[tuple[Request, int]], T: int, batch: int = 0) -> dict:
+        """The host arrays of one program over `rows` (request, tokens fed), padded to a batch
+        size and T; a placeholder token names its place in the previous step's output."""
         B = batch or _bucket(len(rows), self.batch_sizes)
-        tokens = np.zeros((B, T), np.int32)
-        positions = np.full((B, T), self.cfg.max_seq, np.int32)  # padding: beyond every table
-        table = np.full((B, self.n_table), NULL_PAGE, np.int32)
-        last = np.zeros(B, np.int32)
-        index = np.zeros(B, np.int32)
+        feed = self.padding(B, T)
         params = [sampling.SamplingParams(0.0)] * B
-        mask = np.ones((B, self.cfg.vocab), bool)
         for b, (req, n) in enumerate(rows):
             if req.constraint is not None and req.computed + n == len(req.tokens):
-                mask[b] = self._allowed(req)
-            tokens[b, :n] = req.tokens[req.computed : req.computed + n]
-            positions[b, :n] = np.arange(req.computed, req.computed + n)
-            table[b, : len(req.pages)] = req.pages
-            last[b], index[b], params[b] = n - 1, len(req.out), req.sampling
-        self.shapes.add((B, T))
+                feed["mask"][b] = self._allowed(req)
+            toks = req.tokens[req.computed : req.computed + n]
+            feed["tokens"][b, :n] = toks
+            if PLACEHOLDER in toks:
+                feed["src"][b, toks.index(PLACEHOLDER)] = self.src[req.id]
+            feed["positions"][b, :n] = np.arange(req.computed, req.computed + n)
+            feed["table"][b, : len(req.pages)] = req.pages
+            feed["last"][b], feed["index"][b], params[b] = n - 1, len(req.out), req.sampling
+        feed["settings"] = sampling.as_arrays(params)
+        return feed
+
+    def _feed(self, rows: list[tuple[Request, int]], T: int, batch: int = 0) -> _Launched:
+        """Launch one program over `rows`; its tokens stay on the device."""
+        feed = self.feed(rows, T, batch)
+        self.shapes.add(feed["tokens"].shape)
         if rows:
             self.exact_shapes.add((len(rows), max(n for _, n in rows)))
-        with _on(self.mesh):
-            self.pool, out = _run(
-                self.params,
-                self.pool,
-                jnp.asarray(table),
-                jnp.asarray(tokens),
-                jnp.asarray(positions),
-                jnp.asarray(last),
-                sampling.as_arrays(params),
-                jnp.asarray(index),
-                jnp.asarray(mask),
-                self.cfg,
+        prev = [x.out[0] for x in self.launched] + [self._zeros] * (2 - len(self.launched))
+        with program.on(self.mesh):
+            self.pool, out = program.run(
+                self.params, self.pool, feed, jnp.concatenate(prev), self.cfg
             )
-        tok_B, logp_B, top_ids_BK, top_BK = (np.asarray(x)[: len(rows)] for x in out)
-        return [
-            (int(t), float(lp), tuple(zip(ids.tolist(), lps.tolist(), strict=True)))
-            for t, lp, ids, lps in zip(tok_B, logp_B, top_ids_BK, top_BK, strict=True)
-        ]
+        return _Launched([(r, n, None) for r, n in rows], out)
+
+    def padding(self, B: int, T: int) -> dict:
+        """The host arrays of a program of B rows x T tokens, all padding: positions beyond
+        every table, the null page, no placeholder."""
+        return {
+            "table": np.full((B, self.n_table), NULL_PAGE, np.int32),
+            "tokens": np.zeros((B, T), np.int32),
+            "positions": np.full((B, T), self.cfg.max_seq, np.int32),
+            "src": np.full((B, T), -1, np.int32),
+            "last": np.zeros(B, np.int32),
+            "index": np.zeros(B, np.int32),
+            "settings": sampling.as_arrays([sampling.SamplingParams(0.0)] * B),
+            "mask": np.ones((B, self.cfg.vocab), bool),
+        }
 
     def _allowed(self, req: Request) -> np.ndarray:
         """The grammar's allowed next tokens [V] with the tokens left (the grammar's masks are
@@ -249,9 +228,15 @@ class Engine:
         return row
 
     def step(self) -> list[Event]:
-        """One scheduling step: the decode program, then the prefill program."""
+        """One scheduling step: launch the decode program, then the prefill program; then the
+        previous step's tokens (with overlap; else this step's) become events."""
+        events = []
+        if any(r.constraint is not None for r in self.scheduler.running):
+            events += self._read()  # a grammar's mask needs the last token: read it first
         plan = self.scheduler.schedule()
-        if not (plan.decode or plan.prefill or plan.preempted) and self.scheduler.has_work():
+        if not (plan.decode or plan.prefill or plan.preempted or self.launched) and (
+            self.scheduler.has_work()
+        ):
             # add() refuses what the pool can never hold, so this is a scheduler bug: fail loudly
             # rather than spin
             raise RuntimeError(
@@ -259,7 +244,6 @@ class Engine:
                 f"{len(self.scheduler.running)} running, "
                 f"{self.allocator.n_free} pages free"
             )
-        events = []
         # one-token feeds (decode steps, and prefills with one token left) share the T = 1
         # program; longer prefill chunks run in the prefill program
         ones = [(r, 1) for r in plan.decode] + [(r, n) for r, n in plan.prefill if n == 1]
@@ -267,18 +251,45 @@ class Engine:
         groups = [(ones, 1)]
         if chunks:
             groups.append((chunks, _bucket(max(n for _, n in chunks), self.buckets)))
-        for rows, T in groups:
-            if not rows:
-                continue
-            for (req, n), (tok, logp, top) in zip(rows, self._feed(rows, T), strict=True):
-                reaches_end = req.computed + n == len(req.tokens)
-                self.scheduler.advance(req, n, tok if reaches_end else None, self.ecfg.eos_id)
-                if reaches_end:
-                    text = self._grammar_step(req, tok)
-                    if req.done:
-                        text += self.texts.pop(req.id).finish()
-                    events.append(Event(req.id, tok, text, req.finish_reason, logp, top))
-        self.steps += 1
+        launched = [self._feed(rows, T) for rows, T in groups if rows]
+        events += self._read()  # the previous step's tokens, while this one runs
+        for i, step in enumerate(launched):
+            for b, (req, n, _) in enumerate(step.rows):
+                if req.done:  # ended in the step just read: this row's result is dropped
+                    continue
+                samples = req.computed + n == len(req.tokens)
+                if samples:
+                    self.src[req.id] = i * self.b_max + b
+                    step.rows[b] = (req, n, len(req.out))
+                self.scheduler.advance(req, n, PLACEHOLDER if samples else None, None)
+        self.launched = launched
+        if not self.ecfg.overlap:
+            events += self._read()
+        self.steps += bool(launched)  # steps that ran programs (the last may only read)
+        return events
+
+    def _read(self) -> list[Event]:
+        """The launched step's sampled tokens, read back: each replaces its placeholder, ends its
+        request at EOS or its grammar's end, and becomes an event."""
+        events = []
+        for step in self.launched:
+            tok_B, logp_B, top_ids_BK, top_BK = (np.asarray(x) for x in step.out)
+            for b, (req, _, at) in enumerate(step.rows):
+                if at is None or req.id not in self.texts:  # no token, or aborted
+                    continue
+                tok = int(tok_B[b])
+                req.out[at] = tok
+                eos = self.ecfg.eos_id is not None and tok == self.ecfg.eos_id
+                if eos and not req.done:
+                    self.scheduler.finish(req, "stop")
+                elif eos:  # it reached max_tokens with the EOS token: EOS names the end
+                    req.finish_reason = "stop"
+                text = self._grammar_step(req, tok)
+                if req.done:
+                    text += self.texts.pop(req.id).finish()
+                top = tuple(zip(top_ids_BK[b].tolist(), top_BK[b].tolist(), strict=True))
+                events.append(Event(req.id, tok, text, req.finish_reason, float(logp_B[b]), top))
+        self.launched, self.src = [], {}
         return events
 
     def _grammar_step(self, req: Request, tok: int) -> str:
@@ -298,9 +309,11 @@ class Engine:
         """Compile every shape the engine can run (batch sizes x (decode + prefill buckets)),
         so no request pays a compile; returns the number of shapes. Padding rows only: they
         write to page 0 and change nothing."""
+        launched, self.launched = self.launched, []
         for B in self.batch_sizes:
             for T in (1, *self.buckets):
                 self._feed([], T, batch=B)
+        self.launched = launched
         return self.compiles
 
     def abort(self, request_id: str, reason: str = "abort") -> bool:
@@ -318,7 +331,7 @@ class Engine:
         for r in requests:
             self.add(r)
         t0 = time.perf_counter()
-        while self.scheduler.has_work():
+        while self.has_work():
             self.step()
         self.wall_s = time.perf_counter() - t0
         return {r.id: r for r in requests}

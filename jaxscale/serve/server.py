@@ -68,14 +68,14 @@ class EngineThread:
 
     def _loop(self) -> None:
         while not self.stopped.is_set():
-            busy = self.engine.scheduler.has_work()
+            busy = self.engine.has_work()
             try:  # block only when idle
                 self._handle(*self.inbox.get(timeout=None if not busy else 0))
                 while True:
                     self._handle(*self.inbox.get_nowait())
             except queue.Empty:
                 pass
-            if self.stopped.is_set() or not self.engine.scheduler.has_work():
+            if self.stopped.is_set() or not self.engine.has_work():
                 continue
             try:
                 events = self.engine.step()

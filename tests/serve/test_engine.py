@@ -145,7 +145,7 @@ def test_grammars_in_the_batch_constrain_their_own_rows_only():
     texts = {r.id: "" for r in reqs}
     for r in reqs:
         eng.add(r)
-    while eng.scheduler.has_work():
+    while eng.has_work():
         for ev in eng.step():
             texts[ev.request_id] += ev.text
     json.loads(texts["0"])
@@ -163,7 +163,7 @@ def test_a_grammar_that_cannot_finish_within_max_tokens_is_refused_at_add():
     c = constrained.RegexConstraint("[0-9]{10}")
     with pytest.raises(ValueError, match="max_tokens 5"):
         eng.add(Request("r", [65], 5, constraint=c))
-    assert not eng.scheduler.has_work()
+    assert not eng.has_work()
 
 
 def test_log_probabilities_are_the_uncached_models():
@@ -178,7 +178,7 @@ def test_log_probabilities_are_the_uncached_models():
     eng = Engine(PARAMS, CFG, EngineConfig(max_num_seqs=2, max_num_batched_tokens=16))
     eng.add(Request("r", prompt, MAX_NEW, SamplingParams(1.0, seed=5)))
     events = []
-    while eng.scheduler.has_work():
+    while eng.has_work():
         events += eng.step()
     out = [ev.token for ev in events]
     logits = pieces.logits(PARAMS, np.asarray([prompt + out], np.int32), CFG)
@@ -210,7 +210,7 @@ def test_an_moe_model_is_served_dropless_with_its_uncached_greedy_tokens(moe_eve
     reqs = [Request(str(i), [int(t) for t in p], 6, greedy) for i, p in enumerate(PROMPTS[:3])]
     for r in reqs:
         eng.add(r)
-    while eng.scheduler.has_work():
+    while eng.has_work():
         eng.step()
     dropless = cfg.replace(moe_mode="dropless")
     width = max(len(r.prompt) for r in reqs) + 6  # one shape: causal, so the padding is unread
@@ -222,3 +222,45 @@ def test_an_moe_model_is_served_dropless_with_its_uncached_greedy_tokens(moe_eve
             row[0, : len(seq)] = seq
             seq.append(int(np.argmax(logits(row)[0, len(seq) - 1])))
         assert r.out == seq[len(r.prompt) :], r.id
+
+
+def _events_by_request(overlap: bool, eos_id=None, grammar=False):
+    """Every event of 5 requests (a queue on 3 slots, a pool small enough to preempt, chunked
+    prefill; with `grammar`, request 2 regex-constrained), by request, and the requests."""
+    from jaxscale.serve import constrained
+
+    ecfg = EngineConfig(
+        max_num_seqs=3, max_num_batched_tokens=16, page_size=4, n_pages=12, eos_id=eos_id
+    )
+    eng = Engine(PARAMS, CFG, ecfg.__class__(**{**ecfg.__dict__, "overlap": overlap}))
+    reqs = _requests()
+    if grammar:
+        reqs[2].constraint = constrained.RegexConstraint(r"[a-c]{2,5}@(x|yz)")
+    for r in reqs:
+        eng.add(r)
+    events = {r.id: [] for r in reqs}
+    still_on_device = 0
+    while eng.has_work():
+        for ev in eng.step():
+            events[ev.request_id].append((ev.token, ev.text, ev.finish_reason, ev.logprob))
+        still_on_device += bool(eng.launched)
+    outcome = {r.id: (r.out, r.finish_reason) for r in reqs}
+    return events, outcome, sum(r.preemptions for r in reqs), still_on_device
+
+
+def test_reading_tokens_a_step_late_changes_no_event():
+    """The engine launching step n + 1 before reading step n's tokens (the default) gives the
+    events, tokens and finish reasons of the engine that reads each step first: with
+    preemption, chunked prefill, an EOS met mid-run, and a grammar-constrained row. (Which
+    request is preempted when may differ: a request that met EOS holds its pages one step
+    longer. Its tokens may not.)"""
+    _, sync_reqs, preempted, _ = _events_by_request(overlap=False)
+    assert preempted > 0
+    eos = sync_reqs["1"][0][3]  # a token request 1 samples mid-run
+    for grammar in (False, True):
+        want, want_reqs, _, left = _events_by_request(False, eos, grammar)
+        got, got_reqs, _, behind = _events_by_request(True, eos, grammar)
+        assert left == 0 and behind > 0  # read before returning / left on the device
+        assert any(reason == "stop" for _, reason in want_reqs.values())
+        assert got_reqs == want_reqs
+        assert got == want

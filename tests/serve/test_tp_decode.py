@@ -70,7 +70,8 @@ def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
     """The continuous-batching engine with its parameters over `tensor` and its page pool split
     by kv heads: queued, chunked, greedy and sampled requests get the one-device engine's tokens
     (and log-probabilities), and the step program all-reduces over `tensor`."""
-    from jaxscale.serve.engine import Engine, EngineConfig, _run
+    from jaxscale.serve import program
+    from jaxscale.serve.engine import Engine, EngineConfig
     from jaxscale.serve.scheduler import Request
 
     ecfg = EngineConfig(max_num_seqs=2, max_num_batched_tokens=8, page_size=8, n_pages=24)
@@ -84,7 +85,7 @@ def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
         lps = {r.id: [] for r in reqs}
         for r in reqs:
             eng.add(r)
-        while eng.scheduler.has_work():
+        while eng.has_work():
             for ev in eng.step():
                 lps[ev.request_id].append(ev.logprob)
         return [r.out for r in reqs], lps, eng
@@ -97,21 +98,7 @@ def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
     k = eng.pool["k"]
     assert k.sharding.shard_shape(k.shape)[3] == CFG.n_kv_heads // tp  # kv heads split
     with jax.set_mesh(eng.mesh):  # the decode program ([2, 1]) as the engine runs it
-        _, report = compile_with_report(_run, *_run_args(eng, 2, 1), CFG)
+        args = (eng.params, eng.pool, eng.padding(2, 1), jnp.zeros((2 * eng.b_max,), jnp.int32))
+        _, report = compile_with_report(program.run, *args, CFG)
     ops = report.collective_totals()
     assert ops["all-reduce"].count >= 2 * CFG.n_layers  # attention out and MLP down, per layer
-
-
-def _run_args(eng, B, T):
-    settings = sampling.as_arrays([sampling.SamplingParams(0.0)] * B)
-    return (
-        eng.params,
-        eng.pool,
-        jnp.zeros((B, eng.n_table), jnp.int32),
-        jnp.zeros((B, T), jnp.int32),
-        jnp.zeros((B, T), jnp.int32),
-        jnp.zeros((B,), jnp.int32),
-        settings,
-        jnp.zeros((B,), jnp.int32),
-        jnp.ones((B, CFG.vocab), bool),
-    )
