@@ -73,9 +73,13 @@ def attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
     scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK).astype(jnp.float32)
     scores_BGRTS = scores_BGRTS * K**-0.5
     causal = q_positions_T[..., :, None] >= k_positions_S[None, :]  # [T, S] or [B, T, S]
-    if causal.ndim == 3:
-        causal = causal[:, None, None]  # [B, 1, 1, T, S] against [B, G, R, T, S]
-    scores_BGRTS = jnp.where(causal, scores_BGRTS, jnp.finfo(jnp.float32).min)
+    # The mask as an additive bias (0 or f32 min: s + min rounds to min, as the select gave):
+    # an add keeps no residual for the backward, where a select keeps its [B, G, R, T, S]
+    # predicate -- loop-invariant in a layer scan, so hoisted and read by every step.
+    bias = jnp.where(causal, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
+    if bias.ndim == 3:
+        bias = bias[:, None, None]  # [B, 1, 1, T, S] against [B, G, R, T, S]
+    scores_BGRTS = scores_BGRTS + bias
     probs_BGRTS = jax.nn.softmax(scores_BGRTS, axis=-1).astype(q_BTHK.dtype)
     out_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS, v_BSGK)
     return out_BTGRK.reshape(B, T, H, K)
@@ -253,6 +257,11 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
     groups = layers["attn_norm_D"].shape[0] // n  # attention and norms stack every layer
 
     def by_group(tree):
+        # A dense model scans the stacks themselves, so a layer's arrays are the scan's slices:
+        # the backward loop then re-slices the stacks instead of a residual copy of every weight
+        # (scan forwards an input as a residual, not a value computed from one, like v[i]).
+        if n == 1:
+            return tree
         return {k: v.reshape(groups, v.shape[0] // groups, *v.shape[1:]) for k, v in tree.items()}
 
     def layer_fn(x_BTD, layer, kv):
@@ -267,7 +276,8 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
         stats = {}
         for i in range(n):
             kv = None if cache is None else (cache, g * n + i)
-            x_BTD, aux, kv = layer_fn(x_BTD, _group_layer(group, i, n, cfg), kv)
+            layer = group if n == 1 else _group_layer(group, i, n, cfg)
+            x_BTD, aux, kv = layer_fn(x_BTD, layer, kv)
             cache = None if kv is None else kv[0]
             stats = aux or stats
         return (x_BTD, cache), stats
