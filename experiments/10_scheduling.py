@@ -272,12 +272,12 @@ def engine_overlap(cfg, params, B, steps) -> dict:
     # the device step alone: the decode program on the same inputs, back to back, no host work
     feed = eng.feed([(r, 1) for r in reqs], 1)
     feed["src"][:] = -1
-    prev = jnp.zeros((2 * eng.b_max,), jnp.int32)
-    pool, o = program.run(eng.params, eng.pool, feed, prev, cfg)
+    prev = (jnp.zeros((eng.b_max,), jnp.int32),) * 2
+    pool, o = program.run(eng.params, eng.pool, feed, *prev, cfg)
     jax.block_until_ready(o)
     t0 = time.perf_counter()
     for _ in range(steps):
-        pool, o = program.run(eng.params, pool, feed, prev, cfg)
+        pool, o = program.run(eng.params, pool, feed, *prev, cfg)
     jax.block_until_ready(o)
     device = (time.perf_counter() - t0) / steps * 1e3
     same = out[False] == out[True]

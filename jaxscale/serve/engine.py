@@ -199,9 +199,7 @@ class Engine:
             self.exact_shapes.add((len(rows), max(n for _, n in rows)))
         prev = [x.out[0] for x in self.launched] + [self._zeros] * (2 - len(self.launched))
         with program.on(self.mesh):
-            self.pool, out = program.run(
-                self.params, self.pool, feed, jnp.concatenate(prev), self.cfg
-            )
+            self.pool, out = program.run(self.params, self.pool, feed, *prev, self.cfg)
         return _Launched([(r, n, None) for r, n in rows], out)
 
     def padding(self, B: int, T: int) -> dict:

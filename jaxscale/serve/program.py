@@ -3,7 +3,8 @@ tokens through the paged cache, then each row's next token sampled on the device
 
 A row's input token may be one the previous step sampled and the host has not read yet: `src`
 names it in `prev` (the previous step's sampled tokens, [2 x B_max]: its decode and prefill
-programs'), so the engine launches step n + 1 before it reads step n's tokens back.
+programs', [B_max] each), so the engine launches step n + 1 before it reads step n's tokens
+back.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ POOL_AXES = ("layers", None, None, "kv_heads", "head_dim")
 
 
 @partial(jax.jit, static_argnames="cfg", donate_argnames="pool")
-def run(params, pool, feed, prev_P, cfg: ModelConfig):
+def run(params, pool, feed, prev_a, prev_b, cfg: ModelConfig):
     """One engine step on `feed` (host arrays: table [B, N], tokens, positions and src [B, T],
-    last, index [B], settings, mask [B, V]): feed the tokens (tokens_BT, or prev_P[src_BT] where
-    src_BT >= 0) at their positions through the paged cache, and sample each row's next token
-    from the logits at its last real token among the tokens `mask` allows.
+    last, index [B], settings, mask [B, V]): feed the tokens (tokens_BT, or prev[src_BT] where
+    src_BT >= 0, prev = the previous step's two programs' tokens [B_max] each) at their
+    positions through the paged cache, and sample each row's next token from the logits at its
+    last real token among the tokens `mask` allows.
 
     Returns (pool, (tokens [B_max] (rows past B zero: the next step's `prev` half), the sampled
     tokens' log-probabilities [B], the top TOP_LOGPROBS (ids, log-probabilities) [B, 20]))."""
+    prev_P = jnp.concatenate([prev_a, prev_b])
     src_BT = feed["src"]
     tokens_BT = jnp.where(src_BT >= 0, prev_P[jnp.maximum(src_BT, 0)], feed["tokens"])
     B = tokens_BT.shape[0]
@@ -48,7 +51,7 @@ def run(params, pool, feed, prev_P, cfg: ModelConfig):
     logp_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1)
     top_BK, top_ids_BK = jax.lax.top_k(logp_BV, min(TOP_LOGPROBS, logp_BV.shape[-1]))
     logp_B = jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
-    tok_Bmax = jnp.zeros((prev_P.shape[0] // 2,), jnp.int32).at[:B].set(tok_B)
+    tok_Bmax = jnp.zeros(prev_a.shape, jnp.int32).at[:B].set(tok_B)
     return {"k": cache["k"], "v": cache["v"]}, (tok_Bmax, logp_B, top_ids_BK, top_BK)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,13 @@ class SamplingParams:
 
 
 def as_arrays(params: list[SamplingParams]) -> dict:
-    """Per-row arrays of a batch's settings (what `sample` takes)."""
+    """Per-row arrays of a batch's settings (what `sample` takes), on the host: a jitted
+    caller moves them with its other inputs (a device array each would cost a dispatch)."""
     return {
-        "temperature": jnp.asarray([p.temperature for p in params], jnp.float32),
-        "top_k": jnp.asarray([p.top_k for p in params], jnp.int32),
-        "top_p": jnp.asarray([p.top_p for p in params], jnp.float32),
-        "seed": jnp.asarray([p.seed for p in params], jnp.uint32),
+        "temperature": np.asarray([p.temperature for p in params], np.float32),
+        "top_k": np.asarray([p.top_k for p in params], np.int32),
+        "top_p": np.asarray([p.top_p for p in params], np.float32),
+        "seed": np.asarray([p.seed for p in params], np.uint32),
     }
 
 

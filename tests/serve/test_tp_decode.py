@@ -98,7 +98,8 @@ def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
     k = eng.pool["k"]
     assert k.sharding.shard_shape(k.shape)[3] == CFG.n_kv_heads // tp  # kv heads split
     with jax.set_mesh(eng.mesh):  # the decode program ([2, 1]) as the engine runs it
-        args = (eng.params, eng.pool, eng.padding(2, 1), jnp.zeros((2 * eng.b_max,), jnp.int32))
+        zeros = jnp.zeros((eng.b_max,), jnp.int32)
+        args = (eng.params, eng.pool, eng.padding(2, 1), zeros, zeros)
         _, report = compile_with_report(program.run, *args, CFG)
     ops = report.collective_totals()
     assert ops["all-reduce"].count >= 2 * CFG.n_layers  # attention out and MLP down, per layer
