@@ -1,7 +1,9 @@
 """`jaxscale bench serve`: the serving engine measured, each figure beside its prediction.
 
 1. latency under Poisson arrivals at several request rates, in process and over HTTP with the
-   `openai` client: TTFT and TPOT (p50, p99), request and token throughput;
+   `openai` client: TTFT and TPOT (p50, p99), request and token throughput; in process also
+   with the engine reading each step's tokens before launching the next (`read_first`: no
+   overlap of host and device work), beside the default (`in_process`);
 2. continuous vs static batching on one workload (seed 000's: lengths N(mean, std) clipped):
    engine steps and wall time, beside `jaxscale simulate batching`'s step counts;
 3. capacity for one KV memory budget, paged (pages as needed) vs contiguous (max_seq reserved
@@ -78,15 +80,19 @@ def summarize(arrival, first, last, n_out, makespan: float) -> dict:
     }
 
 
-def poisson_in_process(setup: Setup, params, rate: float) -> dict:
-    """Requests arrive at Poisson times; the engine steps whenever it has work."""
+PATHS = ("in_process", "read_first", "http")  # the engine as served; read each step first; HTTP
+
+
+def poisson_in_process(setup: Setup, params, rate: float, overlap: bool = True) -> dict:
+    """Requests arrive at Poisson times; the engine steps whenever it has work (reading each
+    step's tokens while the next runs, or, `overlap` False, before it)."""
     from jaxscale.serve.sampling import SamplingParams
     from jaxscale.serve.scheduler import Request
 
     rng = np.random.default_rng(setup.seed)
     prompts = _prompts(setup, rng)
     arrive = np.cumsum(rng.exponential(1 / rate, setup.n_requests))
-    eng = _engine(setup, params)
+    eng = _engine(setup, params, overlap=overlap)
     eng.warmup()  # every shape compiled before the clock starts
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -286,9 +292,10 @@ def run(setup: Setup, http: bool = True, progress=None) -> dict:
         }
     }
     steps = [("batching", batching), ("capacity", capacity), ("prefix", prefix_hits)]
-    out["in_process"] = {}
+    out["in_process"], out["read_first"] = {}, {}
     for rate in setup.rates:
         out["in_process"][rate] = poisson_in_process(setup, params, rate)
+        out["read_first"][rate] = poisson_in_process(setup, params, rate, overlap=False)
         if progress:
             progress.update(1, note=f"in-process {rate}/s")
     if http:
@@ -309,7 +316,7 @@ def report(res: dict) -> str:
         f"{'path':<11}{'rate/s':>7}{'TTFT p50':>10}{'p99':>8}{'TPOT p50':>10}{'p99':>8}"
         f"{'req/s':>8}{'tok/s':>9}   (ms; CPU: indicative)"
     ]
-    for path in ("in_process", "http"):
+    for path in PATHS:
         for rate, m in res.get(path, {}).items():
             lines.append(
                 f"{path:<11}{rate:>7g}{m['ttft_p50_ms']:>10.1f}{m['ttft_p99_ms']:>8.1f}"
@@ -356,7 +363,7 @@ def plot(res: dict, path) -> Path:
 
     outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1), "borderaxespad": 0}
     with figure(path, 1, 2, figsize=(13, 4.4), dpi=110) as (_, (ax_t, ax_b)):
-        for pth, style in (("in_process", "o-"), ("http", "s--")):
+        for pth, style in zip(PATHS, ("o-", "^:", "s--"), strict=True):
             rows = res.get(pth, {})
             if rows:
                 rates = list(rows)
@@ -367,7 +374,7 @@ def plot(res: dict, path) -> Path:
                     rates, [rows[r]["tpot_p50_ms"] for r in rates], style, label=f"TPOT p50 {pth}"
                 )
         ax_t.set_xscale("log")
-        rates = sorted({r for pth in ("in_process", "http") for r in res.get(pth, {})})
+        rates = sorted({r for pth in PATHS for r in res.get(pth, {})})
         ax_t.set_xticks(rates, [f"{r:g}" for r in rates])
         ax_t.minorticks_off()
         ax_t.set_xlabel("requests / s (Poisson)")

@@ -40,7 +40,7 @@ def test_bench_serve_figures_against_their_predictions(result):
     assert p["hit_rate"] == pytest.approx(p["calc_prefix_saved_fraction"], abs=1e-12)
     assert p["hit_rate"] > 0.5
 
-    for path in ("in_process", "http"):
+    for path in ("in_process", "read_first", "http"):
         m = result[path][50.0]
         assert all(
             math.isfinite(m[k]) and m[k] > 0 for k in ("ttft_p50_ms", "tpot_p50_ms", "tokens_per_s")
