@@ -20,7 +20,6 @@ previous step is read before scheduling. The tokens are the same either way (tes
 
 from __future__ import annotations
 
-import codecs
 import time
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ import numpy as np
 from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
 from jaxscale.serve import program, sampling
+from jaxscale.serve.events import Detokenizer, Event
 from jaxscale.serve.pages import NULL_PAGE, PageAllocator
 from jaxscale.serve.prefix_cache import RadixCache
 from jaxscale.serve.program import TOP_LOGPROBS
@@ -51,35 +51,7 @@ class EngineConfig:
     overlap: bool = True  # read a step's tokens while the next one runs (False: before it)
 
 
-@dataclass
-class Event:
-    """One new token of a request, with its text so far decoded (never a split character)."""
-
-    request_id: str
-    token: int
-    text: str
-    finish_reason: str | None
-    # the token's log-probability under the model (raw logits: before temperature, top-k,
-    # top-p and any grammar), and the TOP_LOGPROBS most likely tokens' (ids, log-probabilities)
-    logprob: float = 0.0
-    top: tuple = ()
-
-
 __all__ = ["TOP_LOGPROBS", "Detokenizer", "Engine", "EngineConfig", "Event"]
-
-
-class Detokenizer:
-    """Bytes to text as they arrive: a multi-byte UTF-8 character is held back until its last
-    byte (invalid bytes become U+FFFD); tokens beyond the 256 bytes have no text."""
-
-    def __init__(self):
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token: int) -> str:
-        return self._decoder.decode(bytes([token]) if token < 256 else b"")
-
-    def finish(self) -> str:
-        return self._decoder.decode(b"", final=True)
 
 
 def _bucket(n: int, sizes) -> int:
