@@ -3,9 +3,11 @@
 The cache holds every layer's keys and values, [L, B, S, G, K] (S = max_len slots per row, G kv
 heads: GQA-aware). Slot s of a row holds the token at position s, so the key positions are just
 arange(S): a query at position t sees slots 0..t, and slots beyond t (empty, or left over from a
-padded prompt) are masked by the causal rule alone, the same `pieces.attend` that training uses.
-Each step writes its new keys and values at their positions before attending, so a slot is
-always rewritten before it becomes visible.
+padded prompt) are masked by the causal rule alone, the rule of `pieces.attend` that training
+uses. Attention reads the slots in blocks, up to the last position any row holds (`Layout`):
+the slots past it are never read, so a step's cost follows the live tokens, not S. Each step
+writes its new keys and values at their positions before attending, so a slot is always
+rewritten before it becomes visible.
 
 `forward` is the one cached pass: tokens [B, T] at positions [B, T] (T = the prompt for a
 prefill, a chunk of it for chunked prefill, 1 for a decode step). It returns logits [B, T, V]
