@@ -38,9 +38,9 @@ from jaxscale import verify
 from jaxscale.analysis.memory import memory_report
 from jaxscale.bench import meshes
 from jaxscale.compat import cost_analysis
+from jaxscale.model import blockwise
 from jaxscale.parallel import cp
 from jaxscale.parallel.compose import Strategy, build
-from jaxscale.parallel.cp import ring
 
 ROWS = verify.bench_cases("context")
 CFG = verify.CFG.replace(unroll_layers=True)
@@ -112,7 +112,7 @@ def balance(form: str, split: str, c: int, T: int = BALANCE_T) -> Balance:
         one = jax.ShapeDtypeStruct((1, s, CFG.n_heads, CFG.head_dim), jnp.float32)
         one_kv = jax.ShapeDtypeStruct((1, s, CFG.n_kv_heads, CFG.head_dim), jnp.float32)
         pos = jax.ShapeDtypeStruct((s,), jnp.int32)
-        block = jax.jit(ring.block_attend).lower(one, one_kv, one_kv, pos, pos).compile()
+        block = jax.jit(blockwise.block_attend).lower(one, one_kv, one_kv, pos, pos).compile()
         per_pair = float(cost_analysis(block).get("flops", 0.0))
         how = f"measured chunk pairs {pairs.tolist()} x {per_pair / 1e6:.2f} MFLOP (cost_analysis)"
         return Balance(f"ring ({split})", split, (pairs * per_pair).tolist(), how)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxscale.config import ModelConfig
-from jaxscale.model import pieces
+from jaxscale.model import blockwise, pieces
 from jaxscale.model.pieces import DENSE
 
 # [L, B, S, G, K]: under tensor parallelism each device holds its kv heads' keys and values,
@@ -89,53 +89,27 @@ class Layout:
     def attend(self, q_BTHK, cache, layer, positions_BT):
         """Causal attention of queries at their positions [B, T] over the cache's live slots only:
         a loop over blocks of `block` slots up to the last position a real query holds (slots
-        past it are never read), merged by the online softmax (scores and sums in f32). A
-        position >= S (a padding row's) sees every live slot and sets no bound."""
-        B, T, H, K = q_BTHK.shape
+        past it are never read), each block attended and merged by log-sum-exp
+        (model/blockwise.py, as ring attention merges its blocks). A position >= S (a padding
+        row's) sees every live slot and sets no bound."""
         S, blk = self.slots, self.block
-        G = cache["k"].shape[-2]
-        q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
         live = jnp.max(jnp.where(positions_BT < S, positions_BT, 0)) + 1
-        lowest = jnp.finfo(jnp.float32).min
 
-        def body(j, carry):
-            m_BGRT, l_BGRT, acc_BGRTK = carry
+        def body(j, acc):
             # the last block may start early so it stays inside the S slots; the slots it shares
-            # with the block before were counted there, so they are masked here
+            # with the block before were counted there, so they get a position no query reaches
             start = jnp.minimum(j * blk, S - blk)
             k_BbGK, v_BbGK = self.read(cache, layer, start)
-            k_positions_b = start + jnp.arange(blk)
-            s_BGRTb = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BbGK.astype(q_BTHK.dtype))
-            s_BGRTb = s_BGRTb.astype(jnp.float32) * K**-0.5
-            seen_BTb = (k_positions_b[None, None, :] <= positions_BT[:, :, None]) & (
-                k_positions_b >= j * blk
+            slots_b = start + jnp.arange(blk)
+            k_positions_b = jnp.where(slots_b >= j * blk, slots_b, jnp.iinfo(jnp.int32).max)
+            dt = q_BTHK.dtype
+            part = blockwise.block_attend(
+                q_BTHK, k_BbGK.astype(dt), v_BbGK.astype(dt), positions_BT, k_positions_b
             )
-            seen = seen_BTb[:, None, None]
-            s_BGRTb = jnp.where(seen, s_BGRTb, lowest)
-            m_new = jnp.maximum(m_BGRT, jnp.max(s_BGRTb, axis=-1))
-            p_BGRTb = jnp.where(seen, jnp.exp(s_BGRTb - m_new[..., None]), 0.0)
-            rescale = jnp.exp(m_BGRT - m_new)
-            pv_BGRTK = jnp.einsum(
-                "bgrts,bsgk->bgrtk",
-                p_BGRTb.astype(q_BTHK.dtype),
-                v_BbGK.astype(q_BTHK.dtype),
-                preferred_element_type=jnp.float32,
-            )
-            return (
-                m_new,
-                l_BGRT * rescale + jnp.sum(p_BGRTb, axis=-1),
-                acc_BGRTK * rescale[..., None] + pv_BGRTK,
-            )
+            return blockwise.merge(acc, part)
 
-        R = H // G
-        init = (
-            jnp.full((B, G, R, T), lowest, jnp.float32),
-            jnp.zeros((B, G, R, T), jnp.float32),
-            jnp.zeros((B, G, R, T, K), jnp.float32),
-        )
-        _, l_BGRT, acc_BGRTK = jax.lax.fori_loop(0, (live + blk - 1) // blk, body, init)
-        out_BGRTK = acc_BGRTK / jnp.maximum(l_BGRT, jnp.finfo(jnp.float32).tiny)[..., None]
-        return jnp.einsum("bgrtk->btgrk", out_BGRTK).reshape(B, T, H, K).astype(q_BTHK.dtype)
+        out_BTHK, _ = jax.lax.fori_loop(0, (live + blk - 1) // blk, body, blockwise.empty(q_BTHK))
+        return out_BTHK.astype(q_BTHK.dtype)
 
 
 def contiguous(S: int, block: int = BLOCK) -> Layout:

@@ -11,7 +11,7 @@ import pytest
 from jaxscale import verify
 from jaxscale.bench import meshes
 from jaxscale.mesh import parse_mesh
-from jaxscale.model import pieces
+from jaxscale.model import blockwise, pieces
 from jaxscale.model import state as model_state
 from jaxscale.parallel import cp
 from jaxscale.parallel.compose import Strategy, build
@@ -83,9 +83,9 @@ def test_block_attention_merged_by_log_sum_exp_equals_attention_over_all_keys():
     k, v = k[:, :, :2], v[:, :, :2]  # 2 kv heads: GQA groups of 2
     pos = jnp.arange(6)
     want = pieces.attend(q, k, v, pos, pos)
-    first = ring.block_attend(q, k[:, :3], v[:, :3], pos, pos[:3])
-    second = ring.block_attend(q[:, 3:], k[:, 3:], v[:, 3:], pos[3:], pos[3:])
-    late, lse = ring.merge((first[0][:, 3:], first[1][:, 3:]), second)
+    first = blockwise.block_attend(q, k[:, :3], v[:, :3], pos, pos[:3])
+    second = blockwise.block_attend(q[:, 3:], k[:, 3:], v[:, 3:], pos[3:], pos[3:])
+    late, lse = blockwise.merge((first[0][:, 3:], first[1][:, 3:]), second)
     got = jnp.concatenate([first[0][:, :3], late], axis=1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not np.allclose(first[0][:, 3:], want[:, 3:], atol=1e-3)

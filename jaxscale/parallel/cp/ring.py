@@ -12,41 +12,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from jaxscale.model.blockwise import block_attend, merge
+from jaxscale.model.blockwise import empty as _empty
 from jaxscale.parallel.cp.split import AXIS, device_positions, n_chunks
-
-NEG = jnp.finfo(jnp.float32).min  # the log-sum-exp of an empty set, kept finite
-
-
-def block_attend(q_BTHK, k_BSGK, v_BSGK, q_pos_T, k_pos_S):
-    """Causal GQA attention of one query block on one key block, un-merged: (out [B, T, H, K]
-    f32, normalised within the block; lse [B, T, H], its log-sum-exp of scores)."""
-    B, T, H, K = q_BTHK.shape
-    G = k_BSGK.shape[2]
-    q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
-    scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK).astype(jnp.float32)
-    scores_BGRTS = scores_BGRTS * K**-0.5
-    causal_TS = q_pos_T[:, None] >= k_pos_S[None, :]
-    scores_BGRTS = jnp.where(causal_TS, scores_BGRTS, NEG)
-    m_BGRT = jnp.max(scores_BGRTS, axis=-1)
-    p_BGRTS = jnp.exp(scores_BGRTS - m_BGRT[..., None])
-    l_BGRT = jnp.sum(p_BGRTS, axis=-1)
-    probs_BGRTS = (p_BGRTS / l_BGRT[..., None]).astype(q_BTHK.dtype)
-    out_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS, v_BSGK).astype(jnp.float32)
-    lse_BTH = jnp.transpose(m_BGRT + jnp.log(l_BGRT), (0, 3, 1, 2)).reshape(B, T, H)
-    return out_BTGRK.reshape(B, T, H, K), lse_BTH
-
-
-def merge(acc, part):
-    """Two partial attentions over disjoint keys as one: the log-sum-exp rescaling."""
-    (o1, lse1), (o2, lse2) = acc, part
-    lse = jnp.logaddexp(lse1, lse2)
-    return o1 * jnp.exp(lse1 - lse)[..., None] + o2 * jnp.exp(lse2 - lse)[..., None], lse
-
-
-def _empty(q_BTHK):
-    """The merge's identity for one query chunk, typed like q (varying over q's axes)."""
-    zero = (q_BTHK * 0).astype(jnp.float32)
-    return zero, zero[..., 0] + NEG
 
 
 def ring_perm(c: int) -> list[tuple[int, int]]:
