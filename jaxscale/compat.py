@@ -49,3 +49,18 @@ def use_fast_compile_xla_flags() -> None:
     flags, fast = os.environ.get("XLA_FLAGS", ""), fast_compile_xla_flags()
     if fast and "xla_cpu_use_fusion_emitters" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {fast}".strip()
+
+
+def pipeline_compiler_options() -> dict:
+    """`jax.jit` compiler options for a pipeline schedule's programs: XLA's default emitters
+    where `use_fast_compile_xla_flags` chose the older ones for the process. The older emitters
+    set up each kernel with a walk over every computation of the module, and a schedule's
+    step holds a conditional per tick, each with its branches: at pp=8 the older emitters take
+    26 s to the MLIR emitters' 17 s (docs/testing.md), where a plain step compiles 3x faster
+    with them. Empty elsewhere (the flag is the user's, or the line has only MLIR emitters)."""
+    import os
+
+    fast = fast_compile_xla_flags()
+    if fast and fast in os.environ.get("XLA_FLAGS", "").split():
+        return {"xla_cpu_use_fusion_emitters": True}
+    return {}

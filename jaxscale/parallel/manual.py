@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxscale import compat
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
@@ -213,13 +214,16 @@ def functions(m: Manual, mesh, strategy, with_grads: bool) -> dict:
     step = partial(train_step, m, with_grads)
     state_io = ((m.state_specs, bspec), (m.state_specs, metric_specs))
     state_shardings = common.named_shardings(mesh, m.state_specs)
+    # a schedule's programs (a conditional per tick) compile faster with XLA's default emitters
+    options = compat.pipeline_compiler_options() if m.comp.plan else {}
+    jit = partial(jax.jit, compiler_options=options) if options else jax.jit
     return {
         "init": jax.jit(partial(init, m), out_shardings=state_shardings),
-        "step": jax.jit(shard(step, *state_io), donate_argnums=0),
-        "loss_and_grads": jax.jit(
+        "step": jit(shard(step, *state_io), donate_argnums=0),
+        "loss_and_grads": jit(
             shard(partial(loss_and_grads, m), (pspecs, bspec), (P(), m.grad_specs))
         ),
-        "loss": jax.jit(shard(partial(mean_loss, m), (pspecs, bspec), P())),
+        "loss": jit(shard(partial(mean_loss, m), (pspecs, bspec), P())),
         "terms": None
         if m.comp.plan
         else jax.jit(shard(partial(local_terms, m), (pspecs, bspec), P())),
