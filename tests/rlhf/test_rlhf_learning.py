@@ -26,16 +26,12 @@ RUNS = {
 
 
 def _env():
-    """A user's process: the compiler's defaults, not the suite's fast-compile settings. On one
-    device: the runs are the default eight devices' runs to the last printed digit (compared on
-    GRPO's summary, docs/testing.md) at about half the CPU time, since the eight simulated
-    devices' collectives share the host's two cores."""
-    env = {
+    """A user's process: the compiler's defaults, not the suite's fast-compile settings."""
+    return {
         k: v
         for k, v in os.environ.items()
         if k not in ("JAX_DISABLE_MOST_OPTIMIZATIONS", "XLA_FLAGS")
     }
-    return {**env, "JAX_NUM_CPU_DEVICES": "1"}
 
 
 def _run(args, timeout):
