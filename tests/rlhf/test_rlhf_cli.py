@@ -197,6 +197,15 @@ def _metrics(out: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
+def test_a_stale_run_is_not_resumed(full, runs):
+    """A --stale run's next batch was made by the weights one update older, which a checkpoint
+    does not hold: --resume with --stale is refused in one line before anything runs."""
+    out, _, _ = full
+    argv = ["--runs", str(runs), "--out", str(out), "--iterations", "4", "--resume"]
+    code, _, err = _cli(*TINY, *argv, "--placement", "disaggregated", "--stale")
+    assert code == 2 and "--stale runs cannot resume" in _one_error_line(err)
+
+
 @pytest.mark.slow  # two tiny runs and a resume; the policy save and load are fast
 def test_a_resumed_run_continues_exactly(full, runs, tmp_path, monkeypatch):
     """Stopped after 2 of 3 iterations and resumed: the same metrics (every iteration's prompts
