@@ -3,13 +3,16 @@ RLHF), PPO and GRPO each raise the true score on held-out prompts, and without t
 (beta 0) the reward-model score climbs while the KL to the reference runs away -- the seed's
 reward-hacking exercise (seed 002 ch13, Try It 2).
 
-The three runs are three tests so that the suite's workers can run them side by side; they share
-one SFT model and reward model (prepared once, under a file lock, in a directory every worker of
-the session sees) and each run's summary (the beta-0 test compares with PPO's)."""
+Each claim is a mean over three seeds of the run (docs/testing.md, "Learning tests"): one run's
+outcome moves with float rounding (one SFT model prepared on another device count turned GRPO's
++0.09 into +0.04), a mean of three holds. The runs share one SFT model and reward model, prepared
+once under a file lock on the default eight devices, in a directory every worker of the session
+sees; each run and its summary are made once per session, whichever test asks first."""
 
 import fcntl
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,20 +26,26 @@ RUNS = {
     "grpo": ["--algo", "grpo"],
     "ppo_beta0": ["--algo", "ppo", "--beta", "0", "--kl-target", "0"],
 }
+SEEDS = (0, 1, 2)
 
 
-def _env():
+def _env(devices: int | None = None):
     """A user's process: the compiler's defaults, not the suite's fast-compile settings."""
-    return {
+    env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("JAX_DISABLE_MOST_OPTIMIZATIONS", "XLA_FLAGS")
     }
+    return {**env, "JAX_NUM_CPU_DEVICES": str(devices)} if devices else env
 
 
-def _run(args, timeout):
+def _run(args, timeout, devices=None):
     r = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=_env(), timeout=timeout
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=_env(devices),
+        timeout=timeout,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
@@ -81,53 +90,69 @@ def runs(tmp_path_factory):
     return root
 
 
-def _summary(runs: Path, name: str) -> dict:
-    """`jaxscale rlhf` as a user runs it, in its own process, once per session and name."""
-    path = runs / f"{name}.json"
-    with _Locked(runs / f"{name}.lock"):
+def _summary(runs: Path, name: str, seed: int) -> dict:
+    """`jaxscale rlhf --seed SEED` as a user runs it, in its own process, once per session. On
+    one simulated device: half the CPU time of eight, whose runs equal one device's at the f32
+    trajectory tolerance (`tests/rlhf/test_rlhf.py`); the mean over seeds is what is asserted."""
+    path = runs / f"{name}_{seed}.json"
+    with _Locked(runs / f"{name}_{seed}.lock"):
         if not path.exists():
-            out = _run(
-                [
-                    "-m",
-                    "jaxscale",
-                    "rlhf",
-                    "--runs",
-                    str(runs),
-                    "--json",
-                    "--no-progress",
-                    *RUNS[name],
-                ],
-                timeout=1200,
-            )
+            argv = ["-m", "jaxscale", "rlhf", "--runs", str(runs), "--json", "--no-progress"]
+            out = _run([*argv, *RUNS[name], "--seed", str(seed)], timeout=1200, devices=1)
             path.write_text(out.strip().splitlines()[-1])
     return json.loads(path.read_text())
 
 
-# Thresholds from four seeds of each run on this project's CPU host (docs/rlhf.md, "Four seeds"):
-# each holds with at least twice its margin on the worst of them. What varies too much between
-# seeds to be asserted of one run is left out: the change in the 5-iteration running true score
-# (GRPO: +0.022 to +0.080) and beta 0's parse rate (below PPO's in two seeds, above in two).
+def _mean(summaries: list[dict], key) -> float:
+    return statistics.mean(key(s) for s in summaries)
+
+
+def _gain(s: dict) -> float:
+    return s["held_out_true_score"]["final"] - s["held_out_true_score"]["initial"]
+
+
+def _rm_rise(s: dict) -> float:
+    return s["last_iterations"]["rm_score"] - s["first_iterations"]["rm_score"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_every_run_holds_the_kl_near_its_target(runs, name, seed):
+    """Of each run alone: the reward model learned the preference, and the adaptive beta held
+    the KL to the reference near its 3-nat target (16 GRPO and 8 PPO runs: 2.5 to 4.0)."""
+    s = _summary(runs, name, seed)
+    assert s["reward_model"]["held_out_accuracy"] > 0.75
+    assert s["last_iterations"]["kl"] < 2 * 3.0
+
+
+# Thresholds from a study of 16 GRPO and 8 PPO runs (seeds 0-7 and 0-3, over SFT and reward
+# models prepared on 8 devices and on 1, whose float rounding differs; docs/rlhf.md, "Seeds"):
+# the worst mean of any three of them is named beside each threshold. One run alone went as low
+# as +0.037 (GRPO) in held-out true score and +0.07 (GRPO) in RM score.
 @pytest.mark.parametrize(
-    "name, rm_rise",
-    [("ppo", 0.5), ("grpo", 0.3)],  # seeds 0-3: RM score +1.62 to +2.27 (PPO), +0.67 to +1.13
+    "name, gain, rm_rise",
+    [
+        ("ppo", 0.04, 0.5),  # worst 3-run means: +0.098 held out, RM score +1.68
+        ("grpo", 0.04, 0.3),  # worst 3-run means: +0.073 held out, RM score +0.54
+    ],
 )
-def test_ppo_and_grpo_raise_the_true_score_on_held_out_prompts(runs, name, rm_rise):
-    s = _summary(runs, name)
-    assert s["reward_model"]["held_out_accuracy"] > 0.75  # it learned the preference
-    held = s["held_out_true_score"]  # 128 held-out prompts, fixed keys
-    # seeds 0-3: PPO +0.088 to +0.221, GRPO +0.086 to +0.166
-    assert held["final"] >= held["initial"] + 0.04, (name, held)
-    first, last = s["first_iterations"], s["last_iterations"]
-    assert last["rm_score"] > first["rm_score"] + rm_rise, (name, first, last)
-    assert last["kl"] < 2 * 3.0  # held near the 3-nat target (seeds 0-3: 2.5 to 3.5)
+def test_ppo_and_grpo_raise_the_true_score_on_held_out_prompts(runs, name, gain, rm_rise):
+    s = [_summary(runs, name, seed) for seed in SEEDS]
+    held = [x["held_out_true_score"] for x in s]  # 128 held-out prompts, fixed keys
+    assert _mean(s, _gain) >= gain, (name, held)
+    assert _mean(s, _rm_rise) > rm_rise, (name, [_rm_rise(x) for x in s])
 
 
 def test_without_the_kl_penalty_the_policy_hacks_the_reward_model(runs):
-    free = _summary(runs, "ppo_beta0")
-    held_kl = _summary(runs, "ppo")["last_iterations"]
-    last = free["last_iterations"]
-    # without the penalty the policy chases the reward model: seeds 0-3 end at RM score 4.2 to
-    # 4.8 (PPO: 2.1 to 3.0) and KL 15 to 21 nats (PPO: 2.5 to 3.4)
-    assert last["rm_score"] > free["first_iterations"]["rm_score"] + 2.0
-    assert last["rm_score"] > held_kl["rm_score"] + 0.5
-    assert last["kl"] > 3 * held_kl["kl"]  # the penalty is what holds the KL down
+    free = [_summary(runs, "ppo_beta0", seed)["last_iterations"] for seed in SEEDS]
+    held_kl = [_summary(runs, "ppo", seed)["last_iterations"] for seed in SEEDS]
+    rise = _mean([_summary(runs, "ppo_beta0", seed) for seed in SEEDS], _rm_rise)
+
+    def mean(rows, key):
+        return statistics.mean(r[key] for r in rows)
+
+    # without the penalty the policy chases the reward model: over every three of eight runs the
+    # RM score rose by 3.6 or more and ended 1.6 or more above PPO's, at 5.3 times its KL or more
+    assert rise > 2.0
+    assert mean(free, "rm_score") > mean(held_kl, "rm_score") + 0.5
+    assert mean(free, "kl") > 3 * mean(held_kl, "kl")  # the penalty is what holds the KL down
