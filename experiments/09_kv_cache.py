@@ -12,11 +12,17 @@
 5. the demo's six requests on the real serving engine (jaxscale/serve/): the radix prefix cache's
    hit rate and pages beside the seed's trie, and the same tokens with and without the cache
    (skipped by --calculators-only, which compiles nothing);
+6. the int8 KV cache (the chapter's "INT8/FP8 KV cache: 2x requests"): bytes per token of the
+   engine's pool, bf16 against int8 with its scales, beside `calc kv --dtype-bytes 1`; and its
+   quality cost on a model trained at 1,024 positions (`jaxscale train`, kept under --runs):
+   the largest logit difference and the held-out loss, full cache against int8, at 256 and
+   1,024 positions (skipped by --calculators-only, or --int8-steps 0);
 and writes results/09_kv_capacity.png: concurrent 70B requests against context, paged vs unpaged.
 """
 
 import argparse
 import os
+from pathlib import Path
 
 from jaxscale.calc import kv, prefix
 from jaxscale.calc.commands.common import GPUS
@@ -137,6 +143,64 @@ def real_cache() -> None:
     print(f"  5 greedy tokens per request, with the cache == without: {with_cache == without}")
 
 
+INT8_TRAIN = ["--data", "stdlib", "--seq-len", "1024", "--max-seq", "1024", "--global-batch", "4"]
+INT8_TRAIN += ["--d-model", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2"]
+INT8_TRAIN += ["--no-progress", "--sample-tokens", "0", "--eval-every", "0", "--log-every", "100"]
+
+
+def int8_cache(run_dir: Path, steps: int) -> None:
+    """Section 6: the int8 pool's bytes per token, and the int8 cache against the full one on a
+    model trained at 1,024 positions: prefill of 8 held-out windows through each cache, the
+    largest logit difference and the next-token loss over the first 256 and all 1,024
+    positions."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxscale.model import kv_cache
+    from jaxscale.train import data
+    from jaxscale.train.checkpoint import load_model
+
+    section("int8 KV cache: capacity and quality (seed 002 ch9: INT8/FP8, 2x requests)")
+    if not (run_dir / "checkpoints").is_dir():
+        argv = ["train", *INT8_TRAIN, "--steps", str(steps), "--run-dir", str(run_dir)]
+        if jaxscale_main(argv) != 0:
+            raise SystemExit(f"training into {run_dir} failed")
+    cfg, params = load_model(str(run_dir))
+    print(f"  bytes per token of the engine's pool (this model: {cfg.n_layers} layers, ", end="")
+    print(f"{cfg.n_kv_heads} kv heads of {cfg.head_dim}; then Llama-3-8B's 32 x 8 x 128):")
+    llama = cfg.replace(d_model=4096, n_heads=32, n_kv_heads=8, n_layers=32, d_ff=14336)
+    for name, c in (("this model", cfg), ("llama-3-8b", llama)):
+        bf16, int8 = (kv_cache.bytes_per_token(c, dt) for dt in ("bfloat16", "int8"))
+        calc = kv.kv_bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, 1)
+        print(
+            f"  {name:>11}: bf16 {bf16:,} B, int8 {int8:,} B (calc kv --dtype-bytes 1: "
+            f"{calc:,} B + the scales' {int8 - calc:,} B): {bf16 / int8:.2f}x the tokens per page"
+        )
+    windows = data.make_dataset("stdlib").rows(0, data.EVAL_STEP_OFFSET, range(8), 1024)
+    tokens, targets = jnp.asarray(windows[:, :-1]), np.asarray(windows[:, 1:])
+    forward = jax.jit(kv_cache.forward, static_argnames="cfg")
+    positions = jnp.broadcast_to(jnp.arange(1024), tokens.shape)
+    logits = {
+        dt: np.asarray(
+            forward(params, tokens, positions, kv_cache.init_cache(cfg, 8, 1024, dt), cfg=cfg)[0]
+        )
+        for dt in ("float32", "int8")
+    }
+
+    def loss(logits_BTV, n):  # mean next-token cross-entropy over the first n positions
+        x = logits_BTV[:, :n] - logits_BTV[:, :n].max(-1, keepdims=True)
+        logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        return float(-np.take_along_axis(logp, targets[:, :n, None], -1).mean())
+
+    print(f"  {steps} steps at 1,024 positions; 8 held-out windows, prefilled through each cache:")
+    print(f"  {'positions':>9} {'loss, f32':>10} {'loss, int8':>11} {'max |dlogit|':>13}")
+    for n in (256, 1024):
+        full, int8 = logits["float32"], logits["int8"]
+        diff = np.abs(int8[:, :n] - full[:, :n]).max()
+        print(f"  {n:>9} {loss(full, n):>10.4f} {loss(int8, n):>11.4f} {diff:>13.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default="h100", choices=list(GPUS), help="GPU preset")
@@ -145,7 +209,16 @@ def main() -> None:
     parser.add_argument(
         "--calculators-only",
         action="store_true",
-        help="skip the real cache's section (it compiles the model)",
+        help="skip the real cache's sections (they compile the model)",
+    )
+    parser.add_argument(
+        "--int8-steps",
+        type=int,
+        default=300,
+        help="training steps of the int8 section's model (0: skip the section)",
+    )
+    parser.add_argument(
+        "--runs", default="runs/09_kv_cache", help="where its trained model is kept (and reused)"
     )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -161,6 +234,8 @@ def main() -> None:
     print(f"\nplot written to {plot(gpu_memory_gb, args.out)}")
     if not args.calculators_only:
         real_cache()
+        if args.int8_steps > 0:
+            int8_cache(Path(args.runs) / f"int8_{args.int8_steps}", args.int8_steps)
 
 
 if __name__ == "__main__":

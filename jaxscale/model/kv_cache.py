@@ -16,6 +16,11 @@ contiguous or paged, as the `cache` piece, so any pieces run cached: an MoE mode
 strategy's. (Capacity-based MoE routing depends on how many tokens a call holds, so a
 token-at-a-time decode equals the uncached forward where no token is dropped: dropless, or a
 capacity large enough.)
+
+An int8 cache (`dtype="int8"`) stores each token's key and value of each kv head as int8 with one
+float32 scale (symmetric: max |x| over head_dim / 127), {"k", "v", "k_scale", "v_scale"}: a
+token costs G x (K + 4) bytes per layer for keys, against G x 2K in bf16 (seed 002 ch. 9's "2x
+requests", less the scales). Attention reads the int8 blocks and multiplies by the scales.
 """
 
 from __future__ import annotations
@@ -35,31 +40,82 @@ from jaxscale.model.pieces import DENSE
 CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")
 
 
+KV_DTYPES = ("int8",)  # quantized storage (besides any float dtype): per token-and-head scales
+
+
+def _zeros(shape, cfg: ModelConfig, dtype) -> dict:
+    """Zeroed {"k", "v"} of `shape` [..., G, K] in `dtype` (None: the compute dtype); int8 adds
+    their scales {"k_scale", "v_scale"} [..., G] float32."""
+    dt = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
+    if dt == jnp.int8:
+        scales = {f"{n}_scale": jnp.zeros(shape[:-1], jnp.float32) for n in ("k", "v")}
+        return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), **scales}
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"KV cache dtype {dt}: a float dtype or one of {KV_DTYPES}")
+    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
+
+
+def bytes_per_token(cfg: ModelConfig, dtype=None) -> int:
+    """Bytes one token's keys and values take in every layer, scales included."""
+    z = _zeros((cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim), cfg, dtype)
+    return sum(x.size * x.dtype.itemsize for x in z.values())
+
+
 def init_cache(
     cfg: ModelConfig, batch: int, max_len: int | None = None, dtype=None, sharder=None
 ) -> dict:
-    """Zeroed keys and values {"k", "v"}: [L, B, S, G, K] in the compute dtype (laid out by
-    `sharder`'s rules when given: kv heads over the tensor axis)."""
+    """Zeroed keys and values {"k", "v"}: [L, B, S, G, K] in the compute dtype, or `dtype`
+    (int8: with scales [L, B, S, G]), laid out by `sharder`'s rules when given: kv heads over
+    the tensor axis."""
     S = cfg.max_seq if max_len is None else max_len
     if not 1 <= S <= cfg.max_seq:
         raise ValueError(f"cache length {S} must be in [1, max_seq={cfg.max_seq}]")
-    shape = (cfg.n_layers, batch, S, cfg.n_kv_heads, cfg.head_dim)
-    dt = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
-    cache = {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
+    cache = _zeros((cfg.n_layers, batch, S, cfg.n_kv_heads, cfg.head_dim), cfg, dtype)
     if sharder is not None:
-        cache = {k: sharder.constrain(v, CACHE_AXES) for k, v in cache.items()}
+        cache = {k: sharder.constrain(v, CACHE_AXES[: v.ndim]) for k, v in cache.items()}
     return cache
 
 
 def init_paged(cfg: ModelConfig, n_pages: int, page_size: int, dtype=None) -> dict:
-    """A zeroed page pool {"k", "v"}: [L, n_pages, page_size, G, K]. A paged cache is the pool
-    plus a block table [B, N] of page ids (row b's positions t live in page
-    block_table[b, t // page_size] at offset t % page_size); `paged(pool, table)` joins them."""
+    """A zeroed page pool {"k", "v"}: [L, n_pages, page_size, G, K] (int8: with scales
+    [L, n_pages, page_size, G]). A paged cache is the pool plus a block table [B, N] of page ids
+    (row b's positions t live in page block_table[b, t // page_size] at offset
+    t % page_size); `paged(pool, table)` joins them."""
     if n_pages < 1 or page_size < 1:
         raise ValueError(f"need n_pages >= 1 and page_size >= 1, got {n_pages}, {page_size}")
     shape = (cfg.n_layers, n_pages, page_size, cfg.n_kv_heads, cfg.head_dim)
-    dt = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
-    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
+    return _zeros(shape, cfg, dtype)
+
+
+def quantize(x_GK):
+    """Symmetric int8 per vector of the last axis: (q int8, scale float32 [...]) with
+    scale = max |x| / 127 and q = round(x / scale); x ~ q x scale within scale / 2. A zero
+    vector gets scale 0 and q 0."""
+    x = x_GK.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(x), axis=-1) / 127.0
+    q = jnp.round(x / jnp.where(scale > 0, scale, 1.0)[..., None])
+    return q.astype(jnp.int8), scale
+
+
+def _stored(cache, kn_BTGK, vn_BTGK) -> dict:
+    """What a write puts in the cache: the new keys and values in its dtype, or int8 and their
+    scales."""
+    if "k_scale" not in cache:
+        return {"k": kn_BTGK.astype(cache["k"].dtype), "v": vn_BTGK.astype(cache["v"].dtype)}
+    (kq, ks), (vq, vs) = quantize(kn_BTGK), quantize(vn_BTGK)
+    return {"k": kq, "v": vq, "k_scale": ks, "v_scale": vs}
+
+
+def _loaded(one, cache):
+    """(keys, values) of a block: `one` reads the block of an array of the cache; int8 is
+    multiplied by its scales."""
+    kv = []
+    for n in ("k", "v"):
+        x = one(cache[n])
+        if f"{n}_scale" in cache:
+            x = x.astype(jnp.float32) * one(cache[f"{n}_scale"])[..., None]
+        kv.append(x)
+    return tuple(kv)
 
 
 def paged(pool: dict, block_table_BN) -> dict:
@@ -120,17 +176,16 @@ def contiguous(S: int, block: int = BLOCK) -> Layout:
     def write(cache, layer, kn_BTGK, vn_BTGK, positions_BT):
         rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
         # a scatter into the carried cache: in place (a position >= S, padding, is dropped)
-        return {
-            n: cache[n].at[layer, rows_B1, positions_BT].set(new.astype(cache[n].dtype))
-            for n, new in (("k", kn_BTGK), ("v", vn_BTGK))
-        }
+        new = _stored(cache, kn_BTGK, vn_BTGK)
+        return {n: cache[n].at[layer, rows_B1, positions_BT].set(x) for n, x in new.items()}
 
     def read(cache, layer, start):
-        def one(x_LBSGK):
-            _, B, _, G, K = x_LBSGK.shape
-            return jax.lax.dynamic_slice(x_LBSGK, (layer, 0, start, 0, 0), (1, B, blk, G, K))[0]
+        def one(x_LBS___):  # keys or values [L, B, S, G, K], or their scales [L, B, S, G]
+            size = (1, x_LBS___.shape[1], blk, *x_LBS___.shape[3:])
+            at = (layer, 0, start) + (0,) * (x_LBS___.ndim - 3)
+            return jax.lax.dynamic_slice(x_LBS___, at, size)[0]
 
-        return one(cache["k"]), one(cache["v"])
+        return _loaded(one, cache)
 
     return Layout(write, read, S, blk)
 
@@ -149,20 +204,18 @@ def paged_layout(block_table_BN, page_size: int, block: int = BLOCK) -> Layout:
         # a position beyond the row's table (a padding token's) writes to page 0, never read
         page_BT = jnp.where(positions_BT < N * ps, page_BT, 0)
         slot_BT = positions_BT % ps
-        return {
-            n: cache[n].at[layer, page_BT, slot_BT].set(new.astype(cache[n].dtype))
-            for n, new in (("k", kn_BTGK), ("v", vn_BTGK))
-        }
+        new = _stored(cache, kn_BTGK, vn_BTGK)
+        return {n: cache[n].at[layer, page_BT, slot_BT].set(x) for n, x in new.items()}
 
     def read(cache, layer, start):
         pages_Bn = jax.lax.dynamic_slice_in_dim(block_table_BN, start // ps, n_pages, axis=1)
 
-        def one(pool_LPsGK):
-            x_BnsGK = pool_LPsGK[layer][pages_Bn]
-            B, n, s, G, K = x_BnsGK.shape
-            return x_BnsGK.reshape(B, n * s, G, K)
+        def one(pool_LPs__):  # a pool [L, n_pages, page_size, G, K], or its scales [..., G]
+            x_Bns__ = pool_LPs__[layer][pages_Bn]
+            B, n, s = x_Bns__.shape[:3]
+            return x_Bns__.reshape(B, n * s, *x_Bns__.shape[3:])
 
-        return one(cache["k"]), one(cache["v"])
+        return _loaded(one, cache)
 
     return Layout(write, read, N * ps, n_pages * ps)
 
@@ -178,7 +231,7 @@ def forward(params, tokens_BT, positions_BT, cache: dict, cfg: ModelConfig, pc=D
     else:
         layout = paged_layout(table, cache["k"].shape[2], block)
     pc = pc.replace(cache=layout)
-    kv = {"k": cache["k"], "v": cache["v"]}
+    kv = {n: x for n, x in cache.items() if n != "block_table"}  # keys, values (and scales)
     top, x_BTD, _, kv = pieces.trunk(params, tokens_BT, positions_BT, cfg, pc, kv)
     logits_BTV = pc.head(top, x_BTD, cfg, pc).astype(jnp.float32)
     return logits_BTV, {**cache, **kv}

@@ -63,6 +63,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--page-size", type=positive_int, default=16, help="KV page size in tokens")
     p.add_argument("--n-pages", type=positive_int, default=256, help="pages in the KV pool")
+    p.add_argument(
+        "--kv-dtype",
+        choices=("auto", "int8"),
+        default="auto",
+        help="the KV pool's storage: auto (the model's compute dtype) or int8 (per token-and-head "
+        "scales: about half the bytes of bf16 per token)",
+    )
     p.add_argument("--no-prefix-cache", action="store_true", help="turn the radix cache off")
     p.add_argument(
         "--mesh",
@@ -93,6 +100,7 @@ def _main(args) -> int:
         page_size=args.page_size,
         n_pages=args.n_pages,
         prefix_cache=not args.no_prefix_cache,
+        kv_dtype=None if args.kv_dtype == "auto" else args.kv_dtype,
     )
     # the address first: a port in use is one line and exit 2, before anything compiles
     sock = _listen(args.host, args.port)
@@ -100,9 +108,12 @@ def _main(args) -> int:
     t0 = time.perf_counter()
     shapes = engine.warmup()  # every program the engine steps with, compiled now
     seconds = time.perf_counter() - t0
+    pool_mib = sum(x.nbytes for x in engine.pool.values()) / 2**20
+    dtype = engine.pool["k"].dtype.name
     print(
         f"serving {args.model_name} (d_model {cfg.d_model}, {cfg.n_layers} layers, context "
-        f"{cfg.max_seq}; {shapes} step shapes compiled in {seconds:.1f} s) on "
+        f"{cfg.max_seq}; KV pool {args.n_pages} pages x {args.page_size} tokens, {dtype}, "
+        f"{pool_mib:.1f} MiB; {shapes} step shapes compiled in {seconds:.1f} s) on "
         f"http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )

@@ -49,6 +49,7 @@ class EngineConfig:
     prefix_cache: bool = True  # reuse the KV pages of cached prompt prefixes
     static_batching: bool = False  # admit only into an empty batch (the baseline it improves on)
     overlap: bool = True  # read a step's tokens while the next one runs (False: before it)
+    kv_dtype: str | None = None  # the pool's dtype: None (the compute dtype) or "int8"
 
 
 __all__ = ["TOP_LOGPROBS", "Detokenizer", "Engine", "EngineConfig", "Event"]
@@ -99,7 +100,7 @@ class Engine:
             self.cache,
             e.static_batching,
         )
-        self.pool = kv_cache.init_paged(cfg, e.n_pages, e.page_size)
+        self.pool = kv_cache.init_paged(cfg, e.n_pages, e.page_size, e.kv_dtype)
         if self.mesh is not None:
             self.params, self.pool = program.place(self.params, self.pool, cfg, self.mesh)
         self.batch_sizes = tuple(2**i for i in range((e.max_num_seqs - 1).bit_length() + 1))

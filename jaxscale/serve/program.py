@@ -52,7 +52,8 @@ def run(params, pool, feed, prev_a, prev_b, cfg: ModelConfig):
     top_BK, top_ids_BK = jax.lax.top_k(logp_BV, min(TOP_LOGPROBS, logp_BV.shape[-1]))
     logp_B = jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
     tok_Bmax = jnp.zeros(prev_a.shape, jnp.int32).at[:B].set(tok_B)
-    return {"k": cache["k"], "v": cache["v"]}, (tok_Bmax, logp_B, top_ids_BK, top_BK)
+    pool = {n: x for n, x in cache.items() if n != "block_table"}
+    return pool, (tok_Bmax, logp_B, top_ids_BK, top_BK)
 
 
 def place(params, pool, cfg: ModelConfig, mesh):
@@ -76,7 +77,8 @@ def place(params, pool, cfg: ModelConfig, mesh):
     sharder = Sharder(mesh, REPLICATED_RULES)
     with jax.set_mesh(mesh):
         params = jax.device_put(params, ms.param_shardings(cfg, sharder))
-        pool = jax.device_put(pool, sharder.named(POOL_AXES))
+        # an int8 pool's scales [L, n_pages, page_size, G] split like its pages
+        pool = {n: jax.device_put(x, sharder.named(POOL_AXES[: x.ndim])) for n, x in pool.items()}
     return params, pool
 
 

@@ -13,7 +13,7 @@ from jaxscale.model import kv_cache, pieces
 from jaxscale.model import state as ms
 from jaxscale.serve import generate as gen
 from jaxscale.serve import sampling
-from jaxscale.tolerances import ATOL, RTOL
+from jaxscale.tolerances import ATOL, INT8_KV_FRACTION, RTOL
 
 CFG = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, max_seq=32)  # GQA
 
@@ -269,3 +269,87 @@ def test_a_decode_steps_bytes_do_not_grow_with_unused_slots():
 
     small, large = bytes_accessed(128), bytes_accessed(4096)
     assert large <= 1.05 * small, (small, large)
+
+
+def test_int8_quantization_is_the_symmetric_per_vector_rule():
+    """Against NumPy: scale = max |x| / 127 over head_dim, q = x / scale rounded to the nearest
+    (ties to even), |q x scale - x| <= scale / 2; a zero vector stores 0 with scale 0. Vectors
+    of magnitudes 1e-3 to 1e3 side by side: one scale per token and head, not per tensor."""
+    x = RNG.normal(size=(5, 3, 2, 16)) * 10.0 ** RNG.integers(-3, 4, size=(5, 3, 2, 1))
+    x[1, 2, 0] = 0.0
+    x = x.astype(np.float32)
+    q, scale = jax.device_get(kv_cache.quantize(jnp.asarray(x)))
+    want_scale = np.abs(x).max(-1) / np.float32(127)
+    np.testing.assert_allclose(scale, want_scale, rtol=1e-6)
+    safe = np.where(want_scale > 0, want_scale, 1)[..., None]
+    np.testing.assert_array_equal(q, np.round(x / safe).astype(np.int8))
+    assert q.dtype == np.int8 and np.abs(q).max() == 127
+    assert (np.abs(q * scale[..., None] - x) <= 0.5 * scale[..., None] * (1 + 1e-6)).all()
+    assert scale[1, 2, 0] == 0 and (q[1, 2, 0] == 0).all()
+
+
+def _rounded_attend(q_BTHK, k_BSGK, v_BSGK, q_positions, k_positions):
+    """The model's attention with its keys and values stored as int8 and read back: each token's
+    and kv head's vector rounded to 255 levels of max |x| / 127 (the oracle for an int8 cache)."""
+
+    def rounded(x):
+        s = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / 127.0
+        return (jnp.round(x / jnp.where(s > 0, s, 1.0)) * s).astype(x.dtype)
+
+    return pieces.attend(q_BTHK, rounded(k_BSGK), rounded(v_BSGK), q_positions, k_positions)
+
+
+def assert_int8_rounding(got, rounded, full):
+    """`got` (through an int8 cache) is the model with int8-rounded keys and values (`rounded`),
+    not the full-precision one (`full`): its distance from `rounded` is under INT8_KV_FRACTION of
+    the distance rounding makes (tolerances.py: a value on a rounding boundary may round the
+    other way in the cached path's summation order)."""
+    got, rounded, full = (np.asarray(x, np.float64) for x in (got, rounded, full))
+    rounding = np.abs(rounded - full).max()
+    assert rounding > 10 * ATOL  # the rounding is really there
+    assert np.abs(got - rounded).max() <= INT8_KV_FRACTION * rounding, (
+        np.abs(got - rounded).max(),
+        rounding,
+    )
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_an_int8_cache_equals_the_model_with_rounded_keys_and_values(layout):
+    """Prefill of 5, then decode to 16 tokens through an int8 cache (blocks of 4; paged: a
+    scattered table): every position's logits are the uncached model's whose attention reads
+    int8-rounded keys and values, not the full-precision model's."""
+    tokens_BT = _tokens(2, 16)
+    if layout == "contiguous":
+        cache = kv_cache.init_cache(CFG, 2, 18, dtype="int8")
+    else:
+        table = np.array([[3, 7, 1, 5, 9, 11, 2, 4, 6], [8, 10, 12, 13, 14, 15, 16, 17, 18]])
+        cache = kv_cache.paged(kv_cache.init_paged(CFG, 19, 2, dtype="int8"), table)
+    assert cache["k"].dtype == jnp.int8 and cache["k_scale"].shape == cache["k"].shape[:-1]
+    got = _blockwise_logits(cache, tokens_BT, 5, block=4)
+    rounded = pieces.DENSE.replace(attend=_rounded_attend)
+    want_BTV = pieces.logits(_params(), tokens_BT, CFG, rounded)[:, 4:]
+    assert_int8_rounding(got, want_BTV, pieces.logits(_params(), tokens_BT, CFG)[:, 4:])
+
+
+def test_an_int8_token_takes_its_values_bytes_plus_one_scale_per_head():
+    """Bytes per token of the pool the engine allocates, measured from its arrays: bf16 is
+    `calc kv`'s 2 x L x G x K x 2; int8 is `calc kv --dtype-bytes 1` plus a float32 scale per
+    layer, kv head and K or V, so a page of head_dim 64 holds 128 / 68 = 1.88x bf16's tokens."""
+    from jaxscale.calc.kv import kv_bytes_per_token
+
+    cfg = CFG.replace(d_model=512, n_heads=8, n_kv_heads=2)  # head_dim 64
+    L, G, K, ps = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 16
+
+    def per_token(dtype):
+        pool = kv_cache.init_paged(cfg, 4, ps, dtype=dtype)
+        return sum(x.nbytes for x in pool.values()) / (4 * ps)
+
+    assert per_token("bfloat16") == kv_bytes_per_token(L, G, K, 2)
+    assert per_token("int8") == kv_bytes_per_token(L, G, K, 1) + 2 * L * G * 4
+    assert per_token("bfloat16") / per_token("int8") == pytest.approx(128 / 68)
+    assert kv_cache.bytes_per_token(cfg, "int8") == per_token("int8")
+
+
+def test_a_cache_dtype_that_is_neither_float_nor_int8_is_refused():
+    with pytest.raises(ValueError, match="int32.*int8"):
+        kv_cache.init_paged(CFG, 4, 2, dtype="int32")

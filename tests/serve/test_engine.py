@@ -191,6 +191,42 @@ def test_log_probabilities_are_the_uncached_models():
         np.testing.assert_allclose([lp for _, lp in ev.top], want[ids], rtol=RTOL, atol=ATOL)
 
 
+def test_an_int8_pool_serves_the_model_with_rounded_keys_and_values():
+    """`kv_dtype="int8"`: two requests, chunked and batched over a paged int8 pool; each event's
+    log-probability is the uncached model's whose attention reads int8-rounded keys and values
+    (at the position that produced the token), not the full-precision model's."""
+    import jax
+
+    from jaxscale.model import pieces
+    from tests.model.test_kv_cache import _rounded_attend, assert_int8_rounding
+
+    ecfg = EngineConfig(max_num_seqs=2, max_num_batched_tokens=8, page_size=8, kv_dtype="int8")
+    eng = Engine(PARAMS, CFG, ecfg)
+    assert eng.pool["k"].dtype == np.int8
+    reqs = [
+        Request(str(i), [int(t) for t in PROMPTS[i]], 6, SamplingParams(1.0, seed=i))
+        for i in (1, 2)
+    ]
+    events = {r.id: [] for r in reqs}
+    for r in reqs:
+        eng.add(r)
+    while eng.has_work():
+        for ev in eng.step():
+            events[ev.request_id].append(ev)
+    rounded = pieces.DENSE.replace(attend=_rounded_attend)
+    got, want, full = [], [], []
+    for r in reqs:
+        out = [ev.token for ev in events[r.id]]
+        assert out == r.out and len(out) == 6
+        seq = np.asarray([r.prompt + out], np.int32)
+        at = [(len(r.prompt) - 1 + i, t) for i, t in enumerate(out)]  # each token's position
+        for pc, dst in ((rounded, want), (pieces.DENSE, full)):
+            logp = np.asarray(jax.nn.log_softmax(pieces.logits(PARAMS, seq, CFG, pc)[0], -1))
+            dst += [logp[i, t] for i, t in at]
+        got += [ev.logprob for ev in events[r.id]]
+    assert_int8_rounding(got, want, full)
+
+
 @pytest.mark.parametrize(
     "moe_every", [pytest.param(1, marks=[pytest.mark.slow, pytest.mark.first_line]), 2]
 )

@@ -14,6 +14,7 @@ from jaxscale.cli import main as cli_main
         (["--port", "0"], "positive"),
         (["--model-name", ""], "non-empty"),
         (["--model-name", "my model"], "without spaces"),
+        (["--kv-dtype", "fp8"], "invalid choice"),  # no fp8 KV cache (docs/serving.md)
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(flags, says, capsys):
