@@ -75,7 +75,9 @@ def add_parser(sub) -> None:
         "--mesh",
         default=None,
         help="tensor-parallel decode over the first N devices, e.g. tp=2: heads and MLP over "
-        "`tensor`, the KV pages split by kv head (default: one device)",
+        "`tensor`, the KV pages split by kv head; dp=R: R replicas behind one server, each on "
+        "its own devices with its own KV pool, requests to the least loaded, e.g. dp=2,tp=2 "
+        "(default: one device)",
     )
     p.set_defaults(func=main)
 
@@ -87,9 +89,11 @@ def main(args) -> int:
 
 
 def _main(args) -> int:
+    import jax
     import uvicorn
 
     from jaxscale.serve.engine import Engine, EngineConfig
+    from jaxscale.serve.replicas import replica_meshes
     from jaxscale.serve.server import make_app
     from jaxscale.train.checkpoint import load_model
 
@@ -104,44 +108,27 @@ def _main(args) -> int:
     )
     # the address first: a port in use is one line and exit 2, before anything compiles
     sock = _listen(args.host, args.port)
-    engine = Engine(params, cfg, ecfg, mesh=_mesh(args.mesh))
+    meshes = replica_meshes(args.mesh, jax.devices())
+    engines = [Engine(params, cfg, ecfg, mesh=m) for m in meshes]
     t0 = time.perf_counter()
-    shapes = engine.warmup()  # every program the engine steps with, compiled now
+    shapes = sum(e.warmup() for e in engines)  # every program the engines step with, compiled
     seconds = time.perf_counter() - t0
-    pool_mib = sum(x.nbytes for x in engine.pool.values()) / 2**20
-    dtype = engine.pool["k"].dtype.name
+    pool_mib = sum(x.nbytes for x in engines[0].pool.values()) / 2**20
+    dtype = engines[0].pool["k"].dtype.name
+    where = f"{len(engines)} replicas, " if len(engines) > 1 else ""
     print(
         f"serving {args.model_name} (d_model {cfg.d_model}, {cfg.n_layers} layers, context "
-        f"{cfg.max_seq}; KV pool {args.n_pages} pages x {args.page_size} tokens, {dtype}, "
-        f"{pool_mib:.1f} MiB; {shapes} step shapes compiled in {seconds:.1f} s) on "
-        f"http://{args.host}:{args.port}/v1",
+        f"{cfg.max_seq}; {where}KV pool {args.n_pages} pages x {args.page_size} tokens, "
+        f"{dtype}, {pool_mib:.1f} MiB{' each' if where else ''}; {shapes} step shapes compiled "
+        f"in {seconds:.1f} s) on http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )
-    config = uvicorn.Config(make_app(engine, args.model_name), log_level="warning")
+    config = uvicorn.Config(make_app(engines, args.model_name), log_level="warning")
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
         pass
     return 0
-
-
-def _mesh(spec: str | None):
-    """`--mesh` on the process's first devices (MeshSpecError is a ValueError: one line)."""
-    if spec is None:
-        return None
-    import math
-
-    import jax
-
-    from jaxscale.mesh import build_mesh, parse_mesh
-
-    parsed = parse_mesh(spec)
-    if -1 in parsed.shape:
-        raise ValueError(f"--mesh {spec}: give every axis its size (the engine uses N devices)")
-    n = math.prod(parsed.shape)
-    if n > jax.device_count():
-        raise ValueError(f"--mesh {spec} needs {n} devices; this process has {jax.device_count()}")
-    return build_mesh(parsed, devices=jax.devices()[:n])
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -21,9 +21,9 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 class ServerMetrics:
     """The app's collectors; `finished` and `refused` record a request, the gauges read the
-    engine at scrape time."""
+    engines at scrape time (summed over data-parallel replicas)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engines: list[Engine]):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = r = CollectorRegistry()
@@ -57,18 +57,32 @@ class ServerMetrics:
             buckets=BUCKETS,
             registry=r,
         )
-        s, alloc = engine.scheduler, engine.allocator
+
+        def total(read):  # summed over the data-parallel replicas
+            return lambda: sum(read(e) for e in engines)
+
+        def hit_rate() -> float:
+            caches = [e.cache for e in engines if e.cache]
+            looked_up = sum(c.query_tokens for c in caches)
+            return sum(c.hit_tokens for c in caches) / looked_up if looked_up else 0.0
+
         gauges = {
-            "jaxscale_requests_running": ("requests in the running batch", lambda: len(s.running)),
-            "jaxscale_requests_waiting": ("requests queued", lambda: len(s.waiting)),
-            "jaxscale_kv_pages_free": ("KV pages free", lambda: alloc.n_free),
+            "jaxscale_requests_running": (
+                "requests in the running batch",
+                total(lambda e: len(e.scheduler.running)),
+            ),
+            "jaxscale_requests_waiting": (
+                "requests queued",
+                total(lambda e: len(e.scheduler.waiting)),
+            ),
+            "jaxscale_kv_pages_free": ("KV pages free", total(lambda e: e.allocator.n_free)),
             "jaxscale_kv_pages_used": (
-                "KV pages held (page 0 is reserved and not counted)",
-                lambda: alloc.n_pages - 1 - alloc.n_free,
+                "KV pages held (page 0 of each pool is reserved and not counted)",
+                total(lambda e: e.allocator.n_pages - 1 - e.allocator.n_free),
             ),
             "jaxscale_prefix_cache_hit_rate": (
                 "prompt tokens found in the prefix cache / prompt tokens looked up",
-                lambda: engine.cache.hit_rate if engine.cache else 0.0,
+                hit_rate,
             ),
         }
         for name, (doc, read) in gauges.items():

@@ -2,10 +2,11 @@
 
 Routes: POST /v1/completions and POST /v1/chat/completions (streamed as server-sent events,
 or whole; the request bodies are `api.py`'s), GET /v1/models, GET /health. The engine runs in
-its own thread (`EngineThread`): requests reach it through a queue, tokens come back to each
-request's asyncio queue. A bad request gets a 4xx with an OpenAI-style error body and changes
-nothing; a client that goes away mid-stream has its request aborted, which frees its slot and
-pages. GET /metrics: Prometheus' text format (`metrics.py`).
+its own thread (`replicas.EngineThread`; data-parallel replicas one each, behind a `Router`):
+requests reach it through a queue, tokens come back to each request's asyncio queue. A bad
+request gets a 4xx with an OpenAI-style error body and changes nothing; a client that goes away
+mid-stream has its request aborted, which frees its slot and pages. GET /metrics: Prometheus'
+text format (`metrics.py`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import asyncio
 import contextlib
 import itertools
 import json
-import queue
-import threading
 import time
 
 from jaxscale.serve.api import ApiError, logprobs, parse_chat, parse_completion
 from jaxscale.serve.engine import Engine
 from jaxscale.serve.metrics import ServerMetrics, Timing
+from jaxscale.serve.replicas import EngineError, Router
 from jaxscale.serve.scheduler import Request
 
 
@@ -28,91 +28,23 @@ class ClientGone(Exception):
     """The client of a non-streaming request hung up before its answer was ready."""
 
 
-class EngineError(RuntimeError):
-    """An engine step failed while this request was in flight (a 500, not the client's fault)."""
-
-
-class EngineThread:
-    """The engine's own loop: takes submissions and aborts from a queue, steps while there is
-    work, and hands each event to the callback its request was submitted with."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.inbox: queue.Queue = queue.Queue()
-        self.callbacks: dict[str, callable] = {}
-        self.stopped = threading.Event()
-        self.errors = 0  # engine steps that raised
-        self.thread = threading.Thread(target=self._loop, name="jaxscale-engine", daemon=True)
-        self.thread.start()
-
-    def submit(self, req: Request, callback) -> None:
-        self.inbox.put(("add", req, callback))
-
-    def abort(self, request_id: str) -> None:
-        self.inbox.put(("abort", request_id, None))
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.inbox.put(("stop", None, None))
-        self.thread.join(timeout=30)
-
-    def _handle(self, kind, item, callback) -> None:
-        if kind == "add":
-            try:
-                self.engine.add(item)
-                self.callbacks[item.id] = callback
-            except ValueError as e:
-                callback(e)
-        elif kind == "abort" and self.engine.abort(item):
-            self.callbacks.pop(item, None)
-
-    def _loop(self) -> None:
-        while not self.stopped.is_set():
-            busy = self.engine.has_work()
-            try:  # block only when idle
-                self._handle(*self.inbox.get(timeout=None if not busy else 0))
-                while True:
-                    self._handle(*self.inbox.get_nowait())
-            except queue.Empty:
-                pass
-            if self.stopped.is_set() or not self.engine.has_work():
-                continue
-            try:
-                events = self.engine.step()
-            except Exception as e:  # noqa: BLE001 - reported to every client, the loop goes on
-                self._fail_all(e)
-                continue
-            for ev in events:
-                cb = self.callbacks.get(ev.request_id)
-                if cb is not None:
-                    cb(ev)
-                if ev.finish_reason is not None:
-                    self.callbacks.pop(ev.request_id, None)
-
-    def _fail_all(self, error: Exception) -> None:
-        """An engine step raised: every request in flight ends with the error (a 500 to its
-        client) and is aborted, so the engine is empty and serves the next requests."""
-        self.errors += 1
-        for rid, cb in list(self.callbacks.items()):
-            self.engine.abort(rid, "error")
-            cb(EngineError(f"the engine failed: {type(error).__name__}: {error}"))
-        self.callbacks.clear()
-
-
-def make_app(engine: Engine, model_name: str):
-    """The Starlette app serving `engine` under `model_name`."""
+def make_app(engines: Engine | list[Engine], model_name: str):
+    """The Starlette app serving `engines` (one, or data-parallel replicas: `replicas.py`)
+    under `model_name`."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     ids = itertools.count()
-    metrics = ServerMetrics(engine)
+    engines = engines if isinstance(engines, list) else [engines]
+    engine = engines[0]  # the model's limits (every replica serves the same model)
+    metrics = ServerMetrics(engines)
     state: dict = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        state["engine"] = EngineThread(engine)
+        state["engine"] = Router(engines)
         try:
             yield
         finally:  # Ctrl-C or the end of a test: the engine thread stops with the server
@@ -122,16 +54,19 @@ def make_app(engine: Engine, model_name: str):
         return JSONResponse(e.body(), status_code=e.status)
 
     async def health(request):
-        s = engine.scheduler
-        return JSONResponse(
+        each = [
             {
-                "status": "ok",
-                "running": len(s.running),
-                "waiting": len(s.waiting),
-                "free_pages": engine.allocator.n_free,
-                "compiles": engine.compiles,
-                "engine_errors": state["engine"].errors,
+                "running": len(e.scheduler.running),
+                "waiting": len(e.scheduler.waiting),
+                "free_pages": e.allocator.n_free,
+                "compiles": e.compiles,
             }
+            for e in engines
+        ]
+        totals = {k: sum(r[k] for r in each) for k in each[0]}
+        replicas = {"replicas": each} if len(engines) > 1 else {}
+        return JSONResponse(
+            {"status": "ok", **totals, "engine_errors": state["engine"].errors, **replicas}
         )
 
     async def prometheus(request):

@@ -51,7 +51,7 @@ def _in_process(ckpt, prompt: str, n: int) -> str:
     return bytes(out).decode("utf-8", errors="replace")
 
 
-def test_serve_on_a_tensor_mesh_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
+def test_serve_on_tp_replicas_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path, capsys):
     run = tmp_path / "run"
     rc = cli_main(
         [
@@ -87,8 +87,8 @@ def test_serve_on_a_tensor_mesh_answers_the_openai_client_and_stops_on_ctrl_c(tm
             "--port",
             str(port),
             *ENGINE,
-            "--mesh",  # tensor-parallel decode: the same tokens as the one-device engine
-            "tp=2",
+            "--mesh",  # two replicas of tensor-parallel decode: the one-device engine's tokens
+            "dp=2,tp=2",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -114,6 +114,8 @@ def test_serve_on_a_tensor_mesh_answers_the_openai_client_and_stops_on_ctrl_c(tm
             model="jaxscale", prompt="abc", max_tokens=12, temperature=0, stream=True
         )
         assert "".join(c.choices[0].text for c in stream) == want
+        replicas = httpx.get(f"{base}/health").json()["replicas"]
+        assert len(replicas) == 2 and all(r["compiles"] > 0 for r in replicas)  # warmed up
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -123,6 +125,7 @@ def test_serve_on_a_tensor_mesh_answers_the_openai_client_and_stops_on_ctrl_c(tm
             raise
     assert proc.returncode == 0, err
     assert "Traceback" not in err and f"on http://127.0.0.1:{port}/v1" in err
+    assert "2 replicas, KV pool" in err
 
 
 def test_serve_refuses_a_missing_checkpoint_before_listening(tmp_path, capsys):

@@ -44,9 +44,9 @@ def test_help_states_the_defaults_and_keeps_the_example_lines(capsys):
 
 
 def test_a_mesh_the_engine_cannot_run_is_refused_in_one_line(capsys):
-    rc = cli_main(["serve", "--mesh", "dp=2,tp=2", "--port", str(_free_port())])
+    rc = cli_main(["serve", "--mesh", "dp=2,fsdp=2", "--port", str(_free_port())])
     err = capsys.readouterr().err
-    assert rc == 2 and "tensor-parallel" in err and "Traceback" not in err
+    assert rc == 2 and "no use for fsdp" in err and "Traceback" not in err
 
 
 def _free_port() -> int:
