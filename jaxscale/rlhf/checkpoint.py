@@ -8,7 +8,8 @@ loads the trained actor like any trained model. Each checkpoint holds three item
             the train optimizer's zeros (the serve loader restores the whole train state)
     meta    the train record (model config, format) plus the RLHF record: config, iterations
             done, beta, the initial held-out score and the metrics so far
-    rlhf    {tree, opt_state}: actor, critic and their Adam state, for `--resume`
+    rlhf    {tree, opt_state}: actor, critic and their Adam state, for `--resume` (a --stale
+            run adds `behind`: the actor one update older, which made the batch under way)
 
 Only `--resume` reads `rlhf`; the serve loader reads `state` and `meta` alone.
 """
@@ -79,15 +80,20 @@ def write_config(out: str | Path, cfg: ModelConfig, record: dict) -> None:
     (path / "config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
-def save(out: str | Path, cfg: ModelConfig, lab, saved: Saved, mesh: str, keep=None) -> Path:
-    """Checkpoint `lab`'s policy after `saved.iteration` iterations; blocks until written
-    (the next training step donates the buffers saved here)."""
+def save(
+    out: str | Path, cfg: ModelConfig, lab, saved: Saved, mesh: str, keep=None, behind=None
+) -> Path:
+    """Checkpoint `lab`'s policy after `saved.iteration` iterations (and, for a stale run, the
+    actor one update `behind`); blocks until written (the next training step donates the
+    buffers saved here)."""
     import orbax.checkpoint as ocp
 
     state, tcfg = _train_state(cfg, lab.tree["actor"], saved.iteration)
     meta = ckpt.meta_record(cfg, tcfg, mesh, "rlhf") | {"rlhf": dataclasses.asdict(saved)}
     path = ckpt_dir(out)
     resumable = {"tree": lab.tree, "opt_state": lab.opt_state}
+    if behind is not None:
+        resumable["behind"] = behind
     with _manager(path, keep) as mgr:
         mgr.save(
             saved.iteration,
@@ -113,16 +119,20 @@ def read_saved(out: str | Path, step: int) -> Saved:
     return Saved(**meta["rlhf"])
 
 
-def restore(out: str | Path, lab, step: int) -> Saved:
-    """Put checkpoint `step`'s actor, critic and Adam state into `lab`, in its own layout."""
+def restore(out: str | Path, lab, step: int) -> tuple[Saved, dict | None]:
+    """Put checkpoint `step`'s actor, critic and Adam state into `lab`, in its own layout; and
+    return its record and, for a stale run, the actor one update behind (in the actor's
+    training layout)."""
     import orbax.checkpoint as ocp
 
     saved = read_saved(out, step)
     like = {"tree": lab.tree, "opt_state": lab.opt_state}
+    if saved.config.get("stale"):
+        like["behind"] = lab.tree["actor"]
     target = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
     )
     with _manager(ckpt_dir(out), None) as mgr:
         got = mgr.restore(step, args=ocp.args.Composite(rlhf=ocp.args.StandardRestore(target)))
     lab.tree, lab.opt_state = got["rlhf"]["tree"], got["rlhf"]["opt_state"]
-    return saved
+    return saved, got["rlhf"].get("behind")

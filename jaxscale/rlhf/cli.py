@@ -151,8 +151,6 @@ def _resume_point(args, rc):
             f"--out {args.out}: {where} holds a policy checkpoint (iteration {done}); pass "
             "--resume to continue that run, or choose another --out"
         )
-    if rc.stale:
-        raise ValueError("--resume: --stale runs cannot resume (rollouts one update behind)")
     if done >= rc.iterations:
         raise ValueError(
             f"--resume: {where} already holds iteration {done} of --iterations "
@@ -281,9 +279,9 @@ def _restore(args, lab, saved):
 
     if not saved:
         return None
-    ckpt.restore(args.out, lab, saved.iteration)
+    _, behind = ckpt.restore(args.out, lab, saved.iteration)
     _say(f"resuming at iteration {saved.iteration} from {ckpt.ckpt_dir(args.out)}")
-    return run.Start(saved.iteration, saved.beta, saved.initial_true, saved.history)
+    return run.Start(saved.iteration, saved.beta, saved.initial_true, saved.history, behind)
 
 
 def _open_metrics(args, cfg, rc, saved):
@@ -313,7 +311,7 @@ def _checkpointer(args, cfg, rc, lab, metrics):
         if done == rc.iterations or (args.ckpt_every and done % args.ckpt_every == 0):
             metrics.flush()  # the records up to a checkpoint are on disk with it
             saved = ckpt.Saved(done, beta, res.initial_true, res.history, dataclasses.asdict(rc))
-            ckpt.save(args.out, cfg, lab, saved, args.mesh)
+            ckpt.save(args.out, cfg, lab, saved, args.mesh, behind=res.behind)
 
     return after
 
@@ -335,7 +333,7 @@ def _stopper(args, cfg, rc, lab, stop, after):
             )
         if not ckpt.latest(args.out) == done:  # not saved by --ckpt-every just now
             saved = ckpt.Saved(done, beta, res.initial_true, res.history, dataclasses.asdict(rc))
-            ckpt.save(args.out, cfg, lab, saved, args.mesh)
+            ckpt.save(args.out, cfg, lab, saved, args.mesh, behind=res.behind)
         raise Stopped(
             f"stopped after iteration {done} of {rc.iterations}, saved in "
             f"{ckpt.ckpt_dir(args.out)}: continue with --resume"

@@ -38,6 +38,9 @@ class RunResult:
     rollouts: list[tuple] = field(default_factory=list)  # (prompts [B, P], tokens [B, N])
     tree: dict | None = None
     memory: list[dict] = field(default_factory=list)
+    # stale runs: the actor that made the batch under way, one update behind `tree`'s (what a
+    # checkpoint needs to resume: the next batch is generated with it), in the generation layout
+    behind: dict | None = None
 
 
 @dataclass
@@ -180,6 +183,7 @@ class Start:
     beta: float
     initial_true: float
     history: list[dict]
+    behind: dict | None = None  # stale runs: the actor one update older (it makes batch k)
 
 
 def iterate(
@@ -197,8 +201,8 @@ def iterate(
     needs to continue exactly: every iteration's prompts and keys follow from its index)."""
     rc, res = lab.rc, RunResult()
     first = start.iteration if start else 0
-    if first and rc.stale:  # batch k would need the weights before update k-1 as well
-        raise ValueError("--stale runs cannot resume (their rollouts are one update behind)")
+    if first and rc.stale and start.behind is None:
+        raise ValueError("--stale: resuming needs the one-update-older actor in the checkpoint")
     if start:
         res.initial_true, res.history, beta = start.initial_true, list(start.history), start.beta
     else:
@@ -207,7 +211,10 @@ def iterate(
     res.transfers.append(tr)
     rows, seeds = batch_rows(lab, prompts, first)
     t0 = time.perf_counter()
-    pending = dispatch_generate(lab, gen_actor, rows, seeds)
+    maker = gen_actor  # stale and resumed: batch k was made by the weights before update k - 1
+    if first and rc.stale:
+        maker, _ = place.transfer(start.behind, lab.gen_shardings, lab.meshes)
+    pending = dispatch_generate(lab, maker, rows, seeds)
     for it in range(first, rc.iterations):
         toks, valid, logp = jax.device_get(pending)
         t_gen = time.perf_counter() - t0
@@ -229,6 +236,8 @@ def iterate(
             )
             sm, tm = jax.device_get((sm, tm))
         t3 = time.perf_counter()
+        if rc.stale:  # it made batch it + 1, now under way
+            res.behind = gen_actor
         gen_actor, tr = place.transfer(lab.tree["actor"], lab.gen_shardings, lab.meshes)
         res.transfers.append(tr)
         kl = float(sm["kl"])
