@@ -7,7 +7,9 @@
 2. continuous vs static batching on one workload (seed 000's: lengths N(mean, std) clipped):
    engine steps and wall time, beside `jaxscale simulate batching`'s step counts;
 3. capacity for one KV memory budget, paged (pages as needed) vs contiguous (max_seq reserved
-   per request), beside `calc kv`'s utilisation assumptions (50% unpaged, 95% paged);
+   per request), beside `calc kv`'s utilisation assumptions (50% unpaged, 95% paged); and the
+   same bytes as a bf16 pool held as an int8 pool (`--kv-dtype int8`), beside `calc kv
+   --dtype-bytes 1`;
 4. the radix prefix cache's hit rate on requests sharing a system prompt, beside `calc prefix`'s
    saved fraction for the same prompts.
 On CPU the timings are indicative; the ratios and counts are the result.
@@ -211,33 +213,48 @@ def batching(setup: Setup, params) -> dict:
     return out
 
 
-def capacity(setup: Setup, params) -> dict:
-    """Requests that fit at once in one KV budget: contiguous reserves max_seq positions per
-    request; the paged engine takes pages as tokens arrive (peak running requests measured)."""
-    from jaxscale.serve.scheduler import Request
-
-    ps, S = setup.page_size, setup.cfg.max_seq
-    n_pages = 4 * S // ps + 1  # 4 full contexts (page 0 is reserved)
-    contiguous = (n_pages - 1) * ps // S
-    rng = np.random.default_rng(setup.seed)
-    eng = _engine(setup, params, n_pages=n_pages, max_num_seqs=64, prefix_cache=False)
-    reqs = [
-        Request(str(i), [int(t) for t in rng.integers(32, 127, setup.prompt_len)], setup.max_new)
-        for i in range(64)
-    ]
+def _fill(eng, reqs) -> tuple[int, int]:
+    """Run `reqs` on `eng`: (peak running requests, most pages a request held)."""
     for r in reqs:
         eng.add(r)
-    # calc kv's fragmentation model for these requests: contiguous reserves max_seq positions
-    # each, paging holds what is used; the ratio of the two is the capacity ratio it predicts
-    per_token = calc_kv.kv_bytes_per_token(
-        setup.cfg.n_layers, setup.cfg.n_kv_heads, setup.cfg.head_dim, 4
-    )
-    frag = calc_kv.fragmentation(per_token, len(reqs), setup.prompt_len + setup.max_new, S)
     peak = pages_each = 0
     while eng.has_work():
         eng.step()
         peak = max(peak, len(eng.scheduler.running))
         pages_each = max([pages_each] + [len(r.pages) for r in eng.scheduler.running])
+    return peak, pages_each
+
+
+def capacity(setup: Setup, params) -> dict:
+    """Requests that fit at once in one KV budget: contiguous reserves max_seq positions per
+    request; the paged engine takes pages as tokens arrive (peak running requests measured);
+    an int8 pool of a bf16 pool's bytes holds more pages (the scales included)."""
+    from jaxscale.model import kv_cache
+    from jaxscale.serve.scheduler import Request
+
+    ps, S, cfg = setup.page_size, setup.cfg.max_seq, setup.cfg
+    n_pages = 4 * S // ps + 1  # 4 full contexts (page 0 is reserved)
+    contiguous = (n_pages - 1) * ps // S
+    rng = np.random.default_rng(setup.seed)
+    prompts = [[int(t) for t in rng.integers(32, 127, setup.prompt_len)] for _ in range(64)]
+
+    def requests():
+        return [Request(str(i), p, setup.max_new) for i, p in enumerate(prompts)]
+
+    eng = _engine(setup, params, n_pages=n_pages, max_num_seqs=64, prefix_cache=False)
+    reqs = requests()
+    peak, pages_each = _fill(eng, reqs)
+    # the same bytes as `n_pages - 1` bf16 pages, as int8 pages with their scales
+    bf16, int8 = (kv_cache.bytes_per_token(cfg, dt) for dt in ("bfloat16", "int8"))
+    int8_pages = (n_pages - 1) * bf16 // int8 + 1
+    eng8 = _engine(
+        setup, params, n_pages=int8_pages, max_num_seqs=64, prefix_cache=False, kv_dtype="int8"
+    )
+    peak8, _ = _fill(eng8, requests())
+    # calc kv's fragmentation model for these requests: contiguous reserves max_seq positions
+    # each, paging holds what is used; the ratio of the two is the capacity ratio it predicts
+    per_token = calc_kv.kv_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 4)
+    frag = calc_kv.fragmentation(per_token, len(reqs), setup.prompt_len + setup.max_new, S)
     return {
         "kv_positions": (n_pages - 1) * ps,
         "request_positions": setup.prompt_len + setup.max_new,
@@ -249,6 +266,15 @@ def capacity(setup: Setup, params) -> dict:
         "calc_kv_ratio": frag.bytes_without_paging / frag.bytes_with_paging,
         "calc_kv_waste": frag.waste_fraction,
         "preemptions": sum(r.preemptions for r in reqs),
+        "bytes_per_token": {"bfloat16": bf16, "int8": int8},
+        "calc_kv_int8_values": calc_kv.kv_bytes_per_token(
+            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 1
+        ),
+        "head_dim": cfg.head_dim,
+        "pages": n_pages - 1,
+        "int8_pages": int8_pages - 1,
+        "int8_at_full_length": (int8_pages - 1) // pages_each,
+        "int8_peak_running": peak8,
     }
 
 
@@ -347,6 +373,12 @@ def report(res: dict) -> str:
         f"  calc kv (fragmentation of {c['request_positions']} of {c['max_seq']}): "
         f"{c['calc_kv_waste']:.1%} of a contiguous cache unused, x"
         f"{c['calc_kv_ratio']:.1f} requests with paging",
+        f"  int8, the bytes of {c['pages']} bf16 pages: {c['int8_pages']} pages, "
+        f"{c['int8_at_full_length']} requests at full length (peak running "
+        f"{c['int8_peak_running']}); a token "
+        f"{c['bytes_per_token']['int8']} B against bf16's {c['bytes_per_token']['bfloat16']} B"
+        f" (calc kv --dtype-bytes 1: {c['calc_kv_int8_values']} B + a float32 scale per layer,"
+        f" kv head and K or V; head_dim {c['head_dim']})",
     ]
     p = res["prefix"]
     lines += [

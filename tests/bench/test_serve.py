@@ -35,6 +35,13 @@ def test_bench_serve_figures_against_their_predictions(result):
     assert c["paged_at_full_length"] / c["contiguous"] == pytest.approx(c["calc_kv_ratio"])
     # the pool really held them at once (more, while some were still in prefill)
     assert c["paged_peak_running"] >= c["paged_at_full_length"] > c["contiguous"]
+    # an int8 pool of the same bytes holds bf16 / (values + scales) times the pages and the
+    # requests: 2K / (K + 4) for head_dim K (the pool's own arrays measured by bytes_per_token)
+    K = c["head_dim"]
+    assert c["bytes_per_token"]["bfloat16"] / c["bytes_per_token"]["int8"] == 2 * K / (K + 4)
+    assert c["int8_pages"] == c["pages"] * 2 * K // (K + 4)
+    assert c["int8_at_full_length"] == c["int8_pages"] // c["pages_per_request"]
+    assert c["int8_peak_running"] >= c["int8_at_full_length"] > c["paged_at_full_length"]
 
     p = result["prefix"]
     assert p["hit_rate"] == pytest.approx(p["calc_prefix_saved_fraction"], abs=1e-12)
