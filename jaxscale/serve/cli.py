@@ -4,6 +4,8 @@ with a warning)."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import socket
 import sys
 import time
@@ -124,11 +126,23 @@ def _main(args) -> int:
         file=sys.stderr,
     )
     config = uvicorn.Config(make_app(engines, args.model_name), log_level="warning")
+    # after its graceful shutdown uvicorn re-raises the signal it stopped on, under the handler
+    # it found: SIGTERM's default would kill the process (-15), so it is made a normal stop too
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
+    except KeyboardInterrupt:  # the Ctrl-C or SIGTERM it shut down on: a normal stop
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        # the server is down; a further Ctrl-C while the interpreter cleans up ends the process
+        # at once instead of printing a traceback from jax's exit handler
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _listen(host: str, port: int) -> socket.socket:
