@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
         "bench",
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
         "pipeline schedules against their formulas ('bench pipeline'), MoE rows with their "
-        "all-to-alls ('bench experts'), strong/weak scaling ('bench scaling'), the serving "
+        "all-to-alls ('bench experts'), context-parallel forms against their bytes ('bench "
+        "context'), strong/weak scaling ('bench scaling'), the serving "
         "engine under load ('bench serve'), time collectives ('bench collectives'), or PPO "
         "beside rejax ('bench rl')",
         description="The mesh comparison (default): every strategy x mesh compiled, its memory, "

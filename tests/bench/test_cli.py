@@ -14,6 +14,7 @@ HANDLERS = {
     "meshes": bench_cli._run_meshes,
     "pipeline": bench_cli._run_pipeline,
     "experts": bench_cli._run_experts,
+    "context": bench_cli._run_context,
     "scaling": bench_cli._run_scaling,
     "serve": bench_cli._run_serve,
     "collectives": bench_cli._run_collectives,
@@ -177,3 +178,14 @@ def test_bench_help_lists_every_suite(capsys):
     shown = capsys.readouterr().out
     assert "usage: jaxscale bench [-h] [SUITE] [flags]" in shown
     assert all(f"\n    {name}" in shown for name in HANDLERS)
+
+
+def test_the_top_level_help_names_every_bench_suite(capsys):
+    """`jaxscale --help` tells a newcomer what `bench` runs, each suite by its name (the issue
+    report: `bench serve` was missing from it)."""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["--help"])
+    assert exc.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    suites = [name for name in HANDLERS if name != "meshes"]
+    assert all(f"'bench {name}'" in shown for name in suites), shown
