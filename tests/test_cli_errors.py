@@ -33,3 +33,37 @@ def test_other_errors_and_the_return_code_pass_through(capsys):
     assert guarded(lambda a: 3, InputError)(args) == 3
     assert guarded(_raising(ValueError("no")))(args) == 2
     assert capsys.readouterr().err == "jaxscale calc kv: error: no\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "train --steps 1",
+        "rl ppo",
+        "rlhf",
+        "bench collectives",
+        "bench pipeline",
+        "bench serve",
+        "plot runs/none/metrics.jsonl",
+    ],
+)
+@pytest.mark.parametrize("kind", ["/proc", "under a file"])
+def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(
+    command, kind, tmp_path, capsys
+):
+    """`--out` where nothing can be created (under /proc, or under a regular file): one line
+    naming --out, exit 2, before anything compiles (the issue's report: found only after the
+    run, for `train --ckpt-dir /proc/x` and `rl ppo --out /proc/x`)."""
+    import shlex
+
+    from jaxscale.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = "/proc/x/y" if kind == "/proc" else str(blocker / "y")
+    try:
+        code = main([*shlex.split(command), "--out", out])
+    except SystemExit as e:  # argparse refuses the flag's value itself
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "--out" in err and "Traceback" not in err, err[-1500:]
