@@ -40,6 +40,7 @@ RUN_KINDS = {  # a config file's run section, as the flags take it
     "sample_tokens": "int",
 }
 RUN_FIELDS = tuple(RUN_KINDS)
+RUN_MINIMA = {"microbatches": 1, "virtual_stages": 1, "sample_tokens": 0}
 EXAMPLES = """examples:
   jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --out runs/a
   jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
@@ -239,7 +240,13 @@ def _load_config(args) -> dict:
         )
     for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
         check_section(f"--config {path}: {section}", saved.get(section, {}), *dataclass_kinds(cls))
-    check_section(f"--config {path}: run", saved.get("run", {}), RUN_KINDS)
+    schedules = {"schedule": ("gpipe", "1f1b", "interleaved", "zb-h1")}
+    check_section(f"--config {path}: run", saved.get("run", {}), RUN_KINDS, schedules)
+    for key, low in RUN_MINIMA.items():  # the ranges the flags' types enforce
+        value = saved.get("run", {}).get(key)
+        if value is not None and value < low:
+            where = f"--config {path}: run.{key}"
+            raise ValueError(f"{where}: expected an integer >= {low}, got {value}")
     try:  # the values' ranges, checked by the configs themselves (a file sets the tiny preset)
         MODEL_PRESETS["tiny"].replace(**saved.get("model", {}))
         TrainConfig(**saved.get("train", {}))

@@ -321,6 +321,12 @@ def test_the_paths_a_run_directory_implies_are_checked_in_a_dry_run(tmp_path, ca
         ({"model": {"width": 3}}, "model: unknown field 'width'"),
         ({"model": {"mlp": "relu2"}}, "model.mlp: 'relu2' is not one of"),
         ({"train": {"steps": -1}}, "steps must be"),
+        # the run section's ranges and choices, as its flags take them (before: 0 microbatches
+        # meant the default, and an unknown schedule failed later)
+        ({"run": {"microbatches": 0}}, "run.microbatches: expected an integer >= 1, got 0"),
+        ({"run": {"virtual_stages": -1}}, "run.virtual_stages: expected an integer >= 1"),
+        ({"run": {"sample_tokens": -5}}, "run.sample_tokens: expected an integer >= 0"),
+        ({"run": {"schedule": "zigzag"}}, "run.schedule: 'zigzag' is not one of gpipe"),
     ],
 )
 def test_a_config_file_is_checked_field_by_field(tmp_path, capsys, config, message):
