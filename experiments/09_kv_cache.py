@@ -16,7 +16,7 @@
    engine's pool, bf16 against int8 with its scales, beside `calc kv --dtype-bytes 1`; and its
    quality cost on a model trained at 1,024 positions (`jaxscale train`, kept under --runs):
    the largest logit difference and the held-out loss, full cache against int8, at 256 and
-   1,024 positions (skipped by --calculators-only, or --int8-steps 0);
+   1,024 positions (--int8-seq; skipped by --calculators-only, or --int8-steps 0);
 and writes results/09_kv_capacity.png: concurrent 70B requests against context, paged vs unpaged.
 """
 
@@ -143,15 +143,15 @@ def real_cache() -> None:
     print(f"  5 greedy tokens per request, with the cache == without: {with_cache == without}")
 
 
-INT8_TRAIN = ["--data", "stdlib", "--seq-len", "1024", "--max-seq", "1024", "--global-batch", "4"]
+INT8_TRAIN = ["--data", "stdlib", "--global-batch", "8"]
 INT8_TRAIN += ["--d-model", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2"]
 INT8_TRAIN += ["--no-progress", "--sample-tokens", "0", "--eval-every", "0", "--log-every", "100"]
 
 
-def int8_cache(run_dir: Path, steps: int) -> None:
+def int8_cache(run_dir: Path, steps: int, seq: int = 1024) -> None:
     """Section 6: the int8 pool's bytes per token, and the int8 cache against the full one on a
-    model trained at 1,024 positions: prefill of 8 held-out windows through each cache, the
-    largest logit difference and the next-token loss over the first 256 and all 1,024
+    model trained at `seq` positions: prefill of 8 held-out windows through each cache, the
+    largest logit difference and the next-token loss over the first seq / 4 and all `seq`
     positions."""
     import jax
     import jax.numpy as jnp
@@ -163,7 +163,8 @@ def int8_cache(run_dir: Path, steps: int) -> None:
 
     section("int8 KV cache: capacity and quality (seed 002 ch9: INT8/FP8, 2x requests)")
     if not (run_dir / "checkpoints").is_dir():
-        argv = ["train", *INT8_TRAIN, "--steps", str(steps), "--run-dir", str(run_dir)]
+        argv = ["train", *INT8_TRAIN, "--seq-len", str(seq), "--max-seq", str(seq)]
+        argv += ["--steps", str(steps), "--run-dir", str(run_dir)]
         if jaxscale_main(argv) != 0:
             raise SystemExit(f"training into {run_dir} failed")
     cfg, params = load_model(str(run_dir))
@@ -177,13 +178,13 @@ def int8_cache(run_dir: Path, steps: int) -> None:
             f"  {name:>11}: bf16 {bf16:,} B, int8 {int8:,} B (calc kv --dtype-bytes 1: "
             f"{calc:,} B + the scales' {int8 - calc:,} B): {bf16 / int8:.2f}x the tokens per page"
         )
-    windows = data.make_dataset("stdlib").rows(0, data.EVAL_STEP_OFFSET, range(8), 1024)
+    windows = data.make_dataset("stdlib").rows(0, data.EVAL_STEP_OFFSET, range(8), seq)
     tokens, targets = jnp.asarray(windows[:, :-1]), np.asarray(windows[:, 1:])
     forward = jax.jit(kv_cache.forward, static_argnames="cfg")
-    positions = jnp.broadcast_to(jnp.arange(1024), tokens.shape)
+    positions = jnp.broadcast_to(jnp.arange(seq), tokens.shape)
     logits = {
         dt: np.asarray(
-            forward(params, tokens, positions, kv_cache.init_cache(cfg, 8, 1024, dt), cfg=cfg)[0]
+            forward(params, tokens, positions, kv_cache.init_cache(cfg, 8, seq, dt), cfg=cfg)[0]
         )
         for dt in ("float32", "int8")
     }
@@ -193,9 +194,9 @@ def int8_cache(run_dir: Path, steps: int) -> None:
         logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
         return float(-np.take_along_axis(logp, targets[:, :n, None], -1).mean())
 
-    print(f"  {steps} steps at 1,024 positions; 8 held-out windows, prefilled through each cache:")
+    print(f"  {steps} steps at {seq:,} positions; 8 held-out windows through each cache:")
     print(f"  {'positions':>9} {'loss, f32':>10} {'loss, int8':>11} {'max |dlogit|':>13}")
-    for n in (256, 1024):
+    for n in (seq // 4, seq):
         full, int8 = logits["float32"], logits["int8"]
         diff = np.abs(int8[:, :n] - full[:, :n]).max()
         print(f"  {n:>9} {loss(full, n):>10.4f} {loss(int8, n):>11.4f} {diff:>13.4f}")
@@ -218,6 +219,9 @@ def main() -> None:
         help="training steps of the int8 section's model (0: skip the section)",
     )
     parser.add_argument(
+        "--int8-seq", type=int, default=1024, help="its model's context (measured at 1/4 and all)"
+    )
+    parser.add_argument(
         "--runs", default="runs/09_kv_cache", help="where its trained model is kept (and reused)"
     )
     args = parser.parse_args()
@@ -235,7 +239,8 @@ def main() -> None:
     if not args.calculators_only:
         real_cache()
         if args.int8_steps > 0:
-            int8_cache(Path(args.runs) / f"int8_{args.int8_steps}", args.int8_steps)
+            name = f"int8_{args.int8_steps}x{args.int8_seq}"
+            int8_cache(Path(args.runs) / name, args.int8_steps, args.int8_seq)
 
 
 if __name__ == "__main__":
