@@ -103,3 +103,47 @@ def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
         _, report = compile_with_report(program.run, *args, CFG)
     ops = report.collective_totals()
     assert ops["all-reduce"].count >= 2 * CFG.n_layers  # attention out and MLP down, per layer
+
+
+def test_an_int8_pool_on_a_tensor_mesh_gives_the_one_device_int8_tokens():
+    """An int8 page pool split by kv heads (values [L, P, ps, G, K] and scales [L, P, ps, G]
+    both over `tensor`): the one-device int8 engine's tokens, and its log-probabilities up to a
+    rounding-boundary flip (`assert_int8_rounding`: far closer to them than to the float
+    pool's)."""
+    import dataclasses
+
+    from jaxscale.serve.engine import Engine, EngineConfig
+    from jaxscale.serve.scheduler import Request
+    from tests.model.test_kv_cache import assert_int8_rounding
+
+    ecfg = EngineConfig(
+        max_num_seqs=2, max_num_batched_tokens=8, page_size=8, n_pages=24, kv_dtype="int8"
+    )
+
+    def run(mesh, ecfg=ecfg):
+        eng = Engine(_params(), CFG, ecfg, mesh=mesh)
+        pairs = enumerate(zip(PROMPTS, SAMPLING, strict=True))
+        reqs = [Request(str(i), p, 6, s) for i, (p, s) in pairs]
+        lps = {r.id: [] for r in reqs}
+        for r in reqs:
+            eng.add(r)
+        while eng.has_work():
+            for ev in eng.step():
+                lps[ev.request_id].append(ev.logprob)
+        return [r.out for r in reqs], lps, eng
+
+    want, want_lp, _ = run(None)
+    got, got_lp, eng = run(build_mesh("tp=2", devices=jax.devices()[:2]))
+    assert got == want
+    full, full_lp, _ = run(None, dataclasses.replace(ecfg, kv_dtype=None))
+    # compared where the float pool sampled the same tokens (a sample may differ after)
+    same = {}
+    for i, (f, w) in enumerate(zip(full, want, strict=True)):
+        same[str(i)] = next((j for j, (a, b) in enumerate(zip(f, w, strict=True)) if a != b), 6)
+    assert sum(same.values()) >= 4
+    assert_int8_rounding(
+        *([x for r, n in same.items() for x in lp[r][:n]] for lp in (got_lp, want_lp, full_lp))
+    )
+    for name in ("k", "k_scale"):
+        x = eng.pool[name]
+        assert x.sharding.shard_shape(x.shape)[3] == CFG.n_kv_heads // 2, name
