@@ -178,3 +178,43 @@ def test_unfinished_save_is_not_taken_for_a_checkpoint(tmp_path):
 def test_missing_checkpoint_directory_is_a_clear_error(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint directory"):
         _restore(tmp_path / "nope", "dp=8")
+
+
+@pytest.mark.slow  # a subprocess that imports jax and orbax
+@pytest.mark.first_line
+def test_a_corrupt_checkpoint_is_one_line_and_nothing_else_at_exit(tmp_path):
+    """`jaxscale serve --ckpt-dir` on a corrupt checkpoint, as a user runs it: exit 2 and the
+    one error line, with no "Event loop is closed" traceback from orbax's background reads at
+    the interpreter's exit (the issue's report: the good line, then that traceback)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    _run("dp=8", N, ckpt_dir=tmp_path)
+    for p in (tmp_path / str(N) / "state").rglob("*"):
+        if p.is_file() and p.parent.name == "d":
+            p.write_bytes(b"\x00garbage" * 4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxscale",
+            "serve",
+            "--ckpt-dir",
+            str(tmp_path),
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    assert r.returncode == 2 and len(errors) == 1 and "corrupt" in errors[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "Event loop is closed" not in r.stderr, r.stderr[-2000:]
