@@ -209,3 +209,24 @@ def test_the_sixteen_device_case_runs_in_verify_by_default():
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 1 and rows[0]["passed"], rows
+
+
+@pytest.mark.slow  # two cases checked
+@pytest.mark.first_line
+def test_verify_prints_each_case_as_it_finishes(monkeypatch, capsys):
+    """`verify --json` streams: when the second case starts, the first case's JSON line is
+    already out (a run killed midway keeps what finished); the table form prints its rows the
+    same way, through the same callback."""
+    cases = [c for c in verify.CASES if c.mesh == "dp=8" and c.label in ("manual:zero1", "manual:zero2")]
+    assert len(cases) == 2, [c.label for c in verify.CASES if c.mesh == "dp=8"]
+    monkeypatch.setattr(verify, "CASES", cases)
+    seen = []  # JSON lines out when each check starts
+    real = verify.check
+
+    def check(case, *a, **k):
+        seen.append(len([x for x in capsys.readouterr().out.splitlines() if x.startswith("{")]))
+        return real(case, *a, **k)
+
+    monkeypatch.setattr(verify, "check", check)
+    assert cli_main(["verify", "--only", "dp=8", "--json"]) == 0
+    assert seen == [0, 1]
