@@ -1,6 +1,7 @@
-"""Fuzz the lab's own commands (train, every bench, verify, launch, hello, plot, doctor, rl): every
-flag that takes a value, fed hostile values (paths: missing, a file where a directory belongs and
-the reverse, unwritable), must end in exit 0 or in exit 2 with one error line that names the flag
+"""Fuzz the lab's own commands (train, every bench, verify, launch, hello, plot, doctor, rl,
+rlhf): every flag that takes a value, fed hostile values (paths: missing, a file where a
+directory belongs and the reverse, unwritable), must end in exit 0 or in exit 2 with one error
+line that names the flag
 -- no traceback, nothing written (the contract in tests/cli_fuzz.py).
 
 The commands run with `--dry-run` (or an instant command to launch), so a value that is fine
@@ -30,6 +31,7 @@ BASE = {  # the arguments each command runs with, so that a good value is cheap
     ("bench", "scaling"): ["--dry-run"],
     ("bench", "serve"): ["--dry-run"],
     ("bench", "rl"): ["--dry-run"],
+    ("rlhf",): ["--dry-run"],  # checks every path and flag, loads and compiles nothing
 }
 # a value flag's words before the base arguments (argparse REMAINDER takes all that follows --)
 CASES = [
