@@ -148,7 +148,10 @@ def test_inputs_that_would_fail_after_training_fail_before(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_after_a_step_saves_and_exits_130(tmp_path):
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_after_a_step_saves_exits_130_and_the_run_resumes(tmp_path, capsys, name):
+    """SIGTERM (a scheduler's stop) or one Ctrl-C while training: the step under way finishes, a
+    checkpoint of it is saved, exit 130; `--resume` then continues from that step."""
     run = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -171,12 +174,16 @@ def test_sigterm_stops_after_a_step_saves_and_exits_130(tmp_path):
         if metrics.exists() and '"loss"' in metrics.read_text():
             break
         time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, name))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted after step" in err and "checkpoint saved at" in err
     saved = [p.name for p in (run / "checkpoints").iterdir()]
     assert saved and all(name.isdigit() for name in saved)  # a complete step, not a tmp dir
+    step = max(int(n) for n in saved)
+    rc, out, err = _train(capsys, "--steps", str(step + 2), "--run-dir", str(run), "--resume")
+    assert rc == 0, err[-2000:]
+    assert [r["step"] for r in _records(run) if r.get("event") == "start"][-1] == step, out
 
 
 def test_the_console_script_sees_the_same_8_devices_as_python_m(tmp_path):
@@ -217,7 +224,7 @@ def _wait_for(lines: list[str], text: str, seconds: float) -> bool:
     return False
 
 
-def test_ctrl_c_is_acknowledged_at_once_and_a_second_one_exits_130_cleanly(tmp_path):
+def test_ctrl_c_is_acknowledged_at_once_and_a_second_one_exits_130_cleanly(tmp_path, capsys):
     """The first Ctrl-C, sent while the step compiles, is acknowledged before the compile ends;
     the second exits 130 at once, without a traceback or a segfault (before: an exception raised
     into the compile, then exit 139), and leaves config.json as it was."""
@@ -247,6 +254,9 @@ def test_ctrl_c_is_acknowledged_at_once_and_a_second_one_exits_130_cleanly(tmp_p
     out = "".join(lines)
     assert ABORT_NOTE in out and "Traceback" not in out, out[-2000:]
     assert (run / "config.json").read_text() == config
+    # nothing finished, nothing saved: --resume starts the run over (config.json was kept)
+    rc, _, err = _train(capsys, "--steps", "2", "--run-dir", str(run), "--resume")
+    assert rc == 0, err[-2000:]
 
 
 def test_a_refused_resume_writes_nothing(tmp_path, capsys):
