@@ -311,3 +311,51 @@ def test_a_signal_stops_after_an_iteration_saves_it_and_the_run_resumes(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"resuming at iteration {k}" in r.stderr
     assert len((out / "metrics.jsonl").read_text().splitlines()) == k + 1
+
+
+@pytest.mark.slow  # SFT (two steps), the comparison pairs and part of the reward model
+@pytest.mark.first_line
+@pytest.mark.parametrize("signals", [("SIGINT",), ("SIGINT", "SIGINT")])
+def test_ctrl_c_during_the_reward_model_stops_cleanly(tmp_path, signals):
+    """Ctrl-C while the reward model trains (the issue's report: a segfault in 2 of 3 tries):
+    once, the stage finishes and is cached, and the run stops with 130 before RLHF; twice, 130
+    at once with nothing more written. Never a traceback or a crash."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from jaxscale.rlhf.cli import ABORT_NOTE
+
+    runs = tmp_path / "runs"
+    argv = [sys.executable, "-m", "jaxscale", "rlhf", "--runs", str(runs), "--sft-steps", "2"]
+    argv += ["--rm-steps", "60", "--iterations", "1"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    chunks: list[str] = []
+    threading.Thread(
+        target=lambda: chunks.extend(iter(lambda: proc.stdout.read(64), "")), daemon=True
+    ).start()
+    try:
+        deadline = time.monotonic() + 300
+        while "reward model [" not in "".join(chunks):  # its progress bar: training
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(chunks)[-2000:]
+            time.sleep(0.05)
+        for name in signals:
+            proc.send_signal(getattr(signal, name))
+            time.sleep(0.2)
+        code = proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    time.sleep(0.2)
+    text = "".join(chunks)
+    assert code == 130 and "Traceback" not in text, text[-2000:]
+    cached = sorted(p.name for p in runs.glob("rm*.npz"))
+    if len(signals) == 2:
+        assert ABORT_NOTE in text and not cached, text[-2000:]
+    else:
+        assert "stopped after the SFT model and reward model" in text and cached, text[-2000:]
