@@ -217,7 +217,8 @@ def test_verify_prints_each_case_as_it_finishes(monkeypatch, capsys):
     """`verify --json` streams: when the second case starts, the first case's JSON line is
     already out (a run killed midway keeps what finished); the table form prints its rows the
     same way, through the same callback."""
-    cases = [c for c in verify.CASES if c.mesh == "dp=8" and c.label in ("manual:zero1", "manual:zero2")]
+    two = ("manual:zero1", "manual:zero2")
+    cases = [c for c in verify.CASES if c.mesh == "dp=8" and c.label in two]
     assert len(cases) == 2, [c.label for c in verify.CASES if c.mesh == "dp=8"]
     monkeypatch.setattr(verify, "CASES", cases)
     seen = []  # JSON lines out when each check starts
