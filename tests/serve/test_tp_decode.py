@@ -105,6 +105,8 @@ def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
     assert ops["all-reduce"].count >= 2 * CFG.n_layers  # attention out and MLP down, per layer
 
 
+@pytest.mark.slow  # three engines compiled; the fast suite keeps the int8 engine on one device
+@pytest.mark.first_line
 def test_an_int8_pool_on_a_tensor_mesh_gives_the_one_device_int8_tokens():
     """An int8 page pool split by kv heads (values [L, P, ps, G, K] and scales [L, P, ps, G]
     both over `tensor`): the one-device int8 engine's tokens, and its log-probabilities up to a
