@@ -63,6 +63,23 @@ def ms_cache(sharder):
     return kv_cache.init_cache(CFG, 1, 12, sharder=sharder)
 
 
+def _serve(mesh, ecfg, requests, max_new: int):
+    """(tokens, log-probabilities by request, engine) of the engine on `mesh` (None: one
+    device) serving `requests` (prompt, sampling) at once, queued and chunked."""
+    from jaxscale.serve.engine import Engine
+    from jaxscale.serve.scheduler import Request
+
+    eng = Engine(_params(), CFG, ecfg, mesh=mesh)
+    reqs = [Request(str(i), p, max_new, s) for i, (p, s) in enumerate(requests)]
+    lps = {r.id: [] for r in reqs}
+    for r in reqs:
+        eng.add(r)
+    while eng.has_work():
+        for ev in eng.step():
+            lps[ev.request_id].append(ev.logprob)
+    return [r.out for r in reqs], lps, eng
+
+
 @pytest.mark.slow
 @pytest.mark.first_line
 @pytest.mark.parametrize("tp", [2, 4])
@@ -71,24 +88,13 @@ def test_the_engine_on_a_tensor_mesh_gives_the_one_device_tokens(tp):
     by kv heads: queued, chunked, greedy and sampled requests get the one-device engine's tokens
     (and log-probabilities), and the step program all-reduces over `tensor`."""
     from jaxscale.serve import program
-    from jaxscale.serve.engine import Engine, EngineConfig
-    from jaxscale.serve.scheduler import Request
+    from jaxscale.serve.engine import EngineConfig
 
     ecfg = EngineConfig(max_num_seqs=2, max_num_batched_tokens=8, page_size=8, n_pages=24)
+    requests = list(zip(PROMPTS * 2, SAMPLING * 2, strict=True))
 
     def run(mesh):
-        eng = Engine(_params(), CFG, ecfg, mesh=mesh)
-        reqs = [
-            Request(str(i), p, 10, s)
-            for i, (p, s) in enumerate(zip(PROMPTS * 2, SAMPLING * 2, strict=True))
-        ]
-        lps = {r.id: [] for r in reqs}
-        for r in reqs:
-            eng.add(r)
-        while eng.has_work():
-            for ev in eng.step():
-                lps[ev.request_id].append(ev.logprob)
-        return [r.out for r in reqs], lps, eng
+        return _serve(mesh, ecfg, requests, 10)
 
     want, want_lp, _ = run(None)
     got, got_lp, eng = run(build_mesh(f"tp={tp}", devices=jax.devices()[:tp]))
@@ -114,25 +120,16 @@ def test_an_int8_pool_on_a_tensor_mesh_gives_the_one_device_int8_tokens():
     pool's)."""
     import dataclasses
 
-    from jaxscale.serve.engine import Engine, EngineConfig
-    from jaxscale.serve.scheduler import Request
+    from jaxscale.serve.engine import EngineConfig
     from tests.model.test_kv_cache import assert_int8_rounding
 
     ecfg = EngineConfig(
         max_num_seqs=2, max_num_batched_tokens=8, page_size=8, n_pages=24, kv_dtype="int8"
     )
+    requests = list(zip(PROMPTS, SAMPLING, strict=True))
 
     def run(mesh, ecfg=ecfg):
-        eng = Engine(_params(), CFG, ecfg, mesh=mesh)
-        pairs = enumerate(zip(PROMPTS, SAMPLING, strict=True))
-        reqs = [Request(str(i), p, 6, s) for i, (p, s) in pairs]
-        lps = {r.id: [] for r in reqs}
-        for r in reqs:
-            eng.add(r)
-        while eng.has_work():
-            for ev in eng.step():
-                lps[ev.request_id].append(ev.logprob)
-        return [r.out for r in reqs], lps, eng
+        return _serve(mesh, ecfg, requests, 6)
 
     want, want_lp, _ = run(None)
     got, got_lp, eng = run(build_mesh("tp=2", devices=jax.devices()[:2]))
