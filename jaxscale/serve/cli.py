@@ -92,7 +92,7 @@ def main(args) -> int:
 
 def _main(args) -> int:
     import jax
-    import uvicorn
+    import uvicorn  # noqa: F401  (the serve extra: if missing, this fails before compiling)
 
     from jaxscale.serve.engine import Engine, EngineConfig
     from jaxscale.serve.replicas import replica_meshes
@@ -125,12 +125,28 @@ def _main(args) -> int:
         f"in {seconds:.1f} s) on http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )
-    config = uvicorn.Config(make_app(engines, args.model_name), log_level="warning")
+    _serve(make_app(engines, args.model_name), sock)
+    return 0
+
+
+def _serve(app, sock: socket.socket) -> None:
+    """uvicorn serving `app` on `sock` until Ctrl-C or SIGTERM (a graceful stop: open requests
+    finish, then the process returns); a second signal while it waits ends the process at once."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if self.should_exit:  # the second: uvicorn's own forced exit would cancel the
+                # app's lifespan mid-shutdown and log its CancelledError as a traceback
+                sys.stderr.flush()
+                os._exit(128 + sig)
+            super().handle_exit(sig, frame)
+
     # after its graceful shutdown uvicorn re-raises the signal it stopped on, under the handler
     # it found: SIGTERM's default would kill the process (-15), so it is made a normal stop too
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     except KeyboardInterrupt:  # the Ctrl-C or SIGTERM it shut down on: a normal stop
         pass
     finally:
@@ -138,7 +154,6 @@ def _main(args) -> int:
         # the server is down; a further Ctrl-C while the interpreter cleans up ends the process
         # at once instead of printing a traceback from jax's exit handler
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))
-    return 0
 
 
 def _interrupt(signum, frame):

@@ -33,6 +33,7 @@ def make_app(engines: Engine | list[Engine], model_name: str):
     under `model_name`."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
@@ -100,6 +101,9 @@ def make_app(engines: Engine | list[Engine], model_name: str):
                 raise ApiError(400, "the request body is not valid JSON") from None
             except RecursionError:
                 raise ApiError(400, "the request body is nested too deeply") from None
+            except ClientDisconnect:  # hung up (or cut by a shutdown) before its body ended
+                metrics.refused(endpoint, 499)
+                return Response(status_code=499)  # nobody is left to read it
             parse = parse_chat if chat else parse_completion
             c = parse(body, model_name, engine.cfg.max_seq, engine.cfg.vocab)
         except ApiError as e:
