@@ -41,7 +41,9 @@ def main() -> None:
     p.add_argument("--compute-dtype", default="float32")
     p.add_argument("--param-dtype", default="float32")
     p.add_argument("--attention", default="jaxscale", choices=("jaxscale", "xla", "cudnn"))
-    p.add_argument("--remat", action="store_true")
+    p.add_argument(
+        "--remat", default="none", help="activation checkpointing policy (jaxscale train --help)"
+    )
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     a = p.parse_args()
     cfg = ModelConfig(
@@ -62,7 +64,7 @@ def main() -> None:
     print(
         f"device {kind}, jax {jax.__version__}; {counts.param_count(cfg) / 1e6:.1f}M params, "
         f"batch {a.batch} x {a.seq_len}, {a.compute_dtype} compute, {a.param_dtype} params, "
-        f"attention {a.attention}{', remat' if a.remat else ''}"
+        f"attention {a.attention}{'' if a.remat == 'none' else f', remat {a.remat}'}"
     )
 
     # 1. the compiled step, every layer unrolled so cost_analysis counts each one

@@ -191,7 +191,7 @@ def flag_of(f: dataclasses.Field) -> str:
 
 def add_dataclass_args(parser, cls, skip: tuple[str, ...] = ()) -> None:
     """One flag per field, with the field's help and choices from its metadata (`config.opt`),
-    defaulting to None so only the flags given override a base config; `--remat/--no-remat`
+    defaulting to None so only the flags given override a base config; `--flag/--no-flag`
     for booleans. A field whose flag differs from its name also answers to --field-name."""
     kinds = {"int": _int, "float": finite_float, "str": str, "bool": bool}
     for f in dataclasses.fields(cls):
@@ -210,6 +210,7 @@ def add_dataclass_args(parser, cls, skip: tuple[str, ...] = ()) -> None:
         else:
             choices = f.metadata.get("choices")
             metavar = None if choices else {_int: "INT", finite_float: "FLOAT"}.get(kind, "STR")
+            const = f.metadata.get("const")  # the flag alone means `const` (`--remat`: block)
             action = parser.add_argument(
                 flag,
                 dest=f.name,
@@ -217,7 +218,8 @@ def add_dataclass_args(parser, cls, skip: tuple[str, ...] = ()) -> None:
                 default=None,
                 choices=choices,
                 metavar=metavar,
-                help=help_text,
+                help=help_text + (f"; {flag} alone: {const}" if const is not None else ""),
+                **({"nargs": "?", "const": const} if const is not None else {}),
             )
         plain = "--" + f.name.replace("_", "-")
         if plain != flag:

@@ -21,9 +21,24 @@ ATTENTION_IMPLS = ("jaxscale", "xla", "cudnn")
 INT_MAX = 2**31 - 1  # steps, sizes and seeds are int32 inside jax
 
 
-def opt(default, help: str, flag: str | None = None, choices: tuple | None = None):
-    """A config field with its help text (and its command-line flag and choices, if any)."""
-    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+def opt(default, help: str, flag: str | None = None, choices: tuple | None = None, const=None):
+    """A config field with its help text (and its command-line flag and choices, if any; `const`:
+    the value of the flag given without one)."""
+    meta = {"help": help, "flag": flag, "choices": choices, "const": const}
+    return field(default=default, metadata=meta)
+
+
+REMAT_POLICIES = ("none", "block", "dots", "every:K", "sqrt")
+
+
+def remat_group(policy: str, n_layers: int) -> int | None:
+    """The blocks recomputed together under `policy` (every:K's K, sqrt's round(sqrt(L)), at
+    least 1), or None for the policies that act on one block (none, block, dots)."""
+    if policy == "sqrt":
+        return max(1, round(math.sqrt(n_layers)))
+    if policy.startswith("every:"):
+        return int(policy.removeprefix("every:"))
+    return None
 
 
 def _require(ok: bool, message: str) -> None:
@@ -38,6 +53,15 @@ def _counts(cfg, names: tuple[str, ...], minimum: int = 1) -> None:
             minimum <= value <= INT_MAX,
             f"{name} must be an integer in [{minimum}, {INT_MAX}], got {value}",
         )
+
+
+def _check_remat(policy) -> None:
+    k = policy.removeprefix("every:") if isinstance(policy, str) else ""
+    ok = isinstance(policy, str) and (
+        policy in REMAT_POLICIES
+        or (policy.startswith("every:") and k.isascii() and k.isdigit() and 1 <= int(k) <= INT_MAX)
+    )
+    _require(ok, f"remat must be one of {', '.join(REMAT_POLICIES)} (K >= 1), got {policy!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +83,14 @@ class ModelConfig:
     norm_eps: float = opt(1e-6, "RMSNorm epsilon")
     compute_dtype: str = opt("float32", "dtype of matmuls and activations", choices=_DTYPES)
     param_dtype: str = opt("float32", "dtype of parameters and Adam state", choices=_DTYPES)
-    remat: bool = opt(False, "recompute each block in the backward pass (jax.checkpoint)")
+    remat: str = opt(
+        "none",
+        "activation checkpointing (jax.checkpoint): none; block (keep each block's input, "
+        "recompute its inside); dots (keep the weight matmuls' outputs, recompute the rest); "
+        "every:K (keep every K-th block's input, recompute K blocks at a time); sqrt "
+        "(every:round(sqrt(L)))",
+        const="block",
+    )
     # The compiler's cost_analysis counts a loop body once, so FLOPs read from a compiled program
     # are per-layer-exact only when the layers are unrolled.
     unroll_layers: bool = opt(False, "unroll the layer scan (exact FLOPs in cost_analysis)")
@@ -90,7 +121,10 @@ class ModelConfig:
     z_loss_weight: float = opt(1e-3, "router z-loss weight (mean over layers)")
 
     def __post_init__(self):
+        if isinstance(self.remat, bool):  # configs written before the policies: true was block
+            object.__setattr__(self, "remat", "block" if self.remat else "none")
         _counts(self, ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq"))
+        _check_remat(self.remat)
         _require(
             self.d_model % self.n_heads == 0,
             f"n_heads={self.n_heads} does not divide d_model={self.d_model} "

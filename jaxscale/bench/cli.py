@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
         help="compare strategies x meshes: memory, FLOPs, collectives, equivalence (default), "
         "pipeline schedules against their formulas ('bench pipeline'), MoE rows with their "
         "all-to-alls ('bench experts'), context-parallel forms against their bytes ('bench "
-        "context'), strong/weak scaling ('bench scaling'), the serving "
+        "context'), activation-checkpointing policies ('bench remat'), strong/weak scaling "
+        "('bench scaling'), the serving "
         "engine under load ('bench serve'), time collectives ('bench collectives'), or PPO "
         "beside rejax ('bench rl')",
         description="The mesh comparison (default): every strategy x mesh compiled, its memory, "
@@ -277,6 +278,54 @@ def _add_context(sub) -> None:
     p.set_defaults(func=_run_context)
 
 
+def _add_remat(sub) -> None:
+    p = _suite(
+        sub,
+        "remat",
+        help="activation-checkpointing policies: memory vs recompute, against the seeds' rules",
+        description="Compiles the one-device training step under each --remat policy: "
+        "temporaries (memory_analysis, scanned layers) and FLOPs (cost_analysis, unrolled), "
+        "beside the segment model of seed 001's N/(C+1), seed 004's sqrt(L) rule and the "
+        "recompute the model's matmul counts predict.",
+        examples=["jaxscale bench remat", "jaxscale bench remat --layers 8 --policies block,sqrt"],
+    )
+    p.add_argument(
+        "--layers", type=_layers, default=16, help="layers of the model (default 16, >= 2)"
+    )
+    p.add_argument(
+        "--global-batch", type=positive_int, default=8, help="sequences per step (default 8)"
+    )
+    p.add_argument(
+        "--seq-len", type=positive_int, default=512, help="tokens per sequence (default 512)"
+    )
+    p.add_argument(
+        "--policies",
+        type=comma_list(_remat_policy),
+        default=["none", "block", "dots", "every:2", "sqrt", "every:8"],
+        help="policies to compare (none and block always run: the segment model needs them; "
+        "default none,block,dots,every:2,sqrt,every:8)",
+    )
+    _add_outputs(p, "results/bench_remat.png")
+    p.set_defaults(func=_run_remat)
+
+
+def _layers(text: str) -> int:
+    n = positive_int(text)
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (one layer has no segments), got {n}")
+    return n
+
+
+def _remat_policy(text: str) -> str:
+    from jaxscale.config import ModelConfig
+
+    try:
+        ModelConfig(remat=text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("remat ")) from None
+    return text
+
+
 def _add_scaling(sub) -> None:
     p = _suite(
         sub,
@@ -365,6 +414,7 @@ SUITES = (
     _add_pipeline,
     _add_experts,
     _add_context,
+    _add_remat,
     _add_scaling,
     _add_serve,
     _add_collectives,
@@ -404,6 +454,12 @@ def _run_context(args) -> int:
 
     _fast_cpu_compiles()
     return context.main(args)
+
+
+def _run_remat(args) -> int:
+    from jaxscale.bench import remat
+
+    return remat.main(args)
 
 
 def _run_scaling(args) -> int:

@@ -20,16 +20,13 @@ import statistics
 from dataclasses import dataclass, field
 
 import jax
-import numpy as np
 
 from jaxscale import verify
 from jaxscale.analysis.compiled import CompiledReport, compile_with_report
-from jaxscale.analysis.memory import memory_report
 from jaxscale.bench import predict
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import parse_mesh
 from jaxscale.model import counts
-from jaxscale.parallel import auto
 from jaxscale.parallel.compose import Strategy, build, check
 from jaxscale.tolerances import MEMORY_RTOL
 
@@ -248,18 +245,12 @@ def run_bench(
 
 def remat_report(cfg: ModelConfig, tcfg: TrainConfig) -> dict:
     """Temporaries of the single-device step with and without per-block remat, against seed
-    004's sqrt(L) estimate (checkpoint every sqrt(L) layers: activations x sqrt(L)/L)."""
+    004's sqrt(L) estimate (checkpoint every sqrt(L) layers: activations x sqrt(L)/L); every
+    policy side by side is `bench remat`."""
+    from jaxscale.bench.remat import temporaries
     from jaxscale.calc.memory import activation_bytes_simple
 
-    args = (
-        jax.eval_shape(lambda: auto.init_state(cfg, tcfg)),
-        jax.ShapeDtypeStruct((tcfg.global_batch, tcfg.seq_len + 1), np.int32),
-    )
-    temps = {}
-    for remat in (False, True):
-        c = cfg.replace(remat=remat)
-        compiled = auto.jit_train_step(c, tcfg).lower(*args).compile()
-        temps[remat] = memory_report(compiled).temp  # one device: no census to take
+    temps = {policy: temporaries(cfg, tcfg, policy) for policy in ("none", "block")}
     L = cfg.n_layers
     seed = [
         activation_bytes_simple(tcfg.global_batch, tcfg.seq_len, cfg.d_model, L, checkpointing=ck)
@@ -267,8 +258,8 @@ def remat_report(cfg: ModelConfig, tcfg: TrainConfig) -> dict:
     ]
     return {
         "n_layers": L,
-        "temp_no_remat": temps[False],
-        "temp_remat": temps[True],
-        "measured_ratio": temps[True] / temps[False],
+        "temp_no_remat": temps["none"],
+        "temp_remat": temps["block"],
+        "measured_ratio": temps["block"] / temps["none"],
         "seed004_sqrtL_ratio": seed[1] / seed[0],
     }

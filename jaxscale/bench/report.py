@@ -127,7 +127,7 @@ def remat_lines(remat: dict) -> str:
         f"activation checkpointing (single device, {remat['n_layers']} layers): temporaries "
         f"{no:.1f} MiB without remat, {yes:.1f} MiB with per-block remat: ratio "
         f"{remat['measured_ratio']:.2f} (seed 004's sqrt(L) estimate: "
-        f"{remat['seed004_sqrtL_ratio']:.2f})"
+        f"{remat['seed004_sqrtL_ratio']:.2f}; every policy: 'jaxscale bench remat')"
     )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import jax
 import jax.numpy as jnp
 
-from jaxscale.config import ModelConfig
+from jaxscale.config import ModelConfig, remat_group
 from jaxscale.model import moe as moe_lib
 
 ACT = ("batch", "seq", "act_embed")  # the residual stream's logical axes
@@ -267,8 +267,9 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
     def layer_fn(x_BTD, layer, kv):
         return pc.block(x_BTD, pc.layer_hook(layer), positions, cfg, pc, kv)
 
-    if cfg.remat:  # keep only the block inputs; recompute the insides (and their collectives)
-        layer_fn = jax.checkpoint(layer_fn, policy=jax.checkpoint_policies.nothing_saveable)
+    if cfg.remat in ("block", "dots"):  # keep the block inputs (and, dots, the weight matmuls'
+        # outputs); recompute the rest in the backward, with the collectives it holds
+        layer_fn = jax.checkpoint(layer_fn, policy=_SAVED[cfg.remat])
 
     def body(carry, xs):
         x_BTD, cache = carry
@@ -282,10 +283,42 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
             stats = aux or stats
         return (x_BTD, cache), stats
 
-    unroll = groups if cfg.unroll_layers else 1
-    (x_BTD, cache), stats = jax.lax.scan(
-        body, (x_BTD, cache), (by_group(layers), jnp.arange(groups)), unroll=unroll
-    )
+    def scan(carry, xs):
+        return jax.lax.scan(body, carry, xs, unroll=len(xs[1]) if cfg.unroll_layers else 1)
+
+    xs = (by_group(layers), jnp.arange(groups))
+    k = remat_group(cfg.remat, groups)
+    if k is None:
+        (x_BTD, cache), stats = scan((x_BTD, cache), xs)
+        return x_BTD, stats, cache
+    return _checkpointed_runs(scan, (x_BTD, cache), xs, min(k, groups), cfg.unroll_layers)
+
+
+_SAVED = {
+    "block": jax.checkpoint_policies.nothing_saveable,
+    # the matmuls against weights (no batch dimension); attention's q.k and p.v are recomputed
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _checkpointed_runs(scan, carry, xs, k: int, unroll: bool):
+    """`scan` over the layer groups in runs of k, each run under jax.checkpoint: the backward
+    keeps the input of each run (G/k of them) and recomputes one run's k layers at a time,
+    whose insides are then all live together (every:K and sqrt; a last shorter run takes the
+    remainder). Returns (x, stats, cache) as `run_layers`."""
+    runs, rest = divmod(len(xs[1]), k)
+    run = jax.checkpoint(scan, policy=jax.checkpoint_policies.nothing_saveable)
+
+    def outer(carry, run_xs):
+        return run(carry, run_xs)
+
+    head = jax.tree.map(lambda v: v[: runs * k].reshape(runs, k, *v.shape[1:]), xs)
+    carry, stats = jax.lax.scan(outer, carry, head, unroll=runs if unroll else 1)
+    stats = jax.tree.map(lambda v: v.reshape(runs * k, *v.shape[2:]), stats)
+    if rest:
+        carry, tail = run(carry, jax.tree.map(lambda v: v[runs * k :], xs))
+        stats = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), stats, tail)
+    (x_BTD, cache) = carry
     return x_BTD, stats, cache
 
 

@@ -84,7 +84,7 @@ def predict_comm(shape: StepShape, comp: Composition) -> dict:
     rows_local, seq_len = shape.rows_local, shape.seq_len
     if ep == 1:
         return {}
-    per_layer = 6 if cfg.remat else 4
+    per_layer = 4 if cfg.remat == "none" else 6  # dots too: expert matmuls have a batch dim
     dtype = 2 if cfg.compute_dtype != "float32" else F32
     a2a = per_layer * cfg.n_moe_layers * a2a_bytes(cfg, rows_local, seq_len, dtype)
     shared = F32 * (shape.shared_matrix_params / t + shape.norm_params) + F32

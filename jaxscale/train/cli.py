@@ -233,6 +233,9 @@ def _load_config(args) -> dict:
         raise ValueError(f"--config {path}: cannot read it as JSON ({type(e).__name__})") from None
     if not isinstance(saved, dict):
         raise ValueError(f"--config {path}: expected an object with model, train and run")
+    model = saved.get("model")
+    if isinstance(model, dict) and isinstance(model.get("remat"), bool):  # before the policies
+        model["remat"] = "block" if model["remat"] else "none"
     stray = set(saved) - {"model", "train", "run"}
     if stray:
         raise ValueError(

@@ -140,12 +140,36 @@ def _loss_grads(cfg, batch):
     return jax.jit(lambda p, b: auto.loss_and_grads(p, b, cfg))(params, batch)
 
 
-def test_remat_changes_memory_not_values():
-    cfg = ModelConfig()
+REMAT_MODELS = {
+    # 5 layers: every:2 runs 2 + 2 and a remainder of 1 (sqrt is every:2 here)
+    "dense": ModelConfig(n_layers=5),
+    # 3 groups of (dense, MoE): every:2 one run and a remainder, the router statistics of both
+    # joined for the balance loss
+    "moe": ModelConfig(n_layers=6, n_experts=4, moe_every=2),
+}
+
+
+@pytest.mark.parametrize(
+    "model, policies", [("dense", ("block", "dots", "every:2")), ("moe", ("every:2",))]
+)
+def test_every_remat_policy_changes_memory_not_values(model, policies):
+    """Loss and every gradient leaf (the MoE's balance and z losses included) equal the
+    un-checkpointed model's under each policy (`model/pieces.run_layers`)."""
+    cfg = REMAT_MODELS[model]
     batch = jax.random.randint(jax.random.key(3), (4, 17), 0, cfg.vocab)
-    chex.assert_trees_all_close(
-        _loss_grads(cfg, batch), _loss_grads(cfg.replace(remat=True), batch), rtol=RTOL, atol=ATOL
-    )
+    want = _loss_grads(cfg, batch)
+    for policy in policies:
+        got = _loss_grads(cfg.replace(remat=policy), batch)
+        chex.assert_trees_all_close(got, want, rtol=RTOL, atol=ATOL, custom_message=policy)
+
+
+def test_remat_policies_are_checked_and_old_configs_still_load():
+    """A policy outside the list (or every:0) is a ValueError naming the choices; a config
+    written when remat was a switch (true / false) loads as block / none."""
+    for bad in ("every:0", "every:x", "sqrt:2", "all", 3):
+        with pytest.raises(ValueError, match="remat must be one of none, block, dots"):
+            ModelConfig(remat=bad)
+    assert ModelConfig(remat=True).remat == "block" and ModelConfig(remat=False).remat == "none"
 
 
 def test_bf16_compute_within_band_of_f32():

@@ -11,7 +11,7 @@ from jaxscale.config import ModelConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as ms
 
-CFG = ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=8, d_ff=1024, remat=True)
+CFG = ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=8, d_ff=1024, remat="block")
 
 
 def _cost(cfg):

@@ -190,7 +190,7 @@ def test_remat_moe_step_all_to_alls_equal_the_prediction():
     all-to-alls of E x B_l x C x D per layer, not 4 (ep.py): the census of the compiled step
     equals both the closed form and `predict_comm`, and the 4-per-layer count a prediction
     ignoring remat gives is outside COMM_RTOL. The slow bench test sees the step without remat."""
-    cfg = verify.CFG.replace(**dict(verify.MOE), remat=True)
+    cfg = verify.CFG.replace(**dict(verify.MOE), remat="block")
     batch, seq_len = 16, 32
     tcfg = TrainConfig(global_batch=batch, seq_len=seq_len)
     built = build(Strategy.parse("manual:dp+ep", "ep=4,dp=2"), cfg, tcfg)
@@ -204,7 +204,7 @@ def test_remat_moe_step_all_to_alls_equal_the_prediction():
     assert measured.count == 6 * cfg.n_moe_layers
     assert measured.total_bytes == pytest.approx(6 * cfg.n_moe_layers * one_a2a, rel=COMM_RTOL)
     assert measured.total_bytes == pytest.approx(predicted["all-to-all"], rel=COMM_RTOL)
-    plain = cfg.replace(remat=False)
+    plain = cfg.replace(remat="none")
     no_remat, _ = build(built.strategy, plain, tcfg).predict_comm(plain, batch, seq_len)
     assert no_remat["all-to-all"] == 4 * cfg.n_moe_layers * one_a2a
     assert measured.total_bytes != pytest.approx(no_remat["all-to-all"], rel=COMM_RTOL)

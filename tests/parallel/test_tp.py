@@ -31,7 +31,7 @@ NAMES = {"megatron": "tp", "sequence": "tp_sp", "gather_output": "tp_gather"}
 CASES = {
     "tp=8": (ModelConfig(n_kv_heads=8, tied_embeddings=True), "gather_output"),
     "dp=2,tp=4": (ModelConfig(mlp="gelu"), "sequence"),
-    "dp=4,tp=2": (ModelConfig(remat=True), "megatron"),
+    "dp=4,tp=2": (ModelConfig(remat="block"), "megatron"),
 }
 
 

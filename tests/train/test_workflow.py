@@ -337,6 +337,7 @@ def test_the_paths_a_run_directory_implies_are_checked_in_a_dry_run(tmp_path, ca
         ({"run": {"virtual_stages": -1}}, "run.virtual_stages: expected an integer >= 1"),
         ({"run": {"sample_tokens": -5}}, "run.sample_tokens: expected an integer >= 0"),
         ({"run": {"schedule": "zigzag"}}, "run.schedule: 'zigzag' is not one of gpipe"),
+        ({"model": {"remat": "every:0"}}, "remat must be one of none, block, dots, every:K"),
     ],
 )
 def test_a_config_file_is_checked_field_by_field(tmp_path, capsys, config, message):
@@ -347,6 +348,15 @@ def test_a_config_file_is_checked_field_by_field(tmp_path, capsys, config, messa
     rc, _, err = _train(capsys, "--config", str(path), "--dry-run")
     assert rc == 2 and f"--config {path}: " in err and message in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("written, policy", [(True, "block"), (False, "none")])
+def test_a_config_from_when_remat_was_a_switch_still_loads(tmp_path, capsys, written, policy):
+    """Run directories saved before the remat policies hold `"remat": true` or false."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model": {"remat": written}}))
+    rc, out, err = _train(capsys, "--config", str(path), "--dry-run")
+    assert rc == 0 and f'"remat": "{policy}"' in out, err
 
 
 def test_a_sample_longer_than_the_context_says_where_it_stops(tmp_path, capsys):

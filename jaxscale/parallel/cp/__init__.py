@@ -194,7 +194,7 @@ def predict_comm(shape: StepShape, comp: Composition) -> dict:
     if c == 1:
         return {}
     L, kv = shape.n_layers, kv_block_bytes(shape, comp)
-    again = 1 if cfg.remat else 0
+    again = 0 if cfg.remat == "none" else 1  # every policy recomputes the attention once
     out = {"all-reduce": F32 * (shape.matrix_params + shape.norm_params) + F32}
     if comp.cp_form == "ring":
         kv32 = kv * F32 / shape.act_bytes
