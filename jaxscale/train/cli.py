@@ -147,6 +147,21 @@ def add_parser(sub) -> None:
         help="tokens to sample at the end; 0: no sample (default 48)",
     )
     p.add_argument(
+        "--profile",
+        type=writable_dir,
+        default=None,
+        metavar="DIR",
+        help="write a jax.profiler trace of the steps after the first (TensorBoard, Perfetto) "
+        "and print their compute / collective / idle split",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="steps the --profile trace holds (default 3)",
+    )
+    p.add_argument(
         "--keep-checkpoints",
         type=positive_int,
         default=3,
@@ -284,6 +299,8 @@ def _main(args) -> int:
         progress=not args.no_progress,
         stop_after=args.stop_after,
         keep_checkpoints=args.keep_checkpoints,
+        profile_dir=args.profile,
+        profile_steps=args.profile_steps,
     )
     plan = prepare(cfg, tcfg, setup)
     config = {"model": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg), "run": run}
@@ -310,6 +327,10 @@ def _main(args) -> int:
         print(f"jaxscale train: {e}", file=sys.stderr)
         return 130
     _report(result)
+    if result.profile:
+        from jaxscale.profiling import describe
+
+        print(describe(result.profile, args.profile))
     if paths["run_dir"] and paths["metrics"]:
         from jaxscale.train.plot import plot_metrics
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.parallel.compose import Built, Strategy, build
+from jaxscale.profiling import ProfileWindow, compiled_text
 from jaxscale.progress import Progress
 from jaxscale.serve import generate
 from jaxscale.stopping import stop_on_signal
@@ -46,6 +47,7 @@ class TrainResult:
     state: dict | None = None
     resumed_from: int | None = None
     optimal_loss: float | None = None  # the data's known floor (markov, copy), if it has one
+    profile: dict | None = None  # the profiled window's time split (profiling.report)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class RunSetup:
     progress: bool = True
     stop_after: int | None = None  # stop at this step (an interruption; the schedule is unchanged)
     keep_checkpoints: int = checkpoint.KEEP  # the newest kept; older ones are deleted
+    profile_dir: str | None = None  # a trace of profile_steps steps after the first (compile)
+    profile_steps: int = 3
 
 
 @dataclass
@@ -123,6 +127,19 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
                 f"--sample-tokens {setup.sample_tokens}: the sample stops at {room} tokens "
                 f"(the prompt's and the sample's together fill max_seq={cfg.max_seq})"
             )
+    if setup.profile_dir:
+        if setup.profile_steps < 1:
+            raise ValueError(f"--profile-steps must be >= 1, got {setup.profile_steps}")
+        if end - start < 2:
+            raise ValueError(
+                f"--profile needs at least 2 steps to train (the first compiles and is not "
+                f"profiled); this run trains {max(end - start, 0)}"
+            )
+        n = min(setup.profile_steps, end - start - 1)
+        notes.append(
+            f"--profile {setup.profile_dir}: a trace of steps {start + 1}..{start + n} "
+            "(after the first, which compiles)"
+        )
     if start:  # the checkpoint's model must be this one: refused now, before anything is written
         meta = checkpoint.meta_record(cfg, tcfg, str(built.strategy.mesh), built.label)
         checkpoint.check_meta(
@@ -189,8 +206,10 @@ def train(
         lines = (lambda line: None) if setup.progress else say
         record = partial(_record, log=log, result=result, bar=bar, say=lines)
         pending = None  # (step, metrics) of the last dispatched step, read one step late
+        window = _profile_window(setup, start, plan.end)
         try:
             for s in range(start, plan.end):
+                window.before(s, state)
                 batch = data.global_batch(
                     dataset, built.batch_sharding, tcfg.seed, s, tcfg.global_batch, tcfg.seq_len
                 )
@@ -199,7 +218,10 @@ def train(
                     # the routing terms of this step's params and batch, read before the step
                     # donates the state (one forward more on a logged step)
                     terms = routing_metrics(built.terms(state["params"], batch))
-                state, metrics = built.step(state, batch)
+                with jax.profiler.StepTraceAnnotation("train", step_num=s):
+                    state, metrics = built.step(state, batch)
+                text = partial(compiled_text, built.step, state, batch)
+                result.profile = window.after(s, state, text) or result.profile
                 if terms is not None:
                     metrics = {**metrics, **terms}
                 if pending is not None:
@@ -220,6 +242,7 @@ def train(
                 record(pending)
         finally:
             bar.close()
+            result.profile = window.stop() or result.profile  # stopped inside the window
         done = int(jax.device_get(state["step"]))
         if stop.is_set():
             saved = _save(setup, state, meta) if setup.ckpt_dir else None
@@ -246,6 +269,12 @@ def train(
 
 STOP_NOTE = "stopping after this step (and saving it); Ctrl-C again to abort without saving"
 ABORT_NOTE = "aborted: nothing saved since the last checkpoint"
+
+
+def _profile_window(setup: RunSetup, start: int, end: int) -> ProfileWindow:
+    """The steps after the first this run trains (which compiles), at most profile_steps."""
+    steps = min(setup.profile_steps, end - start - 1)
+    return ProfileWindow(setup.profile_dir if steps > 0 else None, start + 1, max(steps, 1))
 
 
 def _stop_everywhere(stop: threading.Event) -> bool:
