@@ -74,9 +74,10 @@ class Case:
         return cfg.replace(compute_dtype=self.compute_dtype, **dict(self.model)), tcfg
 
 
-def _case(text: str, mesh: str, bench: bool | str = False, **variant) -> Case:
+def _case(text: str, mesh: str, bench: bool | str = False, grad_buckets=0, **variant) -> Case:
     suite = bench if isinstance(bench, str) else "meshes" if bench else ""
-    return Case(Strategy.parse(text, mesh), bench=suite, **variant)
+    strategy = dataclasses.replace(Strategy.parse(text, mesh), grad_buckets=grad_buckets)
+    return Case(strategy, bench=suite, **variant)
 
 
 # the MoE cases' model: 8 experts, top-2; capacity factor 2 gives C = 16 slots of a 32-token
@@ -144,6 +145,9 @@ CASES: tuple[Case, ...] = (
     _case("manual:zero3+tp", "fsdp=4,tp=2", True),
     _case("manual:zero3+tp", "fsdp=2,tp=4"),
     _case("manual:zero3+tp_sp", "dp=2,fsdp=2,tp=2"),
+    # DP's gradient all-reduce in buckets inside the backward (parallel/buckets.py)
+    _case("manual:dp", "dp=8", grad_buckets=2, n_layers=4),
+    _case("manual:dp+tp", "dp=2,tp=4", grad_buckets=4, n_layers=4),
     # gradient accumulation: one reduction per step, microbatch gradients averaged
     _case("manual:dp", "dp=8", grad_accum=2),
     _case("manual:zero3", "fsdp=8", grad_accum=2),

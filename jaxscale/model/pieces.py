@@ -210,6 +210,10 @@ class Pieces:
     layer_hook(layer)       runs inside the layer loop before a layer is used (ZeRO-3 gathers
                             that layer's shards there, so only one layer is ever whole)
     top_hook(top)           the same for the embedding, final norm and unembedding
+    run_hook(layers)        with run_groups = k > 0 the layers are scanned in runs of k groups
+                            (as remat every:K does); the hook takes each run's stacked layers
+                            as the run starts (gradient buckets cast them to varying there, so
+                            autodiff all-reduces each run's gradients in the backward loop)
     window(batch)           the (inputs, targets, positions) this device trains on, from a
                             [B, T+1] token window: all of it, or context parallelism's chunks
     cache                   a KV cache's layout (model/kv_cache.Layout: contiguous or paged):
@@ -233,6 +237,8 @@ class Pieces:
     loss: Callable = cross_entropy
     layer_hook: Callable = _identity
     top_hook: Callable = _identity
+    run_hook: Callable = _identity
+    run_groups: int = 0  # the layer groups of one run; 0: no runs (unless the remat policy's)
     window: Callable = whole_window
     cache: object = None  # model/kv_cache.Layout
 
@@ -287,11 +293,19 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
         return jax.lax.scan(body, carry, xs, unroll=len(xs[1]) if cfg.unroll_layers else 1)
 
     xs = (by_group(layers), jnp.arange(groups))
-    k = remat_group(cfg.remat, groups)
+    checkpointed = remat_group(cfg.remat, groups)  # every:K, sqrt: runs of K under checkpoint
+    k = pc.run_groups or checkpointed
     if k is None:
         (x_BTD, cache), stats = scan((x_BTD, cache), xs)
         return x_BTD, stats, cache
-    return _checkpointed_runs(scan, (x_BTD, cache), xs, min(k, groups), cfg.unroll_layers)
+
+    def run(carry, run_xs):
+        group, g = run_xs
+        return scan(carry, (pc.run_hook(group), g))
+
+    if checkpointed:
+        run = jax.checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
+    return _runs(run, (x_BTD, cache), xs, min(k, groups), cfg.unroll_layers)
 
 
 _SAVED = {
@@ -301,19 +315,15 @@ _SAVED = {
 }
 
 
-def _checkpointed_runs(scan, carry, xs, k: int, unroll: bool):
-    """`scan` over the layer groups in runs of k, each run under jax.checkpoint: the backward
-    keeps the input of each run (G/k of them) and recomputes one run's k layers at a time,
-    whose insides are then all live together (every:K and sqrt; a last shorter run takes the
-    remainder). Returns (x, stats, cache) as `run_layers`."""
+def _runs(run, carry, xs, k: int, unroll: bool):
+    """`run` (a scan of k layer groups) scanned over the groups in runs of k; a last shorter run
+    takes the remainder. Under checkpoint (every:K, sqrt) the backward keeps each run's input
+    (G/k of them) and recomputes one run's k layers at a time, whose insides are then all live
+    together; with gradient buckets (parallel/buckets.py) each run's `pc.run_hook` places one
+    all-reduce in the backward. Returns (x, stats, cache) as `run_layers`."""
     runs, rest = divmod(len(xs[1]), k)
-    run = jax.checkpoint(scan, policy=jax.checkpoint_policies.nothing_saveable)
-
-    def outer(carry, run_xs):
-        return run(carry, run_xs)
-
     head = jax.tree.map(lambda v: v[: runs * k].reshape(runs, k, *v.shape[1:]), xs)
-    carry, stats = jax.lax.scan(outer, carry, head, unroll=runs if unroll else 1)
+    carry, stats = jax.lax.scan(run, carry, head, unroll=runs if unroll else 1)
     stats = jax.tree.map(lambda v: v.reshape(runs * k, *v.shape[2:]), stats)
     if rest:
         carry, tail = run(carry, jax.tree.map(lambda v: v[runs * k :], xs))

@@ -89,16 +89,23 @@ def linear_index(axes):
 # --- gradients ---------------------------------------------------------------------------------
 
 
-def accumulate(loss_fn, params, batch_BT1, grad_accum: int, axes, unreduced: bool):
+def accumulate(loss_fn, params, batch_BT1, grad_accum: int, axes, unreduced: bool, reduced_keys=()):
     """Mean loss and gradient over this shard's rows [B_data, T+1], summed over `grad_accum`
     microbatches (rows m, m+M, ... form microbatch m) and divided once; no collective of its own.
 
     `unreduced`: differentiate with respect to a *varying* copy of the (replicated) params, so
     autodiff inserts no all-reduce and each shard keeps its own gradient until the caller's one
     reduction per step (DP's explicit form, parallel/dp.py). Sharded params (ZeRO-3) are varying
-    already; their gradients come back reduce-scattered by the transpose of their all-gathers."""
+    already; their gradients come back reduce-scattered by the transpose of their all-gathers.
+    `reduced_keys`: top-level params left invariant because the model casts them itself, so
+    their gradients come back all-reduced (gradient buckets, parallel/buckets.py)."""
     if unreduced:
-        params = jax.tree.map(lambda p: jax.lax.pcast(p, axes, to="varying"), params)
+        params = {
+            k: v
+            if k in reduced_keys
+            else jax.tree.map(lambda p: jax.lax.pcast(p, axes, to="varying"), v)
+            for k, v in params.items()
+        }
     if grad_accum == 1:
         return jax.value_and_grad(loss_fn)(params, batch_BT1)
     B = batch_BT1.shape[0]
@@ -184,6 +191,7 @@ class Composition:
     plan: object = None  # the pipe axis's schedule (pp.Plan)
     cp_form: str | None = None  # context form: ring | gather | ulysses
     cp_split: str = "zigzag"  # how the sequence's chunks are dealt: zigzag | contiguous
+    grad_buckets: int = 0  # DP's layer gradients all-reduced in N buckets (buckets.py)
 
     @property
     def n(self) -> int:  # the ZeRO group: data x fsdp

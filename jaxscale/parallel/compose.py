@@ -23,7 +23,7 @@ from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.mesh import build_mesh
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
-from jaxscale.parallel import auto, common, manual, zero
+from jaxscale.parallel import auto, buckets, common, manual, zero
 from jaxscale.parallel.strategy import Strategy, check, check_axes, check_model
 from jaxscale.sharding import Sharder
 
@@ -111,6 +111,7 @@ def build(
     ways = {a: strategy.mesh.size(a) for a in _WAYS}
     try:
         check_model(strategy, cfg, ways)
+        buckets.check(strategy, ways, cfg, tcfg)
         if strategy.path == "auto":
             return _auto(strategy, mesh, ways, cfg, tcfg, with_grads)
         m = manual.compose(strategy, mesh, ways, cfg, tcfg)

@@ -26,7 +26,7 @@ from jaxscale import compat
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.model import pieces
 from jaxscale.model import state as model_state
-from jaxscale.parallel import common, cp, ep, optim, pp, tp, zero
+from jaxscale.parallel import buckets, common, cp, ep, optim, pp, tp, zero
 from jaxscale.sharding import REPLICATED_RULES, ZERO_RULES, Sharder
 
 AXIS_MODULES = (tp, ep, cp, zero, pp)  # the order their pieces compose in
@@ -75,10 +75,12 @@ def compose(strategy, mesh, ways: dict, cfg: ModelConfig, tcfg: TrainConfig) -> 
         plan or None,
         strategy.context,
         strategy.cp_split,
+        strategy.grad_buckets,
     )
     pc = pieces.DENSE
     for axis in AXIS_MODULES:
         pc = axis.pieces(pc, comp)
+    pc = buckets.pieces(pc, comp)  # where DP's all-reduce sits; its bytes are zero.py's
     stage, tx = strategy.zero, optim.make_optimizer(tcfg, cfg)
     state_specs = {
         "step": P(),
@@ -105,8 +107,9 @@ def local_grads(m: Manual, params, batch_BT1, unreduced: bool):
     comp = m.comp
     if comp.plan is None:
         loss_fn = partial(local_loss, m)
+        reduced = buckets.REDUCED_IN_BACKWARD if comp.grad_buckets else ()
         return common.accumulate(
-            loss_fn, params, batch_BT1, m.tcfg.grad_accum, comp.data_axes, unreduced
+            loss_fn, params, batch_BT1, m.tcfg.grad_accum, comp.data_axes, unreduced, reduced
         )
     return _schedule(m, params, batch_BT1, comp.plan, unreduced, comp.zero_specs)
 
@@ -138,6 +141,7 @@ def loss_and_grads(m: Manual, params, batch_BT1):
         axes=comp.data_axes,
         n=comp.n,
         local=partial(local_grads, m),
+        reduced=buckets.REDUCED_IN_BACKWARD if comp.grad_buckets else (),
     )
 
 

@@ -48,6 +48,7 @@ class Strategy:
     virtual_stages: int = 1  # v, model chunks per pipe device (interleaved)
     context: str | None = None  # manual, context axis: ring | gather | ulysses
     cp_split: str = "zigzag"  # manual, context axis: zigzag (balanced) | contiguous
+    grad_buckets: int = 0  # manual DP: the layers' gradients all-reduced in N buckets (buckets.py)
 
     def __post_init__(self):
         if isinstance(self.mesh, str):
@@ -127,7 +128,8 @@ class Strategy:
         if self.schedule:
             v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
             parts.append(f"{self.schedule}(M={self.microbatches}{v})")
-        return "+".join(parts) or "single"
+        buckets = f" buckets={self.grad_buckets}" if self.grad_buckets else ""
+        return "+".join(parts) + buckets if parts else "single"
 
     def label(self) -> str:
         return f"{self.path}:{self.name()}"

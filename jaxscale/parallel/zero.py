@@ -53,17 +53,21 @@ def pieces(pc: Pieces, comp: common.Composition) -> Pieces:
     )
 
 
-def loss_and_grads(params, batch_BT1, *, stage, zero_specs, axes, n, local):
+def loss_and_grads(params, batch_BT1, *, stage, zero_specs, axes, n, local, reduced=()):
     """Mean loss and mean gradient over the global batch, in the layout the stage updates in.
     `local(params, rows, unreduced)` is this shard's mean loss and gradient (the microbatch loop
     of `common.accumulate`, or a pipeline schedule), unreduced over the data axes or, for
-    ZeRO-3, reduced by autodiff's reduce-scatters. (Plain DP's other forms, and the classic
-    extra-pmean bug, are in jaxscale/lessons/data_parallel.py.)"""
+    ZeRO-3, reduced by autodiff's reduce-scatters. `reduced`: top-level keys whose gradients
+    arrive all-reduced already (DP's gradient buckets, parallel/buckets.py). (Plain DP's other
+    forms, and the classic extra-pmean bug, are in jaxscale/lessons/data_parallel.py.)"""
     loss, grads = local(params, batch_BT1, stage != 3)
     loss = jax.lax.pmean(loss, axes)  # one all-reduce of the scalar loss
     if stage in (0, 1):
         # all-reduce over the data axes: every device gets the full mean gradient
-        return loss, jax.tree.map(lambda g: jax.lax.psum(g, axes) / n, grads)
+        return loss, {
+            k: jax.tree.map(lambda g, k=k: (g if k in reduced else jax.lax.psum(g, axes)) / n, v)
+            for k, v in grads.items()
+        }
     if stage == 2:
         # reduce-scatter: each device receives only the summed slice it owns
         return loss, jax.tree.map(

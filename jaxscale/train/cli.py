@@ -35,12 +35,13 @@ RUN_KINDS = {  # a config file's run section, as the flags take it
     "schedule": "str?",
     "microbatches": "int?",
     "virtual_stages": "int?",
+    "grad_buckets": "int?",
     "data": "str",
     "prompt": "str",
     "sample_tokens": "int",
 }
 RUN_FIELDS = tuple(RUN_KINDS)
-RUN_MINIMA = {"microbatches": 1, "virtual_stages": 1, "sample_tokens": 0}
+RUN_MINIMA = {"microbatches": 1, "virtual_stages": 1, "grad_buckets": 1, "sample_tokens": 0}
 EXAMPLES = """examples:
   jaxscale train --mesh dp=2,fsdp=2,tp=2 --steps 300 --out runs/a
   jaxscale train --strategy manual:zero3+tp --mesh fsdp=4,tp=2 --steps 20
@@ -147,6 +148,15 @@ def add_parser(sub) -> None:
         help="tokens to sample at the end; 0: no sample (default 48)",
     )
     p.add_argument(
+        "--grad-buckets",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="manual:dp (and +tp): all-reduce the layers' gradients in N buckets inside the "
+        "backward, each as soon as its layers' gradients exist (default: one all-reduce after "
+        "the backward)",
+    )
+    p.add_argument(
         "--profile",
         type=writable_dir,
         default=None,
@@ -204,6 +214,7 @@ def resolve(args) -> tuple[ModelConfig, TrainConfig, dict, dict]:
         "schedule": None,
         "microbatches": None,  # a pipeline's default: the pipe size (loop.prepare)
         "virtual_stages": None,  # 2 for the interleaved schedule, else 1
+        "grad_buckets": None,  # one all-reduce after the backward
         "data": "stdlib",
         "prompt": "def ",
         "sample_tokens": 48,
@@ -299,6 +310,7 @@ def _main(args) -> int:
         progress=not args.no_progress,
         stop_after=args.stop_after,
         keep_checkpoints=args.keep_checkpoints,
+        grad_buckets=run["grad_buckets"] or 0,
         profile_dir=args.profile,
         profile_steps=args.profile_steps,
     )

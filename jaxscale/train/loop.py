@@ -68,6 +68,7 @@ class RunSetup:
     progress: bool = True
     stop_after: int | None = None  # stop at this step (an interruption; the schedule is unchanged)
     keep_checkpoints: int = checkpoint.KEEP  # the newest kept; older ones are deleted
+    grad_buckets: int = 0  # manual DP: the layers' gradient all-reduce in N buckets
     profile_dir: str | None = None  # a trace of profile_steps steps after the first (compile)
     profile_steps: int = 3
 
@@ -90,6 +91,8 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
     )
     if setup.schedule:  # a pipeline schedule is a manual strategy's pipe part
         strategy = strategy.with_schedule(setup.schedule)
+    if setup.grad_buckets:
+        strategy = replace(strategy, grad_buckets=setup.grad_buckets)
     try:
         spec = strategy.mesh.resolve(jax.device_count())
     except ValueError as e:

@@ -25,3 +25,8 @@ def test_experiment_05_prints_equivalence_sync_memory_and_comm_tables():
     # every device holds the same synced gradient; four ZeRO stages measured
     assert "identical after sync on all devices: True" in out
     assert all(f"stage {s}:" in out for s in range(4))
+    # buckets inside the backward: DP's one all-reduce after it; with 2 and 4 buckets the
+    # layers' all-reduces in the backward loop, as many trips as buckets, and each profiled
+    assert "no buckets all-reduces: " in out and "x1 after the backward" in out
+    assert "x2 in the backward loop" in out and "x4 in the backward loop" in out
+    assert out.count("exposed)") == 3
