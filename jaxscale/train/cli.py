@@ -157,6 +157,14 @@ def add_parser(sub) -> None:
         "the backward)",
     )
     p.add_argument(
+        "--tensorboard",
+        type=writable_dir,
+        default=None,
+        metavar="DIR",
+        help="also write the metrics as TensorBoard scalars here (tensorboardX: pip install "
+        "-e '.[profile]'); with --profile DIR, one TensorBoard shows both",
+    )
+    p.add_argument(
         "--profile",
         type=writable_dir,
         default=None,
@@ -312,6 +320,7 @@ def _main(args) -> int:
         keep_checkpoints=args.keep_checkpoints,
         grad_buckets=run["grad_buckets"] or 0,
         profile_dir=args.profile,
+        tensorboard=args.tensorboard,
         profile_steps=args.profile_steps,
     )
     plan = prepare(cfg, tcfg, setup)

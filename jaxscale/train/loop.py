@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxscale import scalars
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.parallel.compose import Built, Strategy, build
 from jaxscale.profiling import ProfileWindow, compiled_text
@@ -71,6 +72,7 @@ class RunSetup:
     grad_buckets: int = 0  # manual DP: the layers' gradient all-reduce in N buckets
     profile_dir: str | None = None  # a trace of profile_steps steps after the first (compile)
     profile_steps: int = 3
+    tensorboard: str | None = None  # TensorBoard scalars of the metrics, written here
 
 
 @dataclass
@@ -130,6 +132,8 @@ def prepare(cfg: ModelConfig, tcfg: TrainConfig, setup: RunSetup) -> Plan:
                 f"--sample-tokens {setup.sample_tokens}: the sample stops at {room} tokens "
                 f"(the prompt's and the sample's together fill max_seq={cfg.max_seq})"
             )
+    if setup.tensorboard:
+        scalars.check_available()
     if setup.profile_dir:
         if setup.profile_steps < 1:
             raise ValueError(f"--profile-steps must be >= 1, got {setup.profile_steps}")
@@ -195,7 +199,9 @@ def train(
     built, dataset = plan.built, plan.dataset
     result = TrainResult(optimal_loss=data.optimal_loss(dataset, tcfg.seq_len))
     meta = checkpoint.meta_record(cfg, tcfg, str(built.strategy.mesh), built.label)
-    log = MetricsLog(setup.metrics_path, cfg, tcfg, built, last_step=plan.end - 1)
+    log = MetricsLog(
+        setup.metrics_path, cfg, tcfg, built, last_step=plan.end - 1, tensorboard=setup.tensorboard
+    )
     with jax.set_mesh(built.mesh), log, stop_on_signal(STOP_NOTE, ABORT_NOTE) as stop:
         state = _initial_state(built, setup, meta, plan, result)
         start = int(jax.device_get(state["step"]))

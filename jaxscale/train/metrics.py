@@ -20,12 +20,16 @@ import jax
 from jaxscale.devices import mfu
 from jaxscale.model import counts
 from jaxscale.render import json_line
+from jaxscale.scalars import Scalars
 
 
 class MetricsLog:
-    def __init__(self, path, cfg, tcfg, built, last_step: int):
+    def __init__(self, path, cfg, tcfg, built, last_step: int, tensorboard: str | None = None):
         self.path = Path(path) if path and jax.process_index() == 0 else None
         self.file = None
+        # TensorBoard scalars of the same records (scalars.py), process 0's too
+        self.tb_dir = tensorboard if jax.process_index() == 0 else None
+        self.scalars = Scalars(None)
         self.run_id = uuid.uuid4().hex[:8]
         self.t0 = time.perf_counter()
         self.tcfg, self.built, self.last_step = tcfg, built, last_step
@@ -44,11 +48,13 @@ class MetricsLog:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file = self.path.open("a")
+        self.scalars = Scalars(self.tb_dir)
         return self
 
     def __exit__(self, *exc):
         if self.file is not None:
             self.file.close()
+        self.scalars.close()
 
     def _write(self, record: dict) -> dict:
         record = {
@@ -59,6 +65,10 @@ class MetricsLog:
         if self.file is not None:
             self.file.write(json_line(record) + "\n")
             self.file.flush()
+        if "step" in record and "event" not in record:
+            kind = "eval" if "eval_loss" in record else "train"
+            values = {k: v for k, v in record.items() if k not in ("step", "run_id", "time_s")}
+            self.scalars.record(kind, record["step"], values)
         return record
 
     def start(self, step: int, resumed: bool) -> None:
