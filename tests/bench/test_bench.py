@@ -177,6 +177,7 @@ def _aot_reason():
     return aot.aot_unavailable_reason()
 
 
+@pytest.mark.slow  # 11 s; the AOT path's fast checks are tests/analysis/test_aot.py
 @pytest.mark.skipif(_aot_reason() is not None, reason=str(_aot_reason()))
 def test_bench_target_tpu_compiles_without_running(tmp_path, capsys):
     rc = cli_main(

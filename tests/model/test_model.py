@@ -141,8 +141,8 @@ def _loss_grads(cfg, batch):
 
 
 REMAT_MODELS = {
-    # 5 layers: every:2 runs 2 + 2 and a remainder of 1 (sqrt is every:2 here)
-    "dense": ModelConfig(n_layers=5),
+    # 3 layers: every:2 runs 2 and a remainder of 1
+    "dense": ModelConfig(n_layers=3),
     # 3 groups of (dense, MoE): every:2 one run and a remainder, the router statistics of both
     # joined for the balance loss
     "moe": ModelConfig(n_layers=6, n_experts=4, moe_every=2),
@@ -150,7 +150,11 @@ REMAT_MODELS = {
 
 
 @pytest.mark.parametrize(
-    "model, policies", [("dense", ("block", "dots", "every:2")), ("moe", ("every:2",))]
+    "model, policies",
+    [
+        ("dense", ("block", "dots", "every:2")),
+        pytest.param("moe", ("every:2",), marks=pytest.mark.slow),  # an MoE compile: 10 s
+    ],
 )
 def test_every_remat_policy_changes_memory_not_values(model, policies):
     """Loss and every gradient leaf (the MoE's balance and z losses included) equal the

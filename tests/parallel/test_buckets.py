@@ -32,8 +32,7 @@ def _bytes(params) -> int:
     return F32 * sum(x.size for x in jax.tree.leaves(params))
 
 
-@pytest.mark.parametrize("buckets", [2, 4])
-def test_the_layers_all_reduce_runs_once_per_bucket_inside_the_backward(buckets):
+def test_the_layers_all_reduce_runs_once_per_bucket_inside_the_backward():
     """One all-reduce after the backward without buckets (XLA's combiner joins every leaf);
     with N buckets, an all-reduce of L/N layers' gradients inside the backward loop (N trips)
     and the embedding's, norm's and head's after it, the step's bytes unchanged."""
@@ -43,14 +42,15 @@ def test_the_layers_all_reduce_runs_once_per_bucket_inside_the_backward(buckets)
     plain, predicted = _all_reduces(0)
     assert [c.trips for c in plain] == [1]
     assert plain[0].bytes_per_device == pytest.approx(predicted, rel=COMM_RTOL)
-    got, _ = _all_reduces(buckets)
-    in_loop = [c for c in got if c.trips > 1]
-    after = [c for c in got if c.trips == 1]
-    assert [c.trips for c in in_loop] == [buckets]
-    assert in_loop[0].bytes_per_device == pytest.approx(layers / buckets, rel=COMM_RTOL)
-    assert sum(c.bytes_per_device for c in after) == pytest.approx(top + F32, rel=COMM_RTOL)
-    total = sum(c.bytes_per_device * c.trips for c in got)
-    assert total == pytest.approx(predicted, rel=COMM_RTOL)  # the loss's scalar included
+    for buckets in (2, 4):
+        got, _ = _all_reduces(buckets)
+        in_loop = [c for c in got if c.trips > 1]
+        after = [c for c in got if c.trips == 1]
+        assert [c.trips for c in in_loop] == [buckets]
+        assert in_loop[0].bytes_per_device == pytest.approx(layers / buckets, rel=COMM_RTOL)
+        assert sum(c.bytes_per_device for c in after) == pytest.approx(top + F32, rel=COMM_RTOL)
+        total = sum(c.bytes_per_device * c.trips for c in got)
+        assert total == pytest.approx(predicted, rel=COMM_RTOL)  # the loss's scalar included
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,7 @@ def runs():
     return single, sharded, other
 
 
+@pytest.mark.slow  # three runs compiled (17 s of the fast suite); CI runs it on both lines
 def test_data_parallel_equals_single_device(runs):
     single, sharded, _ = runs
     for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True):
@@ -89,6 +90,7 @@ def test_data_parallel_equals_single_device(runs):
     assert float(jnp.abs(single[1]["policy_loss"]).max()) > 0
 
 
+@pytest.mark.slow  # shares the three runs above
 def test_the_check_sees_a_different_split(runs):
     """Four shards instead of eight draw other environments: the same check must fail."""
     single, _, other = runs
