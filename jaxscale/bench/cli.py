@@ -171,6 +171,20 @@ def _add_meshes(sub) -> None:
         default=8,
         help="layers of the model used for the remat vs sqrt(L) comparison (default 8)",
     )
+    p.add_argument(
+        "--time",
+        action="store_true",
+        help="also profile each row's step: collective time per op measured in the trace "
+        "beside an alpha-beta prediction fitted on isolated collectives in this run, and the "
+        "exposed fraction (docs/time.md)",
+    )
+    p.add_argument(
+        "--time-steps",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="profiled steps per row with --time (default 3)",
+    )
     _add_outputs(p, "OUT/bench_meshes.png; OUT/bench_<topology>.png with --target")
     p.set_defaults(func=_run_meshes)
 
@@ -561,15 +575,32 @@ def _run_meshes(args) -> int:
         return 0
     if target is not None:
         return _main_aot(args, cfg, tcfg, cases, target, env)
-    bar = Progress(len(cases) + 2, desc="bench")
-    rows, ref_ms = meshes.run_bench(cfg, tcfg, cases, args.steps, progress=bar)
+    bar = Progress(len(cases) + 2 + bool(args.time), desc="bench")
+    time_steps = args.time_steps if args.time else 0
+    rows, ref_ms = meshes.run_bench(cfg, tcfg, cases, args.steps, bar, time_steps=time_steps)
     remat = meshes.remat_report(cfg.replace(n_layers=args.remat_layers), tcfg)
     bar.update(1, note="remat")
+    fits = None
+    if args.time:
+        from jaxscale.bench import timing
+
+        fits = {key: timing.fit(*key) for key in sorted(timing.needed(rows))}
+        bar.update(1, note="alpha-beta fits")
     bar.close()
     paths = report.write_outputs(
         rows, env, args.out, extra={"remat": remat}, plot=plot_path(args, "bench_meshes")
     )
     _print_meshes(args, rows, ref_ms, remat, env, cfg, tcfg, paths)
+    if fits is not None:
+        import json
+        from pathlib import Path
+
+        path = Path(args.out) / "bench_time.json"
+        path.write_text(json.dumps(timing.record(rows, fits), indent=1))
+        if not args.json:
+            print()
+            print(timing.format_table(rows, fits))
+            print(f"wrote {path}", file=sys.stderr)
     ok = all(
         r.report is None or (r.equivalent and r.memory_ok and r.comm_ok is not False) for r in rows
     )

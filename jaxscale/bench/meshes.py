@@ -50,6 +50,7 @@ class BenchRow:
     error: str | None = None
     args_padded: float | None = None  # TPU: argument bytes after padding to memory tiles
     args_logical: float = 0.0  # TPU: the same before padding
+    timing: dict | None = None  # `--time`: trace.summary of its profiled steps (timing.py)
 
     @property
     def equivalent(self) -> bool | None:
@@ -149,6 +150,7 @@ def bench_case(
     devices=None,
     target=None,
     execute=True,
+    time_steps: int = 0,
 ) -> BenchRow:
     n_dev = len(devices) if devices is not None else jax.device_count()
     runs = target is None and execute
@@ -203,6 +205,10 @@ def bench_case(
         )
         row.result = verify.compare(case, got, reference, built.label)
         row.step_ms = list(got.step_ms[1:])
+        if time_steps:
+            from jaxscale.bench import timing
+
+            row.timing = timing.measure_row(built, compiled, tcfg, reference.initial, time_steps)
     return row
 
 
@@ -223,6 +229,7 @@ def run_bench(
     timed_steps: int = DEFAULT_TIMED,
     progress=None,
     target=None,
+    time_steps: int = 0,
 ) -> tuple[list[BenchRow], float | None]:
     """Rows for `cases`, and the reference's step ms (None for an AOT target)."""
     cfg = cfg.replace(unroll_layers=True)
@@ -237,7 +244,9 @@ def run_bench(
             progress.update(1, note="reference")
     rows = []
     for case in cases:
-        rows.append(bench_case(case, cfg, tcfg, timed_steps, ref, devices, target))
+        rows.append(
+            bench_case(case, cfg, tcfg, timed_steps, ref, devices, target, time_steps=time_steps)
+        )
         if progress:
             progress.update(1, note=f"{case.label} {case.mesh}")
     return rows, ref_ms
