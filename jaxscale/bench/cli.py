@@ -148,6 +148,17 @@ def plot_path(args, name: str) -> str | None:
 # --- the suites, in the order `jaxscale bench --help` lists them --------------------------------
 
 
+def _add_time(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--time", action="store_true", help=what + " (docs/time.md)")
+    p.add_argument(
+        "--time-steps",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="profiled steps per row with --time (default 3)",
+    )
+
+
 def _add_meshes(sub) -> None:
     p = _suite(
         sub,
@@ -171,19 +182,11 @@ def _add_meshes(sub) -> None:
         default=8,
         help="layers of the model used for the remat vs sqrt(L) comparison (default 8)",
     )
-    p.add_argument(
-        "--time",
-        action="store_true",
-        help="also profile each row's step: collective time per op measured in the trace "
-        "beside an alpha-beta prediction fitted on isolated collectives in this run, and the "
-        "exposed fraction (docs/time.md)",
-    )
-    p.add_argument(
-        "--time-steps",
-        type=positive_int,
-        default=3,
-        metavar="N",
-        help="profiled steps per row with --time (default 3)",
+    _add_time(
+        p,
+        "also profile each row's step: collective time per op measured in the trace beside an "
+        "alpha-beta prediction fitted on isolated collectives in this run, and the exposed "
+        "fraction",
     )
     _add_outputs(p, "OUT/bench_meshes.png; OUT/bench_<topology>.png with --target")
     p.set_defaults(func=_run_meshes)
@@ -227,6 +230,11 @@ def _add_pipeline(sub) -> None:
         default=[4, 8, 16, 32],
         help="microbatch counts M at which every schedule is compiled for its compile time, "
         "tick programs and temporaries (default 4,8,16,32; make bench runs 8,32)",
+    )
+    _add_time(
+        p,
+        "also profile each checked row's step: per device compute, collectives and idle, the "
+        "time not computing beside the tick bubble's share of the step",
     )
     _add_outputs(p, "OUT/bench_pipeline.png")
     p.set_defaults(func=_run_pipeline)

@@ -58,6 +58,11 @@ class PipeRow:
     compile_cpu_s: float = 0.0  # the same in CPU seconds of this process (other work on the host
     # does not inflate it)
     compiled_ticks: int = 0  # tick programs in the compiled step (Plan.compiled_ticks)
+    # --time: ms per step from a profile, mean of devices (bench/timing.py, analysis/trace.py)
+    step_ms: float | None = None
+    compute_ms: float | None = None
+    collective_ms: float | None = None
+    idle_ms: float | None = None
 
     @property
     def bubble_ok(self) -> bool:
@@ -81,6 +86,7 @@ def pipe_row(
     cfg: ModelConfig,
     tcfg: TrainConfig,
     ref: verify.Trajectory | None = None,
+    time_steps: int = 0,
 ) -> PipeRow:
     """Compile (and, given the reference, run and check: losses and final parameters, as the
     mesh table; `jaxscale verify` also checks the first step's gradients) one pipeline
@@ -98,6 +104,13 @@ def pipe_row(
     if ref is not None:
         got = verify.run_built(built, tcfg, step=compiled, initial=ref.initial)
         row.passed = verify.compare(verify.Case(strategy), got, ref).passed
+        if time_steps:
+            from jaxscale.analysis.trace import summary
+            from jaxscale.bench.timing import profile_devices
+
+            s = summary(profile_devices(built, compiled, tcfg, ref.initial, time_steps))
+            row.step_ms, row.compute_ms = s["step_s"] * 1e3, s["compute_s"] * 1e3
+            row.collective_ms, row.idle_ms = s["exposed_s"] * 1e3, s["idle_s"] * 1e3
     return row
 
 
@@ -165,6 +178,7 @@ def point(
     v: int,
     check: bool,
     micro_rows: int = MICRO_ROWS,
+    time_steps: int = 0,
 ) -> dict:
     """One schedule at M microbatches on MESH: compiled, measured against its plan and
     formulas, and (check) run against the single-device reference. Compile seconds are wall
@@ -175,7 +189,8 @@ def point(
         if (c, t) not in _REFERENCES:
             _REFERENCES[c, t] = verify.reference(c, t, with_grads=False)
         ref = _REFERENCES[c, t]
-    return dataclasses.asdict(pipe_row(f"manual:dp+{schedule}", MESH, m, v, c, t, ref))
+    row = pipe_row(f"manual:dp+{schedule}", MESH, m, v, c, t, ref, time_steps if check else 0)
+    return dataclasses.asdict(row)
 
 
 def _worker_init(n_devices: int, fast_compile: bool) -> None:
@@ -227,6 +242,7 @@ def sweep(
     progress=None,
     check_m: int | None = CHECKED_M,
     micro_rows: int = MICRO_ROWS,
+    time_steps: int = 0,
 ) -> tuple[list[PipeRow], list[dict]]:
     """Every schedule at every M: the checked rows (M = check_m, and GPipe at M = 1, seed 004's
     naive model parallelism) and, per M, each schedule's compile seconds, tick programs
@@ -235,12 +251,12 @@ def sweep(
     P)."""
     every_m = sorted(set(ms) | ({check_m} if check_m is not None else set()))
     jobs = [
-        (cfg, tcfg, sched, m, v, m == check_m, micro_rows)
+        (cfg, tcfg, sched, m, v, m == check_m, micro_rows, time_steps)
         for m in every_m
         for sched, v in schedules
     ]
     if check_m is not None:
-        jobs.append((cfg, tcfg, "gpipe", 1, 1, True, micro_rows))
+        jobs.append((cfg, tcfg, "gpipe", 1, 1, True, micro_rows, time_steps))
     points = run_points(jobs, workers, progress)
     by = {(job[2], job[3]): rec for job, rec in zip(jobs, points, strict=True)}
     fields = {f.name for f in dataclasses.fields(PipeRow)}
@@ -308,7 +324,11 @@ def main(args) -> int:
     n = len(set(ms) | {CHECKED_M}) * len(SCHEDULES) + 1
     bar = Progress(n, desc="bench pipeline", enabled=not args.json, eta=False)
     # every point in its own worker, one per core (a compile is one thread)
-    rows, swept = sweep(CFG, tcfg, ms, workers=min(os.cpu_count() or 1, 4), progress=bar)
+    # --time profiles in the workers too: two at once share the cores as the rows' devices do
+    time_steps = args.time_steps if args.time else 0
+    rows, swept = sweep(
+        CFG, tcfg, ms, workers=min(os.cpu_count() or 1, 4), progress=bar, time_steps=time_steps
+    )
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -332,6 +352,9 @@ def main(args) -> int:
             f"{MICRO_ROWS} rows x 32 tokens per data shard:"
         )
         print(format_rows(rows))
+        if time_steps:
+            print()
+            print(format_times(rows))
         if swept:
             print(f"\nAs M grows (compiled only; the M = {CHECKED_M} programs are the rows'):")
             print(format_sweep(swept))
@@ -368,6 +391,30 @@ def format_rows(rows: list[PipeRow]) -> str:
         "eq: 10 steps with real updates against one device: losses and final parameters within "
         "the f32 tolerances (jaxscale verify also checks the first step's gradients).",
     ]
+    return "\n".join(lines)
+
+
+def format_times(rows: list[PipeRow]) -> str:
+    """--time: the bubble in milliseconds. On a pipeline a device waits for its neighbour's
+    activations inside the collective-permute (XLA:CPU's rendezvous), so the time not computing
+    (collectives not under compute, and idle) is the measured bubble plus the transfers; the
+    tick bubble's share of the measured step is what the schedule alone predicts."""
+    lines = [
+        "time per step (ms, mean of devices over the profiled steps; simulated CPU devices: "
+        "indicative)",
+        f"  {'schedule':<32} {'M':>3} {'step':>7} {'compute':>8} {'comm':>7} {'idle':>6} "
+        f"{'not computing':>14} {'tick bubble x step':>19}",
+    ]
+    for r in rows:
+        if r.step_ms is None:
+            continue
+        waiting = r.step_ms - r.compute_ms
+        share = waiting / r.step_ms
+        lines.append(
+            f"  {r.label:<32} {r.microbatches:>3} {r.step_ms:>7.2f} {r.compute_ms:>8.2f} "
+            f"{r.collective_ms:>7.2f} {r.idle_ms:>6.2f} {waiting:>7.2f} ({share:>4.0%}) "
+            f"{r.bubble * r.step_ms:>11.2f} ({r.bubble:>4.0%})"
+        )
     return "\n".join(lines)
 
 

@@ -76,6 +76,11 @@ def _program(op: str, group: int, nbytes: int):
 
 def _profiled_seconds(run, steps: int, hlo_text: str, directory: str) -> dict:
     """trace.summary of `steps` calls of `run()` (one call first, outside the trace)."""
+    return trace.summary(_profiled(run, steps, hlo_text, directory))
+
+
+def _profiled(run, steps: int, hlo_text: str, directory: str) -> list[trace.DeviceTime]:
+    """Each device's time per call over `steps` calls of `run()` (one first, untraced)."""
     jax.block_until_ready(run())
     jax.profiler.start_trace(directory)
     out = None
@@ -85,7 +90,7 @@ def _profiled_seconds(run, steps: int, hlo_text: str, directory: str) -> dict:
     jax.profiler.stop_trace()
     ops = trace.read_ops(trace.trace_file(directory))
     module, opcodes = trace.program_opcodes(hlo_text)
-    return trace.summary(trace.device_times(ops, steps, module, opcodes))
+    return trace.device_times(ops, steps, module, opcodes)
 
 
 def fit(op: str, group: int) -> Fit:
@@ -113,6 +118,11 @@ def fit(op: str, group: int) -> Fit:
 def measure_row(built, compiled, tcfg, initial, steps: int) -> dict:
     """trace.summary of `steps` profiled steps of a bench row, from the reference's initial
     state placed in the row's layout."""
+    return trace.summary(profile_devices(built, compiled, tcfg, initial, steps))
+
+
+def profile_devices(built, compiled, tcfg, initial, steps: int) -> list[trace.DeviceTime]:
+    """Each device's time per step over `steps` profiled steps of a bench row."""
     state = jax.device_put(initial, built.state_shardings)
     batches = [built.put(b) for b in verify.batches(tcfg, steps + 1)]
     box = {"state": state, "i": 0}
@@ -123,7 +133,7 @@ def measure_row(built, compiled, tcfg, initial, steps: int) -> dict:
         return metrics
 
     with tempfile.TemporaryDirectory() as d:
-        return _profiled_seconds(run, steps, compiled.as_text(), d)
+        return _profiled(run, steps, compiled.as_text(), d)
 
 
 def predict(report, fits: dict) -> dict[str, float]:

@@ -210,14 +210,16 @@ def test_1f1b_temporaries_stay_flat_as_m_grows_while_gpipes_grow_by_the_stash():
 @pytest.mark.first_line
 def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, capsys):
     """`jaxscale bench pipeline` as `make bench` runs it (points in worker processes): every
-    checked row equal to the reference, exact permute bytes and bubble; the sweep's record."""
+    checked row equal to the reference, exact permute bytes and bubble; the sweep's record;
+    with --time, each checked row profiled: step = compute + collectives + idle."""
     import json
 
     from jaxscale.cli import main as cli_main
 
-    assert cli_main(["bench", "pipeline", "--sweep", "8", "--no-plot", "--out", str(tmp_path)]) == 0
+    argv = ["bench", "pipeline", "--sweep", "8", "--no-plot", "--out", str(tmp_path)]
+    assert cli_main([*argv, "--time", "--time-steps", "2"]) == 0
     out = capsys.readouterr().out
-    assert "As M grows" in out and "✗" not in out
+    assert "As M grows" in out and "✗" not in out and "tick bubble x step" in out
     record = json.loads((tmp_path / "bench_pipeline.json").read_text())
     assert [(r["schedule"], r["microbatches"]) for r in record["rows"]] == [
         ("gpipe", 1),
@@ -227,6 +229,9 @@ def test_bench_pipeline_command_checks_rows_and_sweeps_in_workers(tmp_path, caps
         ("zb-h1", 8),
     ]
     assert all(r["passed"] and r["bubble_ok"] and r["permute_ok"] for r in record["rows"])
+    for r in record["rows"]:
+        parts = r["compute_ms"] + r["collective_ms"] + r["idle_ms"]
+        assert r["compute_ms"] > 0 and parts == pytest.approx(r["step_ms"], rel=1e-6)
     (m8,) = record["sweep"]
     assert m8["1f1b"]["compiled_ticks"] == pp.make_plan(2, 8, "1f1b").compiled_ticks()
     assert m8["1f1b"]["compile_cpu_s"] > 0
