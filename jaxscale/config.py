@@ -235,6 +235,12 @@ class TrainConfig:
     eval_batches: int = opt(4, "batches of held-out data per eval")
     ckpt_every: int = opt(0, "steps between checkpoints; 0: only at the end (with a ckpt dir)")
     log_every: int = opt(10, "steps between metrics records (the last step is always recorded)")
+    offload: str = opt(
+        "none",
+        "opt_state: keep the optimizer state in host memory (pinned_host) between steps, moved "
+        "to the device for the update (the auto path)",
+        choices=("none", "opt_state"),
+    )
 
     def __post_init__(self):
         _counts(

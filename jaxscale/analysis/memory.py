@@ -11,6 +11,7 @@ alone: on CPU it can be smaller than the temporaries.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 _FIELDS = {
@@ -71,3 +72,18 @@ def bytes_per_device(abstract_tree, shardings_tree) -> int:
     for x, s in zip(jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings_tree), strict=True):
         total += math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
     return total
+
+
+def host_argument_bytes(hlo_text: str) -> float:
+    """Bytes of the entry parameters the compiled layout places in host memory (memory space
+    S(5): pinned_host), from the module's entry_computation_layout. XLA:CPU reports no host
+    figures in memory_analysis (host and device are one memory there); the layout still says
+    where each argument lives, which is what an offloaded state changes."""
+    from jaxscale.analysis.hlo_text import _split_top, array_shapes, matching, nbytes
+
+    start = hlo_text.find("entry_computation_layout={(")
+    if start < 0:
+        return 0.0
+    open_at = start + len("entry_computation_layout={")
+    params = hlo_text[open_at + 1 : matching(hlo_text, open_at) - 1]
+    return sum(nbytes(array_shapes(p)) for p in _split_top(params) if re.search(r":S\(5\)\}", p))

@@ -72,7 +72,12 @@ def state_shardings(cfg: ModelConfig, tcfg: TrainConfig, sharder: Sharder):
     param_sh = model_state.param_shardings(cfg, sharder)
     replicated = sharder.named(())
     opt_sh = opt_layout(make_optimizer(tcfg, cfg), cfg, param_sh, replicated)
+    if tcfg.offload == "opt_state":  # between steps in host memory (the update moves it in)
+        opt_sh = jax.tree.map(lambda s: s.with_memory_kind(HOST), opt_sh)
     return {"step": replicated, "params": param_sh, "opt_state": opt_sh}
+
+
+HOST = "pinned_host"  # the memory kind offloaded state lives in
 
 
 def batch_sharding(sharder: Sharder):
@@ -88,7 +93,12 @@ def train_step(
     loss, grads = loss_and_grads(state["params"], batch_BT1, cfg, sharder, tcfg.grad_accum)
     g_norm = optax.tree.norm(grads)
     clipped = clip_by_global_norm(grads, g_norm, tcfg.grad_clip)
-    updates, opt_state = tx.update(clipped, state["opt_state"], state["params"])
+    opt_state = state["opt_state"]
+    if tcfg.offload == "opt_state" and sharder is not None:
+        # host -> device for the update (the step's out_shardings move the new state back)
+        on_device = state_shardings(cfg, tcfg.replace(offload="none"), sharder)["opt_state"]
+        opt_state = jax.device_put(opt_state, on_device)
+    updates, opt_state = tx.update(clipped, opt_state, state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss, "grad_norm": g_norm, "lr": lr_schedule(tcfg)(state["step"])}
     if with_grads:

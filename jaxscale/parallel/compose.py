@@ -112,6 +112,7 @@ def build(
     try:
         check_model(strategy, cfg, ways)
         buckets.check(strategy, ways, cfg, tcfg)
+        _check_offload(strategy, tcfg, devices)
         if strategy.path == "auto":
             return _auto(strategy, mesh, ways, cfg, tcfg, with_grads)
         m = manual.compose(strategy, mesh, ways, cfg, tcfg)
@@ -126,6 +127,24 @@ def build(
         )
     except ValueError as e:  # a model dimension that does not split over this mesh
         raise ValueError(f"--mesh {strategy.mesh} ({strategy.label()}): {e}") from None
+
+
+def _check_offload(strategy: Strategy, tcfg: TrainConfig, devices) -> None:
+    """--offload opt_state: the auto path's state shardings carry the memory kind (the manual
+    path's shard_map state does not), on a backend that has host memory."""
+    if tcfg.offload == "none":
+        return
+    if strategy.path != "auto":
+        raise ValueError(
+            f"--offload {tcfg.offload} is the auto path's (its state shardings carry the memory "
+            "kind): use --strategy auto"
+        )
+    kinds = {m.kind for m in devices[0].addressable_memories()}
+    if auto.HOST not in kinds:
+        raise ValueError(
+            f"--offload {tcfg.offload}: {devices[0].platform} devices have no {auto.HOST} memory "
+            f"(their memory kinds: {', '.join(sorted(kinds))})"
+        )
 
 
 def _auto(strategy, mesh, ways, cfg, tcfg, with_grads) -> Built:
