@@ -60,6 +60,14 @@ def add_parser(sub) -> None:
             default=None,
             help="directory for metrics.jsonl and learning_curve.png",
         )
+        t.add_argument(
+            "--tensorboard",
+            type=writable_dir,
+            default=None,
+            metavar="DIR",
+            help="also write each seed's losses and returns as TensorBoard scalars here "
+            "(tensorboardX: pip install -e '.[profile]')",
+        )
         t.add_argument("--json", action="store_true", help="print the summary as one JSON object")
         t.add_argument(
             "--dry-run",
@@ -116,6 +124,10 @@ def _train(args) -> int:
     mesh = _mesh(args.mesh)
     cfg.check(1 if mesh is None else mesh.shape["data"])
     _check_memory(cfg, args.seeds)
+    if args.tensorboard:
+        from jaxscale.scalars import check_available
+
+        check_available()
     if args.out:  # what --out will hold, checked before anything compiles
         d = Path(args.out)
         check_implied(
@@ -142,6 +154,9 @@ def _train(args) -> int:
         d = Path(args.out)
         summary["metrics"] = str(run.write_metrics(out, d / "metrics.jsonl"))
         summary["plot"] = str(run.plot_curves({cfg.algo: out}, d / OUT_PNG))
+    if args.tensorboard:
+        run.write_scalars(out, args.tensorboard)
+        summary["tensorboard"] = str(args.tensorboard)
     bad = out.first_non_finite()
     if args.json:
         print(json.dumps(summary))

@@ -120,6 +120,23 @@ def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False, st
     return Outcome(cfg, tuple(seeds), metrics, evals, t1 - t0, t2 - t1, ways)
 
 
+def write_scalars(out: Outcome, logdir) -> None:
+    """The same records as TensorBoard scalars (jaxscale/scalars.py): seed<S>/<metric> at each
+    update's environment steps, seed<S>/eval_return at each evaluation's."""
+    from jaxscale.scalars import Scalars
+
+    writer, cfg = Scalars(logdir), out.cfg
+    try:
+        for s, seed in enumerate(out.seeds):
+            for u in range(cfg.n_updates):
+                values = {k: float(v[s, u]) for k, v in out.metrics.items()}
+                writer.record(f"seed{seed}", (u + 1) * cfg.batch, values)
+            for j, steps in enumerate(out.eval_steps()):
+                writer.record(f"seed{seed}", int(steps), {"eval_return": float(out.evals[s, j])})
+    finally:
+        writer.close()
+
+
 def write_metrics(out: Outcome, path: Path) -> Path:
     """JSON lines: one per update and seed, and one per evaluation and seed."""
     path.parent.mkdir(parents=True, exist_ok=True)

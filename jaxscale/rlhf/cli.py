@@ -63,6 +63,14 @@ def add_parser(sub) -> None:
         "checkpoint `jaxscale serve --ckpt-dir OUT/policy` serves",
     )
     p.add_argument(
+        "--tensorboard",
+        type=writable_dir,
+        default=None,
+        metavar="DIR",
+        help="also write each iteration's scores, KL and losses as TensorBoard scalars here "
+        "(tensorboardX: pip install -e '.[profile]')",
+    )
+    p.add_argument(
         "--ckpt-every",
         type=non_negative_int,
         default=0,
@@ -117,6 +125,10 @@ def _check_paths(args, task) -> None:
     from jaxscale.rlhf import checkpoint as ckpt
     from jaxscale.rlhf import setup
 
+    if args.tensorboard:
+        from jaxscale.scalars import check_available
+
+        check_available()
     c = setup.cache(args.runs, task, args.sft_steps, args.rm_steps)
     implied = [("--runs", args.runs, writable_dir, c.sft_dir)]
     implied += [("--runs", args.runs, writable_path, f) for f in c.files()]
@@ -232,6 +244,7 @@ def _train(args, rc, task, saved, stop):
     stops after the cached stages, or after the iteration under way (saved with --out)."""
     from jaxscale.progress import Progress
     from jaxscale.rlhf import run, setup
+    from jaxscale.scalars import Scalars
 
     show = args.progress and not args.json
     cfg, sft, rm, acc, train_p, held_p = setup.prepare(
@@ -247,11 +260,17 @@ def _train(args, rc, task, saved, stop):
     _say(f"rlhf {rc.algo}: {rc.iterations} iterations x {rc.rows} responses, {where}")
     start = _restore(args, lab, saved)
     out = Path(args.out) if args.out else None
-    log, after, metrics = None, None, None
+    after, metrics = None, None
+    scalars = Scalars(args.tensorboard)
     if out:
         metrics = _open_metrics(args, cfg, rc, saved)
-        log = lambda r: metrics.write(json.dumps(r) + "\n")  # noqa: E731
         after = _checkpointer(args, cfg, rc, lab, metrics)
+
+    def log(r):
+        if metrics is not None:
+            metrics.write(json.dumps(r) + "\n")
+        scalars.record("rlhf", r["iteration"], r)
+
     after = _stopper(args, cfg, rc, lab, stop, after)
     bar = Progress(rc.iterations - (start.iteration if start else 0), f"rlhf {rc.algo}", show)
     try:
@@ -267,6 +286,7 @@ def _train(args, rc, task, saved, stop):
         )
     finally:
         bar.close()
+        scalars.close()
         if metrics:
             metrics.close()
     return res, lab, acc, train_p

@@ -150,3 +150,29 @@ def test_cli_trains_and_writes(tmp_path):
     assert len([x for x in lines if "update" in x]) == 2 * 4
     assert len([x for x in lines if "eval_return" in x]) == 2 * 2
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
+
+
+def test_tensorboard_scalars_hold_the_metrics_records(tmp_path):
+    """`rl ppo --tensorboard`: run.write_scalars writes what write_metrics writes, per seed, at
+    the same environment steps (a made-up two-seed outcome: no training needed)."""
+    pytest.importorskip("tensorboardX")
+    from jaxscale.rl import run
+    from tests.train.test_tensorboard import _events
+
+    cfg = RLConfig(num_envs=4, num_steps=8, total_steps=4 * 8 * 4, eval_every=2)
+    rng = np.random.default_rng(0)
+    metrics = {"policy_loss": rng.normal(size=(2, 4)), "episodes": rng.integers(1, 9, (2, 4))}
+    out = run.Outcome(cfg, (3, 4), metrics, rng.normal(size=(2, 2)), 0.0, 0.0, 1)
+    run.write_scalars(out, tmp_path / "tb")
+    run.write_metrics(out, tmp_path / "metrics.jsonl")
+    scalars = _events(tmp_path / "tb")
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    expected = {}
+    for r in lines:
+        for k, v in r.items():
+            if k not in ("seed", "update", "env_steps"):
+                expected[(f"seed{r['seed']}/{k}", r["env_steps"])] = v
+    assert len(expected) == 2 * (4 * 2 + 2)
+    assert scalars.keys() == expected.keys()
+    for key, value in expected.items():
+        assert scalars[key] == pytest.approx(value, rel=1e-6), key

@@ -167,8 +167,27 @@ def full(runs, tmp_path_factory):
     """The uninterrupted run: 3 iterations, a checkpoint after each."""
     out = tmp_path_factory.mktemp("full")
     with pytest.MonkeyPatch.context() as mp:
-        summary, res = _train(mp, runs, out, "--iterations", "3", "--ckpt-every", "1")
+        flags = ["--iterations", "3", "--ckpt-every", "1", "--tensorboard", str(out / "tb")]
+        summary, res = _train(mp, runs, out, *flags)
     return out, summary, res
+
+
+def test_each_iterations_record_is_a_tensorboard_scalar_too(full):
+    """--tensorboard: every number of every metrics.jsonl record at its iteration."""
+    from tests.train.test_tensorboard import _events
+
+    out, _, _ = full
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scalars = _events(out / "tb")
+    expected = {
+        (f"rlhf/{k}", r["iteration"]): v
+        for r in records
+        for k, v in r.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    assert len(records) == 3 and {"rlhf/kl", "rlhf/true_score"} <= {t for t, _ in expected}
+    for key, value in expected.items():
+        assert scalars[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key  # float32
 
 
 def test_the_policy_is_saved_where_serve_loads_it(full):
