@@ -84,7 +84,8 @@ def report(directory: str, steps: int, hlo_text: str | None = None) -> dict:
     return out
 
 
-def describe(summary: dict, directory: str) -> str:
+def describe(summary: dict, directory: str, unit: str = "step") -> str:
     """Lines for the console: the split, where the trace is, how to open it."""
     how = HOW_TO_OPEN.format(dir=directory, perfetto=summary["perfetto"] or "the trace")
-    return f"profile: {trace.format_summary(summary)}\nprofile: {summary['trace']}; {how}"
+    split = trace.format_summary(summary, unit)
+    return f"profile: {split}\nprofile: {summary['trace']}; {how}"

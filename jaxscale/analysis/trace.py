@@ -219,12 +219,13 @@ def summary(times: list[DeviceTime]) -> dict:
     }
 
 
-def format_summary(s: dict) -> str:
+def format_summary(s: dict, unit: str = "step") -> str:
     """One line: step = compute + exposed collectives + idle, then the collectives by op."""
     ms = 1e3
     kinds = ", ".join(f"{k} {v * ms:.2f}" for k, v in s["collectives_s"].items())
+    over = f", {s['steps']} {unit}s" if s["steps"] > 1 else ""
     line = (
-        f"per step (mean of {s['devices']} devices, {s['steps']} steps): {s['step_s'] * ms:.2f} "
+        f"per {unit} (mean of {s['devices']} devices{over}): {s['step_s'] * ms:.2f} "
         f"ms = compute {s['compute_s'] * ms:.2f} + exposed collectives {s['exposed_s'] * ms:.2f}"
         f" + idle {s['idle_s'] * ms:.2f}"
     )
