@@ -188,6 +188,13 @@ def _add_meshes(sub) -> None:
         "alpha-beta prediction fitted on isolated collectives in this run, and the exposed "
         "fraction",
     )
+    p.add_argument(
+        "--profile",
+        type=writable_dir,
+        default=None,
+        metavar="DIR",
+        help="--time, keeping each row's trace in DIR/<strategy>@<mesh> (TensorBoard, Perfetto)",
+    )
     _add_outputs(p, "OUT/bench_meshes.png; OUT/bench_<topology>.png with --target")
     p.set_defaults(func=_run_meshes)
 
@@ -583,9 +590,12 @@ def _run_meshes(args) -> int:
         return 0
     if target is not None:
         return _main_aot(args, cfg, tcfg, cases, target, env)
+    args.time = args.time or bool(args.profile)  # a kept trace is --time's trace
     bar = Progress(len(cases) + 2 + bool(args.time), desc="bench")
     time_steps = args.time_steps if args.time else 0
-    rows, ref_ms = meshes.run_bench(cfg, tcfg, cases, args.steps, bar, time_steps=time_steps)
+    rows, ref_ms = meshes.run_bench(
+        cfg, tcfg, cases, args.steps, bar, time_steps=time_steps, profile=args.profile
+    )
     remat = meshes.remat_report(cfg.replace(n_layers=args.remat_layers), tcfg)
     bar.update(1, note="remat")
     fits = None

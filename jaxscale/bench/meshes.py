@@ -151,6 +151,7 @@ def bench_case(
     target=None,
     execute=True,
     time_steps: int = 0,
+    profile: str | None = None,
 ) -> BenchRow:
     n_dev = len(devices) if devices is not None else jax.device_count()
     runs = target is None and execute
@@ -208,7 +209,10 @@ def bench_case(
         if time_steps:
             from jaxscale.bench import timing
 
-            row.timing = timing.measure_row(built, compiled, tcfg, reference.initial, time_steps)
+            keep = timing.trace_dir(profile, built.label, case.mesh) if profile else None
+            row.timing = timing.measure_row(
+                built, compiled, tcfg, reference.initial, time_steps, keep
+            )
     return row
 
 
@@ -230,6 +234,7 @@ def run_bench(
     progress=None,
     target=None,
     time_steps: int = 0,
+    profile: str | None = None,
 ) -> tuple[list[BenchRow], float | None]:
     """Rows for `cases`, and the reference's step ms (None for an AOT target)."""
     cfg = cfg.replace(unroll_layers=True)
@@ -245,7 +250,17 @@ def run_bench(
     rows = []
     for case in cases:
         rows.append(
-            bench_case(case, cfg, tcfg, timed_steps, ref, devices, target, time_steps=time_steps)
+            bench_case(
+                case,
+                cfg,
+                tcfg,
+                timed_steps,
+                ref,
+                devices,
+                target,
+                time_steps=time_steps,
+                profile=profile,
+            )
         )
         if progress:
             progress.update(1, note=f"{case.label} {case.mesh}")

@@ -19,8 +19,10 @@ isolated collective predicts one inside a step here; on a GPU both columns are r
 
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -115,13 +117,20 @@ def fit(op: str, group: int) -> Fit:
     )
 
 
-def measure_row(built, compiled, tcfg, initial, steps: int) -> dict:
+def measure_row(built, compiled, tcfg, initial, steps: int, keep: str | None = None) -> dict:
     """trace.summary of `steps` profiled steps of a bench row, from the reference's initial
-    state placed in the row's layout."""
-    return trace.summary(profile_devices(built, compiled, tcfg, initial, steps))
+    state placed in the row's layout; `keep`: a directory the trace stays in."""
+    return trace.summary(profile_devices(built, compiled, tcfg, initial, steps, keep))
 
 
-def profile_devices(built, compiled, tcfg, initial, steps: int) -> list[trace.DeviceTime]:
+def trace_dir(root: str, label: str, mesh: str) -> str:
+    """A row's trace directory under `--profile ROOT`: ROOT/<strategy>@<mesh>, filename-safe."""
+    return str(Path(root) / re.sub(r"[^\w.=@+-]", "_", f"{label}@{mesh}"))
+
+
+def profile_devices(
+    built, compiled, tcfg, initial, steps: int, keep: str | None = None
+) -> list[trace.DeviceTime]:
     """Each device's time per step over `steps` profiled steps of a bench row."""
     state = jax.device_put(initial, built.state_shardings)
     batches = [built.put(b) for b in verify.batches(tcfg, steps + 1)]
@@ -132,6 +141,9 @@ def profile_devices(built, compiled, tcfg, initial, steps: int) -> list[trace.De
         box["i"] += 1
         return metrics
 
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        return _profiled(run, steps, compiled.as_text(), keep)
     with tempfile.TemporaryDirectory() as d:
         return _profiled(run, steps, compiled.as_text(), d)
 

@@ -58,9 +58,10 @@ def test_a_fit_from_profiled_collectives_grows_with_the_message():
 
 
 @pytest.mark.slow  # two rows compiled, run, profiled; five fits
-def test_bench_time_prints_measured_beside_predicted(tmp_path, capsys):
+def test_bench_profile_prints_measured_beside_predicted_and_keeps_the_traces(tmp_path, capsys):
     argv = ["bench", "--model", "tiny", "--strategies", "manual:dp,manual:zero3", "--steps", "1"]
-    argv += ["--time", "--time-steps", "2", "--out", str(tmp_path), "--no-plot"]
+    argv += ["--profile", str(tmp_path / "traces"), "--time-steps", "2"]
+    argv += ["--out", str(tmp_path), "--no-plot"]
     rc = cli_main(argv)
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -74,3 +75,7 @@ def test_bench_time_prints_measured_beside_predicted(tmp_path, capsys):
         assert set(r["predicted_s"]) <= set(r["measured"]["collectives_s"])
         assert all(v > 0 for v in r["predicted_s"].values())
     assert {(f["op"], f["group"]) for f in saved["fits"]} >= {("all-reduce", 8)}
+    # --profile is --time with each row's trace kept
+    kept = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert kept == ["manual_dp@dp=8", "manual_zero3@fsdp=8"], kept
+    assert all(list((tmp_path / "traces" / k).rglob("*.xplane.pb")) for k in kept)
