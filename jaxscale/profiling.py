@@ -65,15 +65,44 @@ def compiled_text(fn, *args) -> str | None:
     return lower(*args).compile().as_text() if lower else None
 
 
-def report(directory: str, steps: int, hlo_text: str | None = None) -> dict:
+class StepWindow:
+    """A trace of `steps` steps of a loop that runs several programs (a serving engine's
+    prefills and decodes), begun at the first step it is told of: `step()` after each one;
+    the report, printed by `say`, covers every program's ops (trace.ALL)."""
+
+    def __init__(self, directory: str, steps: int, say, unit: str = "engine step"):
+        self.directory, self.steps, self.say, self.unit = directory, steps, say, unit
+        self.done = 0
+        self.summary: dict | None = None
+
+    def step(self, state) -> None:
+        if self.summary is not None:
+            return
+        if self.done == 0:
+            jax.block_until_ready(state)
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
+            jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+        self.done += 1
+        if self.done > self.steps:  # the window holds the steps after the first one seen
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+            self.summary = report(self.directory, self.steps, module=trace.ALL)
+            self.say(describe(self.summary, self.directory, self.unit))
+
+
+def report(
+    directory: str, steps: int, hlo_text: str | None = None, module: str | None = None
+) -> dict:
     """The newest trace under `directory` read back: trace.summary with the paths added,
     written to DIRECTORY/profile.json. With the step's `hlo_text`, its module and opcodes
     pick and classify the ops; else the module with the most op time and the op names."""
     path = trace.trace_file(directory)
     ops = trace.read_ops(path)
-    module, opcodes = trace.program_opcodes(hlo_text) if hlo_text else (None, None)
-    if module and not any(op.module == module for op in ops):
-        module = None  # a name the runtime spells otherwise: the busiest module
+    opcodes = None
+    if hlo_text:
+        module, opcodes = trace.program_opcodes(hlo_text)
+        if not any(op.module == module for op in ops):
+            module = None  # a name the runtime spells otherwise: the busiest module
     module = module or trace.step_module(ops)
     out = trace.summary(trace.device_times(ops, steps, module, opcodes))
     perfetto = sorted(path.parent.glob("*.trace.json.gz"))

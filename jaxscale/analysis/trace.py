@@ -35,6 +35,7 @@ COLLECTIVES = (
     "ragged-all-to-all",
 )
 _DEVICE_PLANE = re.compile(r"/device:[A-Z]+:(\d+)")
+ALL = "*"  # device_times over every program in the trace
 
 
 @dataclass(frozen=True)
@@ -161,13 +162,14 @@ def step_module(ops: list[Op]) -> str:
 def device_times(
     ops: list[Op], steps: int, module: str | None = None, opcodes: dict[str, str] | None = None
 ) -> list[DeviceTime]:
-    """Each device's time per step in `module` (default: `step_module`) over `steps` steps;
-    `opcodes` (program_opcodes) tells the collectives, else their instruction names do."""
+    """Each device's time per step in `module` (default: `step_module`; ALL: every program,
+    as a serving engine's steps run several) over `steps` steps; `opcodes` (program_opcodes)
+    tells the collectives, else their instruction names do."""
     module = module or step_module(ops)
     opcodes = opcodes or {}
     by_device: dict[int, list[Op]] = {}
     for op in ops:
-        if op.module == module:
+        if module == ALL or op.module == module:
             by_device.setdefault(op.device, []).append(op)
     out = []
     for device, mine in sorted(by_device.items()):
@@ -225,7 +227,8 @@ def format_summary(s: dict, unit: str = "step") -> str:
     kinds = ", ".join(f"{k} {v * ms:.2f}" for k, v in s["collectives_s"].items())
     over = f", {s['steps']} {unit}s" if s["steps"] > 1 else ""
     line = (
-        f"per {unit} (mean of {s['devices']} devices{over}): {s['step_s'] * ms:.2f} "
+        f"per {unit} (mean of {s['devices']} device{'s' if s['devices'] > 1 else ''}{over}): "
+        f"{s['step_s'] * ms:.2f} "
         f"ms = compute {s['compute_s'] * ms:.2f} + exposed collectives {s['exposed_s'] * ms:.2f}"
         f" + idle {s['idle_s'] * ms:.2f}"
     )

@@ -9,8 +9,9 @@ import signal
 import socket
 import sys
 import time
+from functools import partial
 
-from jaxscale.cliutil import add_command, guarded, positive_int
+from jaxscale.cliutil import add_command, guarded, positive_int, writable_dir
 
 
 def port(text: str) -> int:
@@ -81,6 +82,21 @@ def add_parser(sub) -> None:
         "its own devices with its own KV pool, requests to the least loaded, e.g. dp=2,tp=2 "
         "(default: one device)",
     )
+    p.add_argument(
+        "--profile",
+        type=writable_dir,
+        default=None,
+        metavar="DIR",
+        help="trace the engine's first busy steps after the first (every program: prefills "
+        "and decodes) into DIR and print their compute / collective / idle split",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=positive_int,
+        default=20,
+        metavar="N",
+        help="engine steps the --profile trace holds (default 20)",
+    )
     p.set_defaults(func=main)
 
 
@@ -125,7 +141,12 @@ def _main(args) -> int:
         f"in {seconds:.1f} s) on http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )
-    _serve(make_app(engines, args.model_name), sock)
+    profile = None
+    if args.profile:
+        from jaxscale.profiling import StepWindow
+
+        profile = StepWindow(args.profile, args.profile_steps, partial(print, file=sys.stderr))
+    _serve(make_app(engines, args.model_name, profile), sock)
     return 0
 
 

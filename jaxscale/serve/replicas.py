@@ -58,8 +58,9 @@ class EngineThread:
     """The engine's own loop: takes submissions and aborts from a queue, steps while there is
     work, and hands each event to the callback its request was submitted with."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, profile=None):
         self.engine = engine
+        self.profile = profile  # profiling.StepWindow: a trace of the first busy steps
         self.inbox: queue.Queue = queue.Queue()
         self.callbacks: dict[str, callable] = {}
         self.stopped = threading.Event()
@@ -104,6 +105,8 @@ class EngineThread:
             except Exception as e:  # noqa: BLE001 - reported to every client, the loop goes on
                 self._fail_all(e)
                 continue
+            if self.profile is not None:
+                self.profile.step(self.engine.pool)
             for ev in events:
                 cb = self.callbacks.get(ev.request_id)
                 if cb is not None:
@@ -124,8 +127,9 @@ class EngineThread:
 class Router:
     """The replicas' engine threads and where each request in flight went."""
 
-    def __init__(self, engines: list[Engine]):
-        self.threads = [EngineThread(e) for e in engines]
+    def __init__(self, engines: list[Engine], profile=None):
+        # the profiler is the process's: one window, on the first replica's steps
+        self.threads = [EngineThread(e, profile if i == 0 else None) for i, e in enumerate(engines)]
         self.where: dict[str, int] = {}  # request id -> replica
         self.lock = threading.Lock()
 

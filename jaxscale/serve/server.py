@@ -28,9 +28,9 @@ class ClientGone(Exception):
     """The client of a non-streaming request hung up before its answer was ready."""
 
 
-def make_app(engines: Engine | list[Engine], model_name: str):
+def make_app(engines: Engine | list[Engine], model_name: str, profile=None):
     """The Starlette app serving `engines` (one, or data-parallel replicas: `replicas.py`)
-    under `model_name`."""
+    under `model_name`; `profile`: a profiling.StepWindow over the first replica's steps."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect
@@ -45,7 +45,7 @@ def make_app(engines: Engine | list[Engine], model_name: str):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        state["engine"] = Router(engines)
+        state["engine"] = Router(engines, profile)
         try:
             yield
         finally:  # Ctrl-C or the end of a test: the engine thread stops with the server

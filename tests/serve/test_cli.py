@@ -2,6 +2,7 @@
 answering the `openai` client (whole and streamed) with the tokens the engine gives that
 checkpoint in process, and shutting down cleanly on Ctrl-C (SIGINT)."""
 
+import json
 import os
 import signal
 import socket
@@ -188,3 +189,41 @@ def _wait_until_refused(port: int) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"port {port} still accepting 30 s after the signal")
+
+
+@pytest.mark.first_line  # the window is the engine thread's, not the jax line's
+def test_serve_profile_traces_the_first_busy_engine_steps(tmp_path):
+    """--profile DIR --profile-steps 3: after the first busy engine step, three steps (every
+    program: prefills and decodes) are traced; profile.json and a trace appear while the server
+    keeps serving, and the split is printed."""
+    port = _free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    argv = [sys.executable, "-m", "jaxscale", "serve", "--port", str(port), *ENGINE]
+    argv += ["--profile", str(tmp_path / "p"), "--profile-steps", "3"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(argv, env=env, text=True, **pipes)
+    try:
+        for _ in range(1200):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1]
+                time.sleep(0.1)
+        body = {"model": "jaxscale", "prompt": "hello", "max_tokens": 8, "temperature": 0}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 200  # eight tokens: more engine steps than the window
+        for _ in range(300):
+            if (tmp_path / "p" / "profile.json").exists():
+                break
+            time.sleep(0.1)
+        again = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        assert again.json()["choices"][0]["text"] == answer.json()["choices"][0]["text"]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    saved = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert saved["steps"] == 3 and saved["devices"] == 1 and saved["compute_s"] > 0
+    assert "profile: per engine step (mean of 1 device, 3 engine steps)" in err, err[-2000:]
+    assert list((tmp_path / "p").rglob("*.xplane.pb"))
