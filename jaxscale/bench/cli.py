@@ -406,6 +406,12 @@ def _add_serve(sub) -> None:
         help="requests per load level (default 24)",
     )
     p.add_argument("--no-http", action="store_true", help="skip the HTTP runs")
+    p.add_argument(
+        "--layouts",
+        action="store_true",
+        help="also the engine on 1 device, tp=2, tp=4 and dp=2: its programs' collectives "
+        "against the prediction and tokens/s",
+    )
     _add_outputs(p, "OUT/bench_serve.png")
     p.set_defaults(func=_run_serve)
 

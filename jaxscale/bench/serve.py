@@ -49,7 +49,7 @@ def _pct(xs, q):
     return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
-def _engine(setup: Setup, params, n_pages: int = 1024, **kw):
+def _engine(setup: Setup, params, n_pages: int = 1024, mesh=None, **kw):
     from jaxscale.serve.engine import Engine, EngineConfig
 
     e = EngineConfig(
@@ -59,7 +59,7 @@ def _engine(setup: Setup, params, n_pages: int = 1024, **kw):
         n_pages=n_pages,
         **kw,
     )
-    return Engine(params, setup.cfg, e)
+    return Engine(params, setup.cfg, e, mesh=mesh)
 
 
 def _prompts(setup: Setup, rng) -> list[list[int]]:
@@ -304,7 +304,7 @@ def prefix_hits(setup: Setup, params) -> dict:
     }
 
 
-def run(setup: Setup, http: bool = True, progress=None) -> dict:
+def run(setup: Setup, http: bool = True, progress=None, layouts: bool = False) -> dict:
     from jaxscale.model import state as ms
 
     params = ms.init_params(setup.cfg, 0)
@@ -334,6 +334,11 @@ def run(setup: Setup, http: bool = True, progress=None) -> dict:
         out[name] = fn(setup, params)
         if progress:
             progress.update(1, note=name)
+    if layouts:
+        from jaxscale.bench import serve_layouts
+
+        prompts = _prompts(setup, np.random.default_rng(setup.seed))
+        out["layouts"] = serve_layouts.run(setup, params, prompts, progress)
     return out
 
 
@@ -467,8 +472,13 @@ def main(args) -> int:
             )
         )
         return 0
-    bar = Progress(len(setup.rates) * (2 if http else 1) + 3, desc="bench serve", eta=False)
-    res = run(setup, http=http, progress=bar)
+    n = len(setup.rates) * (2 if http else 1) + 3
+    if args.layouts:
+        from jaxscale.bench.serve_layouts import LAYOUTS
+
+        n += len(LAYOUTS)
+    bar = Progress(n, desc="bench serve", eta=False)
+    res = run(setup, http=http, progress=bar, layouts=args.layouts)
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -477,5 +487,10 @@ def main(args) -> int:
     if not args.no_plot:
         paths.append(plot(res, args.plot or out / "bench_serve.png"))
     print(json.dumps(res, default=str) if args.json else report(res))
+    if args.layouts and not args.json:
+        from jaxscale.bench.serve_layouts import format_rows
+
+        print()
+        print(format_rows(res["layouts"]))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
@@ -115,6 +117,10 @@ class Engine:
         self.src: dict[str, int] = {}  # request id -> its placeholder's index in `prev`
         self.b_max = self.batch_sizes[-1]
         self._zeros = jnp.zeros((self.b_max,), jnp.int32)  # `prev`'s half with no step behind
+        if self.mesh is not None:  # typed on the mesh like the tokens a step returns: the
+            # warm-up's programs are then the ones every step runs (before: a new program per
+            # step shape on a tensor mesh, 6 compiles in 10 steps)
+            self._zeros = jax.device_put(self._zeros, NamedSharding(self.mesh, P()))
 
     def has_work(self) -> bool:
         """Requests waiting or running, or a step whose tokens are not read yet."""
