@@ -289,3 +289,9 @@ def _plot(rows: list[BenchRow], path: Path) -> Path:
             ax.set_xticks([x + 0.4 - width / 2 for x in xs] if ax is ax_comm else list(xs), labels)
             ax.tick_params(axis="x", labelsize=7, labelrotation=30)
     return path
+
+
+def plot_path(args, name: str) -> str | None:
+    if args.no_plot:
+        return None
+    return args.plot or str(Path(args.out) / f"{name}.png")

@@ -49,7 +49,7 @@ def _pct(xs, q):
     return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
-def _engine(setup: Setup, params, n_pages: int = 1024, mesh=None, **kw):
+def _engine(setup: Setup, params, n_pages: int = 1024, **kw):
     from jaxscale.serve.engine import Engine, EngineConfig
 
     e = EngineConfig(
@@ -59,7 +59,7 @@ def _engine(setup: Setup, params, n_pages: int = 1024, mesh=None, **kw):
         n_pages=n_pages,
         **kw,
     )
-    return Engine(params, setup.cfg, e, mesh=mesh)
+    return Engine(params, setup.cfg, e)
 
 
 def _prompts(setup: Setup, rng) -> list[list[int]]:

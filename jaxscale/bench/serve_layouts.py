@@ -84,14 +84,21 @@ def throughput(engines, prompts: list[list[int]], max_new: int) -> float:
 
 
 def run(setup, params, prompts, progress=None) -> list[dict]:
-    """One row per layout (bench/serve.py's Setup, the model's params, the workload)."""
-    from jaxscale.bench.serve import _engine
+    """One row per layout (bench/serve.py's Setup: model, slots, budget, page size, new tokens;
+    the model's params; the workload's prompts)."""
+    from jaxscale.serve.engine import Engine, EngineConfig
     from jaxscale.serve.replicas import replica_meshes
 
+    ecfg = EngineConfig(
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.budget,
+        page_size=setup.page_size,
+        n_pages=256,
+    )
     rows = []
     for spec in LAYOUTS:
         meshes = replica_meshes(spec, jax.devices())
-        engines = [_engine(setup, params, n_pages=256, mesh=m) for m in meshes]
+        engines = [Engine(params, setup.cfg, ecfg, mesh=m) for m in meshes]
         for e in engines:
             e.warmup()
         decode = census(engines[0], setup.max_num_seqs, 1)

@@ -19,6 +19,7 @@ HANDLERS = {
     "serve": bench_cli._run_serve,
     "collectives": bench_cli._run_collectives,
     "rl": bench_cli._run_rl,
+    "remat": bench_cli._run_remat,
 }
 MESH_DEFAULTS = {
     "model": "small",
