@@ -43,7 +43,6 @@ from jaxscale.parallel import auto
 
 MIB = 2**20
 CFG = ModelConfig(d_model=128, n_layers=16, n_heads=4, n_kv_heads=2, d_ff=512, max_seq=512)
-POLICIES = ("none", "block", "dots", "every:2", "sqrt", "every:8")
 
 
 @dataclass(frozen=True)

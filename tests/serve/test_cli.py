@@ -143,20 +143,8 @@ def test_serve_stops_cleanly_on_sigterm_and_on_ctrl_c_twice(signals):
     the process with exit 0 once the server is down (the request cut); Ctrl-C twice (the second
     while the shutdown waits) with 130 at once. Within 30 s, no traceback (uvicorn's own forced
     exit cancelled the app's lifespan and logged its CancelledError), and the port is free again."""
-    port = _free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    argv = [sys.executable, "-m", "jaxscale", "serve", "--port", str(port), *ENGINE]
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc, port = _serving()
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.communicate()[1]
-                time.sleep(0.1)
         with socket.create_connection(("127.0.0.1", port)) as open_request:
             open_request.sendall(
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -180,6 +168,26 @@ def test_serve_stops_cleanly_on_sigterm_and_on_ctrl_c_twice(signals):
         s.bind(("127.0.0.1", port))  # the server let its port go
 
 
+def _serving(*flags):
+    """(process, port) of `jaxscale serve` on a random tiny model with ENGINE and `flags`, once
+    its /health answers (the process is the caller's to stop)."""
+    port = _free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    argv = [sys.executable, "-m", "jaxscale", "serve", "--port", str(port), *ENGINE, *flags]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(argv, env=env, text=True, **pipes)
+    for _ in range(1200):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return proc, port
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise AssertionError(proc.communicate()[1]) from None
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("jaxscale serve did not answer /health in 120 s")
+
+
 def _wait_until_refused(port: int) -> None:
     """Until the server has closed its listening socket (its shutdown has begun), up to 30 s."""
     for _ in range(300):
@@ -196,20 +204,8 @@ def test_serve_profile_traces_the_first_busy_engine_steps(tmp_path):
     """--profile DIR --profile-steps 3: after the first busy engine step, three steps (every
     program: prefills and decodes) are traced; profile.json and a trace appear while the server
     keeps serving, and the split is printed."""
-    port = _free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    argv = [sys.executable, "-m", "jaxscale", "serve", "--port", str(port), *ENGINE]
-    argv += ["--profile", str(tmp_path / "p"), "--profile-steps", "3"]
-    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-    proc = subprocess.Popen(argv, env=env, text=True, **pipes)
+    proc, port = _serving("--profile", str(tmp_path / "p"), "--profile-steps", "3")
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.communicate()[1]
-                time.sleep(0.1)
         body = {"model": "jaxscale", "prompt": "hello", "max_tokens": 8, "temperature": 0}
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
         assert answer.status_code == 200  # eight tokens: more engine steps than the window
