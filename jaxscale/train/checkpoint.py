@@ -11,6 +11,7 @@ message is one line naming the step and what to do.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -134,11 +135,11 @@ def restore(
             target_shardings,
         )
         try:
-            restored = mgr.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
-            )
-        except Exception as e:
-            _quiet_failed_reads()
+            with _quiet_failed_reads():
+                restored = mgr.restore(
+                    step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+                )
+        except Exception as e:  # orbax raises many types for unreadable files
             raise CheckpointError(
                 f"checkpoint {path} step {step} is corrupt ({_first_line(e)}); {fix}"
             ) from e
@@ -152,9 +153,10 @@ def read_meta(directory: str | Path, step: int) -> dict:
     path = Path(directory)
     with _manager(path, create=False) as mgr:
         try:
-            return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            with _quiet_failed_reads():
+                args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+                return mgr.restore(step, args=args)["meta"]
         except Exception as e:  # orbax raises many types for unreadable files
-            _quiet_failed_reads()
             raise CheckpointError(
                 f"checkpoint {path} step {step} is unreadable ({_first_line(e)}); "
                 f"{_fix(path, step)}"
@@ -178,9 +180,14 @@ def check_meta(meta, expected: dict, path: Path, step: int) -> None:
         )
 
 
-def _quiet_failed_reads() -> None:
-    """After a failed restore, orbax's background reads finish once their event loop has closed
-    and print 'Event loop is closed' at exit: noise after the one-line error, so drop just those."""
+@contextlib.contextmanager
+def _quiet_failed_reads():
+    """Around an orbax read: if it fails, orbax's other reads of the same step fail too, on
+    their own threads and tasks, while the error unwinds or at the interpreter's exit. They print
+    'Event loop is closed' (a tensorstore callback, as an unraisable exception) and 'Task
+    exception was never retrieved' (asyncio's log): noise after the one-line error. The filters
+    go in before the read, since the first can print while the read is still failing, and stay
+    after a failure; a read that succeeds leaves nothing behind."""
     previous = sys.unraisablehook
 
     def hook(info):
@@ -190,7 +197,15 @@ def _quiet_failed_reads() -> None:
         ):
             previous(info)
 
+    def unretrieved(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Task exception was never retrieved")
+
     sys.unraisablehook = hook
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addFilter(unretrieved)
+    yield  # a failed read raises here, and the filters stay
+    sys.unraisablehook = previous
+    asyncio_log.removeFilter(unretrieved)
 
 
 def _fix(path: Path, step: int) -> str:
@@ -209,7 +224,6 @@ def _first_line(e: Exception) -> str:
 def load_params(directory: str | Path, step: int | None = None):
     """(model config, parameters on one device) of a training checkpoint, for inference: the
     config comes from the checkpoint's own record, the optimizer state is read and dropped."""
-    import orbax.checkpoint as ocp
 
     from jaxscale.parallel import auto
 
@@ -217,15 +231,7 @@ def load_params(directory: str | Path, step: int | None = None):
     step = latest_step(path) if path.is_dir() and step is None else step
     if step is None:
         raise CheckpointError(f"{path} holds no finished checkpoint")
-    with _manager(path, create=False) as mgr:
-        try:
-            meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        except Exception as e:
-            _quiet_failed_reads()
-            raise CheckpointError(
-                f"checkpoint {path} step {step} is unreadable "
-                f"({_first_line(e)}); {_fix(path, step)}"
-            ) from e
+    meta = read_meta(path, step)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} step {step} is not a jaxscale checkpoint")
     cfg, tcfg = ModelConfig(**meta["model"]), TrainConfig(**meta["train"])
