@@ -3,14 +3,17 @@ compiled programs' collectives beside the prediction, and its throughput on one 
 
 Layouts: one device; tp=2 and tp=4 (tensor-parallel decode: the placed parameters and KV pages
 split over `tensor`, the program partitioned by GSPMD); dp=2 (two one-device replicas behind
-the router: no collective). For the decode program (B = max_num_seqs rows of one token) and a
-prefill chunk (one row of `budget` tokens), the census of the compiled program
-(analysis/hlo.py): the all-reduces in the layer loop (trips = L) against Megatron's two per
-layer of [B, T, D] in the compute dtype (the attention and MLP outputs, row-parallel), and the
-rest GSPMD's own choices around the layers (embedding, sampling over the vocabulary), measured
-and shown, not predicted. Then tokens/s of the same greedy requests in process (replicas:
-through the router's threads). On simulated CPU devices the tokens/s are indicative: the
-tensor-parallel devices share the host's cores.
+the router: no collective); and an MoE model of the same size (8 experts, top-2, every layer)
+on one device and on ep=4 (expert-parallel decode, serve/program.expert_moe: each device holds
+2 experts). For the decode program (B = max_num_seqs rows of one token) and a prefill chunk
+(one row of `budget` tokens), the census of the compiled program (analysis/hlo.py): the
+all-reduces in the layer loop (one trip per layer) against the prediction -- Megatron's two per
+layer of [B, T, D] in the compute dtype (the attention and MLP outputs, row-parallel), expert
+parallelism's one per MoE layer (the experts' outputs summed) -- and the rest GSPMD's own
+choices around the layers (embedding, sampling over the vocabulary), measured and shown, not
+predicted. Then tokens/s of the same greedy requests in process (replicas: through the router's
+threads). On simulated CPU devices the tokens/s are indicative: the devices share the host's
+cores.
 """
 
 from __future__ import annotations
@@ -22,13 +25,22 @@ import jax
 
 from jaxscale.config import ModelConfig
 
-LAYOUTS = (None, "tp=2", "tp=4", "dp=2")
+# (layout, MoE model?): the dense model's layouts, then the MoE model's
+LAYOUTS = ((None, False), ("tp=2", False), ("tp=4", False), ("dp=2", False), (None, True))
+LAYOUTS += (("ep=4", True),)
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def predicted_layer_bytes(cfg: ModelConfig, B: int, T: int) -> float:
-    """Bytes per device of the layers' all-reduces in one program: 2 per layer of [B, T, D]."""
-    return 2.0 * cfg.n_layers * B * T * cfg.d_model * _BYTES[cfg.compute_dtype]
+def moe_model(cfg: ModelConfig) -> ModelConfig:
+    """The MoE model of the layouts' table: `cfg` with 8 experts, top-2, in every layer."""
+    return cfg.replace(n_experts=8, top_k=2, moe_every=1, moe_mode="dropless")
+
+
+def predicted_layer_bytes(cfg: ModelConfig, spec: str | None, B: int, T: int) -> float:
+    """Bytes per device of the layers' all-reduces in one program: tensor parallelism's 2 per
+    layer of [B, T, D], expert parallelism's 1 per MoE layer; 0 on one device."""
+    per = {"tp": 2.0 * cfg.n_layers, "ep": float(cfg.n_moe_layers)}.get((spec or "")[:2], 0.0)
+    return per * B * T * cfg.d_model * _BYTES[cfg.compute_dtype]
 
 
 def census(engine, B: int, T: int) -> dict:
@@ -44,9 +56,11 @@ def census(engine, B: int, T: int) -> dict:
             engine.params, engine.pool, feed, engine._zeros, engine._zeros, engine.cfg
         )
         found = hlo.normalize(hlo.collectives_of(lowered.compile()))
+    cfg = engine.cfg
+    trips = cfg.n_layers // (cfg.moe_every if cfg.n_experts else 1)  # the layer scan's
     layers, other = 0.0, {}
     for c in found:
-        if c.op == "all-reduce" and c.trips == engine.cfg.n_layers:
+        if c.op == "all-reduce" and c.trips == trips:
             layers += c.bytes_per_device * c.trips
         else:
             other[c.op] = other.get(c.op, 0.0) + c.bytes_per_device * c.trips
@@ -95,25 +109,26 @@ def run(setup, params, prompts, progress=None) -> list[dict]:
         page_size=setup.page_size,
         n_pages=256,
     )
+    from jaxscale.model import state as ms
+
+    moe_cfg = moe_model(setup.cfg)
+    moe_params = ms.init_params(moe_cfg, 0)
     rows = []
-    for spec in LAYOUTS:
+    for spec, moe in LAYOUTS:
+        cfg = moe_cfg if moe else setup.cfg
         meshes = replica_meshes(spec, jax.devices())
-        engines = [Engine(params, setup.cfg, ecfg, mesh=m) for m in meshes]
+        engines = [Engine(moe_params if moe else params, cfg, ecfg, mesh=m) for m in meshes]
         for e in engines:
             e.warmup()
         decode = census(engines[0], setup.max_num_seqs, 1)
         prefill = census(engines[0], 1, setup.budget)
         rows.append(
             {
-                "layout": spec or "1 device",
+                "layout": (spec or "1 device") + (" MoE" if moe else ""),
                 "decode": decode,
-                "decode_predicted": predicted_layer_bytes(setup.cfg, setup.max_num_seqs, 1)
-                if spec and spec.startswith("tp")
-                else 0.0,
+                "decode_predicted": predicted_layer_bytes(cfg, spec, setup.max_num_seqs, 1),
                 "prefill": prefill,
-                "prefill_predicted": predicted_layer_bytes(setup.cfg, 1, setup.budget)
-                if spec and spec.startswith("tp")
-                else 0.0,
+                "prefill_predicted": predicted_layer_bytes(cfg, spec, 1, setup.budget),
                 "tokens_per_s": throughput(engines, prompts, setup.max_new),
             }
         )
@@ -128,9 +143,10 @@ def format_rows(rows: list[dict]) -> str:
 
     lines = [
         "layouts (jaxscale serve --mesh): per program, KiB per device of the layers' all-reduces "
-        "measured/predicted (2 per layer of [B, T, D]) and GSPMD's other collectives; tokens/s "
-        "of the same greedy requests in process",
-        f"  {'layout':<9} {'tok/s':>7} {'decode layers':>15} {'prefill layers':>16}  "
+        "measured/predicted (tp: 2 per layer of [B, T, D]; ep: 1 per MoE layer) and GSPMD's "
+        "other collectives; tokens/s of the same greedy requests in process (MoE: 8 experts, "
+        "top-2, every layer)",
+        f"  {'layout':<14} {'tok/s':>7} {'decode layers':>15} {'prefill layers':>16}  "
         "decode: GSPMD's other collectives",
     ]
     for r in rows:
@@ -138,7 +154,7 @@ def format_rows(rows: list[dict]) -> str:
         decode = f"{d['layers'] / 1024:.1f}/{r['decode_predicted'] / 1024:.1f}"
         prefill = f"{p['layers'] / 1024:.1f}/{r['prefill_predicted'] / 1024:.1f}"
         lines.append(
-            f"  {r['layout']:<9} {r['tokens_per_s']:>7.0f} {decode:>15} {prefill:>16}  "
+            f"  {r['layout']:<14} {r['tokens_per_s']:>7.0f} {decode:>15} {prefill:>16}  "
             f"{other(d['other'])}"
         )
     return "\n".join(lines)

@@ -79,8 +79,9 @@ def add_parser(sub) -> None:
         default=None,
         help="tensor-parallel decode over the first N devices, e.g. tp=2: heads and MLP over "
         "`tensor`, the KV pages split by kv head; dp=R: R replicas behind one server, each on "
-        "its own devices with its own KV pool, requests to the least loaded, e.g. dp=2,tp=2 "
-        "(default: one device)",
+        "its own devices with its own KV pool, requests to the least loaded, e.g. dp=2,tp=2; "
+        "ep=N for an MoE checkpoint: each device holds E/N experts, their outputs summed over "
+        "`expert` (default: one device)",
     )
     p.add_argument(
         "--profile",

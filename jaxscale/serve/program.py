@@ -14,9 +14,12 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
+from jaxscale.model import moe as moe_lib
+from jaxscale.model.pieces import DENSE
 from jaxscale.serve import sampling
 
 TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs; computed for every row, a [B, 20] top-k
@@ -41,7 +44,8 @@ def run(params, pool, feed, prev_a, prev_b, cfg: ModelConfig):
     tokens_BT = jnp.where(src_BT >= 0, prev_P[jnp.maximum(src_BT, 0)], feed["tokens"])
     B = tokens_BT.shape[0]
     cache = kv_cache.paged(pool, feed["table"])
-    logits_BTV, cache = kv_cache.forward(params, tokens_BT, feed["positions"], cache, cfg)
+    pc = DENSE.replace(moe=expert_moe) if _ep() > 1 else DENSE
+    logits_BTV, cache = kv_cache.forward(params, tokens_BT, feed["positions"], cache, cfg, pc)
     logits_BV = logits_BTV[jnp.arange(B), feed["last"]]
     s = feed["settings"]
     keys_B = sampling.request_keys(s["seed"], feed["index"])
@@ -56,24 +60,58 @@ def run(params, pool, feed, prev_a, prev_b, cfg: ModelConfig):
     return pool, (tok_Bmax, logp_B, top_ids_BK, top_BK)
 
 
+def _ep() -> int:
+    """The context mesh's `expert` axis (1 without one)."""
+    return dict(jax.sharding.get_abstract_mesh().shape).get("expert", 1)
+
+
+def expert_moe(h_BTD, p, cfg: ModelConfig, pc):
+    """An MoE layer over the `expert` axis, for decode (`Pieces.moe`): every device routes all
+    of the step's tokens (the engine's rows are on every device), runs its E/ep experts on their
+    slots, and combines their outputs; the combines are summed over the axis -- one all-reduce
+    of [B, T, D] per MoE layer. Training's dispatch/combine all-to-alls split the rows over the
+    axis first; a decode step's handful of rows is not worth splitting, and every device then
+    holds the whole cache. In f32 the sum is the one-device combine exactly (each token's k
+    terms, the other devices' zeros)."""
+    ep = _ep()
+    e_local = cfg.n_experts // ep
+
+    def mine(buf_EBCD, p_local, cfg):  # this device's experts on their slots, zeros elsewhere
+        start = jax.lax.axis_index("expert") * e_local
+        buf = jax.lax.dynamic_slice_in_dim(buf_EBCD, start, e_local, 0)
+        out = moe_lib.local_experts(buf, p_local, cfg)
+        return jax.lax.dynamic_update_slice_in_dim(jnp.zeros_like(buf_EBCD), out, start, 0)
+
+    def body(h_BTD, p_moe):
+        y_BTD, aux = moe_lib.moe_mlp(h_BTD, p_moe, cfg, pc.replace(experts=mine))
+        return jax.lax.psum(y_BTD, "expert"), aux  # all-reduce [B, T, D]
+
+    p_moe = {k: p[k] for k in moe_lib.MOE_KEYS if k in p}
+    specs = {k: P() if k == moe_lib.ROUTER else P("expert") for k in p_moe}
+    return jax.shard_map(body, in_specs=(P(), specs), out_specs=(P(), P()))(h_BTD, p_moe)
+
+
 def place(params, pool, cfg: ModelConfig, mesh):
-    """Parameters and pool laid out for tensor-parallel decode on `mesh` (a mesh whose only
-    axis of size > 1 is `tensor`: a data axis would split the engine's rows, which replicas
-    do, not one engine)."""
+    """Parameters and pool laid out for decode on `mesh`: tensor parallelism (`tensor`: heads
+    and MLP split, the pool by kv heads) or, for an MoE model, expert parallelism (`expert`:
+    each device holds E/ep experts, the rest replicated). A data axis would split the engine's
+    rows, which replicas do, not one engine."""
     from jaxscale.model import state as ms
     from jaxscale.sharding import REPLICATED_RULES, Sharder
 
     wide = {a: n for a, n in mesh.shape.items() if n > 1}
-    if set(wide) - {"tensor"}:
+    allowed = {"expert"} if cfg.n_experts else {"tensor"}
+    if set(wide) - allowed or len(wide) > 1:
+        kind = "expert-parallel (--mesh ep=N)" if cfg.n_experts else "tensor-parallel (--mesh tp=N)"
         raise ValueError(
-            f"the engine runs tensor-parallel decode (--mesh tp=N); the mesh {dict(mesh.shape)} "
-            "has other axes"
+            f"the engine runs {kind} decode of this model; the mesh {dict(mesh.shape)} has "
+            "other axes"
         )
-    tp = wide.get("tensor", 1)
+    tp, ep = wide.get("tensor", 1), wide.get("expert", 1)
     if cfg.n_kv_heads % tp:
         raise ValueError(f"tp={tp} must divide the model's {cfg.n_kv_heads} kv heads")
-    if cfg.n_experts:
-        raise ValueError("tensor-parallel decode of an MoE model is not implemented")
+    if cfg.n_experts % ep:
+        raise ValueError(f"ep={ep} must divide the model's {cfg.n_experts} experts")
     sharder = Sharder(mesh, REPLICATED_RULES)
     with jax.set_mesh(mesh):
         params = jax.device_put(params, ms.param_shardings(cfg, sharder))

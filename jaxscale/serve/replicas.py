@@ -24,8 +24,9 @@ from jaxscale.serve.scheduler import Request
 
 def replica_meshes(spec: str | None, devices) -> list:
     """The meshes of `--mesh SPEC` over `devices`: [None] (one engine, one device) without a
-    spec; else one tensor mesh of tp devices per data-parallel replica (consecutive devices).
-    Any axis but dp and tp is refused (ValueError naming it)."""
+    spec; else one mesh per data-parallel replica (consecutive devices): tensor-parallel (tp=N)
+    or, for an MoE model, expert-parallel (ep=N; `program.place` checks the model). Any other
+    axis is refused (ValueError naming it)."""
     if spec is None:
         return [None]
     import math
@@ -34,20 +35,23 @@ def replica_meshes(spec: str | None, devices) -> list:
 
     parsed = parse_mesh(spec)
     sizes = dict(parsed.axes)
-    other = sorted(set(sizes) - {"data", "tensor"})
+    other = sorted(set(sizes) - {"data", "tensor", "expert"})
     if other:
         raise ValueError(
-            f"--mesh {spec}: the engine runs tensor-parallel decode (tp=N) in data-parallel "
-            f"replicas (dp=N); it has no use for {', '.join(other)}"
+            f"--mesh {spec}: the engine runs tensor-parallel (tp=N) or expert-parallel (ep=N) "
+            f"decode in data-parallel replicas (dp=N); it has no use for {', '.join(other)}"
         )
     if -1 in sizes.values():
         raise ValueError(f"--mesh {spec}: give every axis its size (the engine uses N devices)")
     n = math.prod(sizes.values())
     if n > len(devices):
         raise ValueError(f"--mesh {spec} needs {n} devices; this process has {len(devices)}")
-    dp, tp = sizes.get("data", 1), sizes.get("tensor", 1)
-    tensor = parse_mesh(f"tp={tp}")
-    return [build_mesh(tensor, devices=devices[i * tp : (i + 1) * tp]) for i in range(dp)]
+    dp, tp, ep = sizes.get("data", 1), sizes.get("tensor", 1), sizes.get("expert", 1)
+    if tp > 1 and ep > 1:
+        raise ValueError(f"--mesh {spec}: the engine splits one model over tp or ep, not both")
+    one = parse_mesh(f"ep={ep}" if ep > 1 else f"tp={tp}")
+    k = tp * ep
+    return [build_mesh(one, devices=devices[i * k : (i + 1) * k]) for i in range(dp)]
 
 
 class EngineError(RuntimeError):

@@ -42,7 +42,8 @@ def test_each_replica_is_a_tensor_mesh_on_its_own_devices():
     assert replica_meshes(None, devices) == [None]
     for spec, says in (
         ("fsdp=2", "no use for fsdp"),
-        ("dp=2,ep=2", "no use for expert"),
+        ("dp=2,cp=2", "no use for context"),
+        ("tp=2,ep=2", "tp or ep, not both"),
         ("dp=-1", "give every axis its size"),
         (f"dp={len(devices) + 1}", f"needs {len(devices) + 1} devices"),
     ):

@@ -181,6 +181,6 @@ def test_bench_serve_layouts_census_matches_two_all_reduces_per_layer():
     for B, T in ((2, 1), (1, 8)):
         got = serve_layouts.census(tp, B, T)
         want = 2 * CFG.n_layers * B * T * CFG.d_model * 4
-        assert got["layers"] == want == serve_layouts.predicted_layer_bytes(CFG, B, T)
+        assert got["layers"] == want == serve_layouts.predicted_layer_bytes(CFG, "tp=2", B, T)
     one = serve_layouts.census(Engine(_params(), CFG, ecfg), 2, 1)
     assert one == {"layers": 0.0, "other": {}}
