@@ -401,8 +401,15 @@ def _add_serve(sub) -> None:
     p.add_argument(
         "--layouts",
         action="store_true",
-        help="also the engine on 1 device, tp=2, tp=4 and dp=2: its programs' collectives "
-        "against the prediction and tokens/s",
+        help="also the engine on 1 device, tp=2, tp=4, dp=2 and an MoE model on ep=4: its "
+        "programs' collectives against the prediction and tokens/s",
+    )
+    p.add_argument(
+        "--decoding",
+        action="store_true",
+        help="also speculative decoding with no draft and three drafts (tokens/s, acceptance, "
+        "tokens per pass against the closed form) and structured outputs on and off (the "
+        "JSON automaton's host cost per token)",
     )
     _add_outputs(p, "OUT/bench_serve.png")
     p.set_defaults(func=_run_serve)

@@ -304,7 +304,9 @@ def prefix_hits(setup: Setup, params) -> dict:
     }
 
 
-def run(setup: Setup, http: bool = True, progress=None, layouts: bool = False) -> dict:
+def run(
+    setup: Setup, http: bool = True, progress=None, layouts: bool = False, decoding: bool = False
+) -> dict:
     from jaxscale.model import state as ms
 
     params = ms.init_params(setup.cfg, 0)
@@ -339,6 +341,11 @@ def run(setup: Setup, http: bool = True, progress=None, layouts: bool = False) -
 
         prompts = _prompts(setup, np.random.default_rng(setup.seed))
         out["layouts"] = serve_layouts.run(setup, params, prompts, progress)
+    if decoding:
+        from jaxscale.bench import serve_decoding
+
+        prompts = _prompts(setup, np.random.default_rng(setup.seed))
+        out["decoding"] = serve_decoding.run(setup, params, prompts, progress)
     return out
 
 
@@ -477,8 +484,9 @@ def main(args) -> int:
         from jaxscale.bench.serve_layouts import LAYOUTS
 
         n += len(LAYOUTS)
+    n += 2 * args.decoding
     bar = Progress(n, desc="bench serve", eta=False)
-    res = run(setup, http=http, progress=bar, layouts=args.layouts)
+    res = run(setup, http=http, progress=bar, layouts=args.layouts, decoding=args.decoding)
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -492,5 +500,10 @@ def main(args) -> int:
 
         print()
         print(format_rows(res["layouts"]))
+    if args.decoding and not args.json:
+        from jaxscale.bench import serve_decoding
+
+        print()
+        print(serve_decoding.format_rows(res["decoding"]))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

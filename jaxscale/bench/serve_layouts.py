@@ -70,6 +70,7 @@ def census(engine, B: int, T: int) -> dict:
 def throughput(engines, prompts: list[list[int]], max_new: int) -> float:
     """Generated tokens per second for `prompts` (greedy), the engines behind the router."""
     from jaxscale.serve.replicas import Router
+    from jaxscale.serve.sampling import SamplingParams
     from jaxscale.serve.scheduler import Request
 
     router = Router(engines)
@@ -88,7 +89,7 @@ def throughput(engines, prompts: list[list[int]], max_new: int) -> float:
 
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
-        router.submit(Request(f"r{i}", p, max_new), callback)
+        router.submit(Request(f"r{i}", p, max_new, SamplingParams(0.0)), callback)
     finished = done.wait(timeout=600)
     seconds = time.perf_counter() - t0
     router.stop()

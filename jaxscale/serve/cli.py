@@ -84,6 +84,21 @@ def add_parser(sub) -> None:
         "`expert` (default: one device)",
     )
     p.add_argument(
+        "--draft-ckpt",
+        default=None,
+        metavar="DIR",
+        help="speculative decoding: a smaller model's training checkpoint (the same byte "
+        "vocabulary) drafts tokens that the served model verifies in one pass; greedy output "
+        "is the served model's own, sampled output keeps its distribution",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="tokens the draft proposes per round (default 4 with --draft-ckpt)",
+    )
+    p.add_argument(
         "--profile",
         type=writable_dir,
         default=None,
@@ -117,6 +132,12 @@ def _main(args) -> int:
     from jaxscale.train.checkpoint import load_model
 
     cfg, params = load_model(args.ckpt_dir)
+    draft = {}
+    if args.speculative_tokens and not args.draft_ckpt:
+        raise ValueError("--speculative-tokens needs a draft model: --draft-ckpt DIR")
+    if args.draft_ckpt:
+        draft_cfg, draft_params = load_model(args.draft_ckpt, "--draft-ckpt")
+        draft = {"draft_params": draft_params, "draft_cfg": draft_cfg}
     ecfg = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -124,11 +145,12 @@ def _main(args) -> int:
         n_pages=args.n_pages,
         prefix_cache=not args.no_prefix_cache,
         kv_dtype=None if args.kv_dtype == "auto" else args.kv_dtype,
+        speculative_tokens=(args.speculative_tokens or 4) if draft else 0,
     )
     # the address first: a port in use is one line and exit 2, before anything compiles
     sock = _listen(args.host, args.port)
     meshes = replica_meshes(args.mesh, jax.devices())
-    engines = [Engine(params, cfg, ecfg, mesh=m) for m in meshes]
+    engines = [Engine(params, cfg, ecfg, mesh=m, **draft) for m in meshes]
     t0 = time.perf_counter()
     shapes = sum(e.warmup() for e in engines)  # every program the engines step with, compiled
     seconds = time.perf_counter() - t0

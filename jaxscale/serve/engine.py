@@ -31,12 +31,13 @@ from jax.sharding import PartitionSpec as P
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
-from jaxscale.serve import program, sampling
+from jaxscale.serve import program, sampling, spec_program
 from jaxscale.serve.events import Detokenizer, Event
 from jaxscale.serve.pages import NULL_PAGE, PageAllocator
 from jaxscale.serve.prefix_cache import RadixCache
 from jaxscale.serve.program import TOP_LOGPROBS
 from jaxscale.serve.scheduler import Request, Scheduler
+from jaxscale.serve.speculative import SpecStats
 
 PLACEHOLDER = -1  # a sampled token still on the device (the scheduler's stand-in)
 
@@ -52,6 +53,9 @@ class EngineConfig:
     static_batching: bool = False  # admit only into an empty batch (the baseline it improves on)
     overlap: bool = True  # read a step's tokens while the next one runs (False: before it)
     kv_dtype: str | None = None  # the pool's dtype: None (the compute dtype) or "int8"
+    # k > 0: decoding rows advance by speculative rounds (serve/spec_program.py) with the
+    # engine's draft model; each step is read before the next (no overlap)
+    speculative_tokens: int = 0
 
 
 __all__ = ["TOP_LOGPROBS", "Detokenizer", "Engine", "EngineConfig", "Event"]
@@ -81,6 +85,8 @@ class Engine:
     # tensor-parallel decode: parameters by the sharding rules (heads and MLP over `tensor`),
     # the pool split by kv heads; GSPMD places the all-reduces (two per layer). None: one device
     mesh: jax.sharding.Mesh | None = None
+    draft_params: dict | None = None  # the draft model of speculative decoding
+    draft_cfg: ModelConfig | None = None
 
     def __post_init__(self):
         if self.cfg.n_experts and self.cfg.moe_mode != "dropless":
@@ -92,6 +98,11 @@ class Engine:
         if cfg.max_seq % e.page_size:
             raise ValueError(f"page_size {e.page_size} must divide max_seq {cfg.max_seq}")
         self.n_table = cfg.max_seq // e.page_size
+        self.k = e.speculative_tokens
+        self.spec = SpecStats()
+        if self.k or self.draft_cfg is not None:
+            spec_program.check(cfg, self.draft_cfg, self.k, self.mesh)
+            self.dpool = kv_cache.init_paged(self.draft_cfg, e.n_pages, e.page_size, e.kv_dtype)
         self.allocator = PageAllocator(e.n_pages, e.page_size)
         self.cache = RadixCache(self.allocator) if e.prefix_cache else None
         self.scheduler = Scheduler(
@@ -101,6 +112,7 @@ class Engine:
             cfg.max_seq,
             self.cache,
             e.static_batching,
+            lookahead=self.k,
         )
         self.pool = kv_cache.init_paged(cfg, e.n_pages, e.page_size, e.kv_dtype)
         if self.mesh is not None:
@@ -179,6 +191,8 @@ class Engine:
         prev = [x.out[0] for x in self.launched] + [self._zeros] * (2 - len(self.launched))
         with program.on(self.mesh):
             self.pool, out = program.run(self.params, self.pool, feed, *prev, self.cfg)
+        if self.k:  # the draft's cache follows the target's (its tokens are all real here)
+            self.dpool = spec_program.fill(self.draft_params, self.dpool, feed, self.draft_cfg)
         return _Launched([(r, n, None) for r, n in rows], out)
 
     def padding(self, B: int, T: int) -> dict:
@@ -221,9 +235,13 @@ class Engine:
                 f"{len(self.scheduler.running)} running, "
                 f"{self.allocator.n_free} pages free"
             )
+        # speculative rounds for the decoding rows a grammar does not constrain (a grammar's
+        # mask needs each token before the next)
+        rounds = [r for r in plan.decode if r.constraint is None] if self.k else []
         # one-token feeds (decode steps, and prefills with one token left) share the T = 1
         # program; longer prefill chunks run in the prefill program
-        ones = [(r, 1) for r in plan.decode] + [(r, n) for r, n in plan.prefill if n == 1]
+        ones = [(r, 1) for r in plan.decode if r not in rounds]
+        ones += [(r, n) for r, n in plan.prefill if n == 1]
         chunks = [(r, n) for r, n in plan.prefill if n > 1]
         groups = [(ones, 1)]
         if chunks:
@@ -240,9 +258,37 @@ class Engine:
                     step.rows[b] = (req, n, len(req.out))
                 self.scheduler.advance(req, n, PLACEHOLDER if samples else None, None)
         self.launched = launched
-        if not self.ecfg.overlap:
+        if not self.ecfg.overlap or self.k:
             events += self._read()
-        self.steps += bool(launched)  # steps that ran programs (the last may only read)
+        if rounds:
+            events += self._speculate(rounds)
+        self.steps += bool(launched or rounds)  # steps that ran programs (the last may only read)
+        return events
+
+    def _speculate(self, rows: list[Request]) -> list[Event]:
+        """One speculative round for the decoding `rows`: each emits its accepted drafts and the
+        token after them (up to EOS or max_tokens), fed into the target's cache one by one."""
+        drafts, n_B, nxt_B, logp_BT, top_ids, top = spec_program.speculate(
+            self, rows, _bucket(len(rows), self.batch_sizes)
+        )
+        events = []
+        for b, req in enumerate(rows):
+            n = int(n_B[b])
+            self.spec.target_passes += 1
+            self.spec.drafted += self.k
+            self.spec.accepted += n
+            self.spec.rejected += n < self.k
+            for j, tok in enumerate([*drafts[b, :n].tolist(), int(nxt_B[b])]):
+                self.scheduler.advance(req, 1, tok, self.ecfg.eos_id)
+                text = self.texts[req.id].push(tok)
+                if req.done:
+                    text += self.texts.pop(req.id).finish()
+                pairs = zip(top_ids[b, j].tolist(), top[b, j].tolist(), strict=True)
+                events.append(
+                    Event(req.id, tok, text, req.finish_reason, float(logp_BT[b, j]), tuple(pairs))
+                )
+                if req.done:
+                    break
         return events
 
     def _read(self) -> list[Event]:
@@ -290,6 +336,8 @@ class Engine:
         for B in self.batch_sizes:
             for T in (1, *self.buckets):
                 self._feed([], T, batch=B)
+            if self.k:
+                spec_program.speculate(self, [], B)
         self.launched = launched
         return self.compiles
 

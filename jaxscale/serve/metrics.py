@@ -84,6 +84,19 @@ class ServerMetrics:
                 "prompt tokens found in the prefix cache / prompt tokens looked up",
                 hit_rate,
             ),
+            "jaxscale_spec_decode_draft_tokens": (
+                "draft tokens proposed by speculative rounds (0 without a draft model)",
+                total(lambda e: e.spec.drafted),
+            ),
+            "jaxscale_spec_decode_accepted_tokens": (
+                "draft tokens the target accepted (acceptance rate: accepted / draft)",
+                total(lambda e: e.spec.accepted),
+            ),
+            "jaxscale_spec_decode_target_passes": (
+                "speculative rounds' target passes, one per row (tokens per pass: (accepted "
+                "+ passes) / passes)",
+                total(lambda e: e.spec.target_passes),
+            ),
         }
         for name, (doc, read) in gauges.items():
             Gauge(name, doc, registry=r).set_function(read)

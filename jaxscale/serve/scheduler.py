@@ -69,6 +69,7 @@ class Scheduler:
         max_len: int,
         prefix_cache: RadixCache | None = None,
         static: bool = False,
+        lookahead: int = 0,
     ):
         if max_num_seqs < 1 or max_num_batched_tokens < max_num_seqs:
             raise ValueError(
@@ -81,20 +82,25 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order
         self.cache = prefix_cache
         self.static = static  # static batching: a new batch only when the last one is done
+        # positions a decoding request writes past its next one (speculative decoding's k
+        # drafts): its pages must hold them, and its context must leave room for them
+        self.lookahead = lookahead
 
     def add(self, req: Request) -> None:
         if not req.prompt:
             raise ValueError("a request needs at least one prompt token")
         if req.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
-        if len(req.prompt) + req.max_tokens > self.max_len:
+        ahead = f" + {self.lookahead} speculative tokens" if self.lookahead else ""
+        if len(req.prompt) + req.max_tokens + self.lookahead > self.max_len:
             raise ValueError(
-                f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+                f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}){ahead} "
                 f"exceeds the context of {self.max_len} tokens"
             )
         # the last sampled token is never fed, so a request holds prompt + max_tokens - 1
-        # positions at most; one that needs more pages than the whole pool could never finish
-        need = self.allocator.pages_for(len(req.prompt) + req.max_tokens - 1)
+        # positions at most (+ lookahead); one that needs more pages than the whole pool could
+        # never finish
+        need = self.allocator.pages_for(len(req.prompt) + req.max_tokens - 1 + self.lookahead)
         if need > self.allocator.n_pages - 1:
             raise ValueError(
                 f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
@@ -159,7 +165,7 @@ class Scheduler:
                 continue
             while True:
                 try:
-                    self._grow(req, req.computed + 1)
+                    self._grow(req, req.computed + 1 + self.lookahead)
                     decode.append(req)
                     break
                 except OutOfPages:

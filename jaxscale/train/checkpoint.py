@@ -241,8 +241,9 @@ def load_params(directory: str | Path, step: int | None = None):
     return cfg, state["params"]
 
 
-def load_model(ckpt_dir: str | None):
-    """(cfg, params): a checkpoint's, or a random tiny model's with a warning."""
+def load_model(ckpt_dir: str | None, flag: str = "--ckpt-dir"):
+    """(cfg, params): a checkpoint's (a run directory's or a checkpoint directory's; `flag`
+    names the option that gave it), or a random tiny model's with a warning."""
     from jaxscale.model import state as ms
 
     if ckpt_dir is None:
@@ -257,5 +258,5 @@ def load_model(ckpt_dir: str | None):
     if (path / "checkpoints").is_dir():  # a `jaxscale train --run-dir` directory
         path = path / "checkpoints"
     if not path.is_dir():
-        raise CheckpointError(f"--ckpt-dir {ckpt_dir}: no such directory")
+        raise CheckpointError(f"{flag} {ckpt_dir}: no such directory")
     return load_params(path)

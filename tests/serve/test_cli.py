@@ -239,3 +239,72 @@ def test_serve_profile_traces_the_first_busy_engine_steps(tmp_path):
     assert saved["steps"] == 3 and saved["devices"] == 1 and saved["compute_s"] > 0
     assert "profile: per engine step (mean of 1 device, 3 engine steps)" in err, err[-2000:]
     assert list((tmp_path / "p").rglob("*.xplane.pb"))
+
+
+def _train(run, *flags):
+    rc = cli_main(
+        [
+            "train",
+            "--data",
+            "markov",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "16",
+            "--steps",
+            "3",
+            "--no-progress",
+            "--sample-tokens",
+            "0",
+            "--run-dir",
+            str(run),
+            *flags,
+        ]
+    )
+    assert rc == 0
+
+
+def test_serve_with_a_draft_answers_with_the_targets_greedy_text_and_exports_acceptance(
+    tmp_path,
+):
+    """`serve --draft-ckpt D --speculative-tokens 3`: a 2-layer target with a 1-layer draft
+    trained beside it. The greedy completion is the target's own (the engine without a draft, in
+    process), and /metrics counts the rounds' drafts, acceptances and passes (3 drafts a pass)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _train(tmp_path / "t", "--layers", "2")
+    _train(tmp_path / "d", "--layers", "1")
+    draft = ("--draft-ckpt", str(tmp_path / "d"), "--speculative-tokens", "3")
+    proc, port = _serving("--ckpt-dir", str(tmp_path / "t"), *draft)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
+        got = client.completions.create(
+            model="jaxscale", prompt="abc", max_tokens=12, temperature=0
+        )
+        assert got.choices[0].text == _in_process(tmp_path / "t" / "checkpoints", "abc", 12)
+        families = text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
+        spec = {
+            s.name: s.value
+            for f in families
+            for s in f.samples
+            if s.name.startswith("jaxscale_spec_decode")
+        }
+        passes = spec["jaxscale_spec_decode_target_passes"]
+        assert passes > 0 and spec["jaxscale_spec_decode_draft_tokens"] == 3 * passes
+        assert 0 <= spec["jaxscale_spec_decode_accepted_tokens"] <= 3 * passes
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err
+
+
+def test_a_draft_with_another_context_is_refused_in_one_line(tmp_path, capsys):
+    _train(tmp_path / "t", "--layers", "1", "--max-seq", "64")
+    _train(tmp_path / "d", "--layers", "1", "--max-seq", "32")
+    argv = ["serve", "--ckpt-dir", str(tmp_path / "t"), "--draft-ckpt", str(tmp_path / "d")]
+    rc = cli_main([*argv, "--port", str(_free_port())])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the draft's context (32) is shorter than the target's (64)" in err
+    rc = cli_main(["serve", "--speculative-tokens", "2", "--port", str(_free_port())])
+    assert rc == 2 and "needs a draft model: --draft-ckpt DIR" in capsys.readouterr().err
