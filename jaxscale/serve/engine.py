@@ -212,7 +212,11 @@ class Engine:
     def _allowed(self, req: Request) -> np.ndarray:
         """The grammar's allowed next tokens [V] with the tokens left (the grammar's masks are
         over the 256 bytes)."""
-        allowed = np.asarray(req.constraint.allowed(req.grammar, req.max_tokens - len(req.out)))
+        return self._allowed_at(req, req.grammar, req.max_tokens - len(req.out))
+
+    def _allowed_at(self, req: Request, state, budget: int) -> np.ndarray:
+        """The same for a grammar state of `req` (a speculative draft's) and a budget."""
+        allowed = np.asarray(req.constraint.allowed(state, budget))
         row = np.zeros(self.cfg.vocab, bool)
         n = min(self.cfg.vocab, len(allowed))
         row[:n] = allowed[:n]
@@ -235,12 +239,11 @@ class Engine:
                 f"{len(self.scheduler.running)} running, "
                 f"{self.allocator.n_free} pages free"
             )
-        # speculative rounds for the decoding rows a grammar does not constrain (a grammar's
-        # mask needs each token before the next)
-        rounds = [r for r in plan.decode if r.constraint is None] if self.k else []
+        # with a draft, every decoding row advances by a speculative round
+        rounds = plan.decode if self.k else []
         # one-token feeds (decode steps, and prefills with one token left) share the T = 1
         # program; longer prefill chunks run in the prefill program
-        ones = [(r, 1) for r in plan.decode if r not in rounds]
+        ones = [(r, 1) for r in plan.decode if not self.k]
         ones += [(r, n) for r, n in plan.prefill if n == 1]
         chunks = [(r, n) for r, n in plan.prefill if n > 1]
         groups = [(ones, 1)]
@@ -261,34 +264,8 @@ class Engine:
         if not self.ecfg.overlap or self.k:
             events += self._read()
         if rounds:
-            events += self._speculate(rounds)
+            events += spec_program.step(self, rounds)
         self.steps += bool(launched or rounds)  # steps that ran programs (the last may only read)
-        return events
-
-    def _speculate(self, rows: list[Request]) -> list[Event]:
-        """One speculative round for the decoding `rows`: each emits its accepted drafts and the
-        token after them (up to EOS or max_tokens), fed into the target's cache one by one."""
-        drafts, n_B, nxt_B, logp_BT, top_ids, top = spec_program.speculate(
-            self, rows, _bucket(len(rows), self.batch_sizes)
-        )
-        events = []
-        for b, req in enumerate(rows):
-            n = int(n_B[b])
-            self.spec.target_passes += 1
-            self.spec.drafted += self.k
-            self.spec.accepted += n
-            self.spec.rejected += n < self.k
-            for j, tok in enumerate([*drafts[b, :n].tolist(), int(nxt_B[b])]):
-                self.scheduler.advance(req, 1, tok, self.ecfg.eos_id)
-                text = self.texts[req.id].push(tok)
-                if req.done:
-                    text += self.texts.pop(req.id).finish()
-                pairs = zip(top_ids[b, j].tolist(), top[b, j].tolist(), strict=True)
-                events.append(
-                    Event(req.id, tok, text, req.finish_reason, float(logp_BT[b, j]), tuple(pairs))
-                )
-                if req.done:
-                    break
         return events
 
     def _read(self) -> list[Event]:
@@ -310,7 +287,7 @@ class Engine:
                 text = self._grammar_step(req, tok)
                 if req.done:
                     text += self.texts.pop(req.id).finish()
-                top = tuple(zip(top_ids_BK[b].tolist(), top_BK[b].tolist(), strict=True))
+                top = spec_program.top_pairs(top_ids_BK[b], top_BK[b])
                 events.append(Event(req.id, tok, text, req.finish_reason, float(logp_B[b]), top))
         self.launched, self.src = [], {}
         return events
@@ -338,6 +315,8 @@ class Engine:
                 self._feed([], T, batch=B)
             if self.k:
                 spec_program.speculate(self, [], B)
+        if self.k:
+            spec_program.warm_constrained(self)
         self.launched = launched
         return self.compiles
 

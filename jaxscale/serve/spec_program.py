@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
 from jaxscale.serve import sampling
+from jaxscale.serve.events import Event
 from jaxscale.serve.program import TOP_LOGPROBS
 from jaxscale.serve.speculative import verify
 
@@ -152,3 +153,126 @@ def speculate(engine, rows: list, B: int):
         engine.ecfg.speculative_tokens,
     )
     return tuple(np.asarray(x) for x in out)
+
+
+def top_pairs(ids_K, logp_K) -> tuple:
+    """((id, log-probability), ...) of a row's top tokens (host arrays)."""
+    return tuple(zip(ids_K.tolist(), logp_K.tolist(), strict=True))
+
+
+@partial(jax.jit, static_argnames="cfg", donate_argnames="pool")
+def _one_row(params, pool, table_1N, tokens_1T, positions_1T, cfg: ModelConfig):
+    """One row's tokens through a model's paged cache: (pool, logits [T, V])."""
+    cache = kv_cache.paged(pool, table_1N)
+    logits, cache = kv_cache.forward(params, tokens_1T, positions_1T, cache, cfg)
+    return {n: x for n, x in cache.items() if n != "block_table"}, logits[0]
+
+
+def constrained_round(engine, req) -> list[tuple[int, float, tuple]]:
+    """One speculative round for a request a grammar constrains, on the host's schedule (the
+    mask of each draft position depends on the drafts before it): the draft proposes up to k
+    tokens one at a time, each from its distribution under the grammar's mask there (a copy
+    of the grammar state advanced through the drafts), and the target's pass masks each
+    position the same way (serve/speculative.generate's rule, on the engine's pools). Returns
+    (the emitted tokens with their log-probabilities and top TOP_LOGPROBS, drafted, accepted);
+    the caller feeds the tokens to the scheduler and the grammar."""
+    import numpy as np
+
+    from jaxscale.serve import speculative as spec
+
+    c, k, s = req.constraint, engine.ecfg.speculative_tokens, req.sampling
+    table = np.full((1, engine.n_table), 0, np.int32)
+    table[0, : len(req.pages)] = req.pages
+    q = len(req.tokens) - 1
+    left = req.max_tokens - len(req.out)
+    seed = np.asarray([s.seed], np.uint32)
+    keys = jax.random.split(sampling.request_keys(seed, len(req.out))[0], k + 1)
+    states, drafts, qs, masks = [req.grammar], [], [], []
+    feed, at = req.tokens[-2:], [q - 1, q]
+    for i in range(min(k, left)):
+        if c.done(states[-1]):
+            break
+        mask = jnp.asarray(engine._allowed_at(req, states[-1], left - i))[None]
+        args = (table, np.asarray([feed]), np.asarray([at]), engine.draft_cfg)
+        engine.dpool, logits = _one_row(engine.draft_params, engine.dpool, *args)
+        q_V = spec.distribution(logits[-1:], s, mask)[0]
+        drafts.append(int(jax.random.categorical(keys[i], jnp.log(q_V))))
+        qs.append(q_V)
+        masks.append(mask)
+        states.append(c.advance(states[-1], drafts[-1]))
+        feed, at = [drafts[-1]], [q + i + 1]
+    m = len(drafts)
+    tokens = [req.tokens[-1], *drafts]
+    args = (table, np.asarray([tokens]), np.arange(q, q + m + 1)[None], engine.cfg)
+    engine.pool, logits_TV = _one_row(engine.params, engine.pool, *args)
+    open_end = not c.done(states[-1]) and left > m
+    end = np.ones(engine.cfg.vocab, bool)
+    if open_end:
+        end = engine._allowed_at(req, states[-1], left - m)
+    p_TV = spec.distribution(logits_TV, s, jnp.concatenate([*masks, jnp.asarray(end)[None]]))
+    d_M = jnp.asarray(drafts, jnp.int32)
+    n, nxt = (int(x) for x in spec.verify(p_TV, jnp.stack(qs), d_M, keys[k]))
+    out = [*drafts[:n], nxt]
+    if n == m and not open_end:
+        out.pop()  # the bonus position lies past the grammar's end or the budget
+    logp_TV = jax.nn.log_softmax(logits_TV, axis=-1)
+    top_TK, ids_TK = jax.lax.top_k(logp_TV, min(TOP_LOGPROBS, logp_TV.shape[-1]))
+    logp_TV, top_TK, ids_TK = (np.asarray(x) for x in (logp_TV, top_TK, ids_TK))
+    emitted = [
+        (tok, float(logp_TV[j, tok]), top_pairs(ids_TK[j], top_TK[j])) for j, tok in enumerate(out)
+    ]
+    return emitted, m, n
+
+
+def warm_constrained(engine) -> None:
+    """Compile the one-row programs of constrained rounds (the draft's 1- and 2-token feeds, the
+    target's 2 to k + 1), padding only: positions past the table write to page 0."""
+    import numpy as np
+
+    table = np.zeros((1, engine.n_table), np.int32)
+    for T in (1, 2):
+        at = np.full((1, T), engine.cfg.max_seq, np.int32)
+        feed = (table, np.zeros((1, T), np.int32), at, engine.draft_cfg)
+        engine.dpool, _ = _one_row(engine.draft_params, engine.dpool, *feed)
+    for T in range(2, engine.ecfg.speculative_tokens + 2):
+        at = np.full((1, T), engine.cfg.max_seq, np.int32)
+        engine.pool, _ = _one_row(
+            engine.params, engine.pool, table, np.zeros((1, T), np.int32), at, engine.cfg
+        )
+
+
+def step(engine, rows: list) -> list[Event]:
+    """One speculative round for the decoding `rows`: each emits its accepted drafts and the
+    token after them (up to EOS, max_tokens or its grammar's end), fed into the target's
+    cache one by one. Rows a grammar constrains run one by one on the host's schedule."""
+    free = [r for r in rows if r.constraint is None]
+    rounds = []  # (request, [(token, logprob, top)], drafted, accepted)
+    if free:
+        B = next(s for s in engine.batch_sizes if s >= len(free))
+        drafts, n_B, nxt_B, logp_BT, top_ids, top = speculate(engine, free, B)
+        for b, req in enumerate(free):
+            n = int(n_B[b])
+            toks = [*drafts[b, :n].tolist(), int(nxt_B[b])]
+            emitted = [
+                (t, float(logp_BT[b, j]), top_pairs(top_ids[b, j], top[b, j]))
+                for j, t in enumerate(toks)
+            ]
+            rounds.append((req, emitted, engine.k, n))
+    for req in rows:
+        if req.constraint is not None:
+            rounds.append((req, *constrained_round(engine, req)))
+    events = []
+    for req, emitted, m, n in rounds:
+        engine.spec.target_passes += 1
+        engine.spec.drafted += m
+        engine.spec.accepted += n
+        engine.spec.rejected += n < m
+        for tok, logp, top in emitted:
+            engine.scheduler.advance(req, 1, tok, engine.ecfg.eos_id)
+            text = engine._grammar_step(req, tok)
+            if req.done:
+                text += engine.texts.pop(req.id).finish()
+            events.append(Event(req.id, tok, text, req.finish_reason, logp, top))
+            if req.done:
+                break
+    return events

@@ -128,3 +128,43 @@ def test_bench_serve_decoding_rows():
     assert perfect["acceptance"] == 1.0 and perfect["predicted_per_pass"] == k + 1
     assert res["structured"]["json_object"]["parsed"] == 1.0
     assert "speculative decoding, k = 4" in serve_decoding.format_rows(res)
+
+
+@pytest.mark.parametrize("draft", ["random", "self"])
+def test_constrained_rows_speculate_and_keep_the_grammar_and_the_greedy_output(draft):
+    """JSON and regex requests beside a free one on a speculative engine: the draft advances a
+    copy of each grammar's state and both models' positions are masked by it. Greedy: the plain
+    engine's constrained tokens; the target as its own draft is accepted in every round (up to
+    the grammar's end); sampled JSON outputs parse."""
+    import json
+    import re
+
+    from jaxscale.serve.constrained import JsonConstraint, RegexConstraint
+
+    target, small = _params()
+    dparams, dcfg = (target, CFG) if draft == "self" else (small, DRAFT)
+
+    def reqs(temperature=0.0):
+        s = [SamplingParams(temperature, seed=i) for i in range(4)]
+        return [
+            Request("json", PROMPTS[0], 24, s[0], constraint=JsonConstraint()),
+            Request("free", PROMPTS[1], 12, s[1]),
+            Request("re", PROMPTS[2], 16, s[2], constraint=RegexConstraint("[a-c]{3}-[0-9]+")),
+            Request("json2", PROMPTS[3], 20, s[3], constraint=JsonConstraint()),
+        ]
+
+    def outs(eng, temperature=0.0):
+        return {i: r.out for i, r in eng.run(reqs(temperature)).items()}
+
+    want = outs(Engine(target, CFG, ECFG))
+    ecfg = dataclasses.replace(ECFG, speculative_tokens=3)
+    eng = Engine(target, CFG, ecfg, draft_params=dparams, draft_cfg=dcfg)
+    assert outs(eng) == want
+    json.loads(bytes(want["json"]))
+    assert re.fullmatch(r"[a-c]{3}-[0-9]+\n?", bytes(want["re"]).decode())
+    if draft == "self":
+        assert eng.spec.rejected == 0 and eng.spec.accepted > 0
+    else:
+        sampled = outs(Engine(target, CFG, ecfg, draft_params=dparams, draft_cfg=dcfg), 1.0)
+        json.loads(bytes(sampled["json"]))
+        json.loads(bytes(sampled["json2"]))
