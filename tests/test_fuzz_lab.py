@@ -12,8 +12,9 @@ tests/test_fuzz_calc.py.
 import json
 
 import pytest
-from cli_fuzz import check, commands, hostile, run, value_flags
+from cli_fuzz import check, commands, hostile, kind, run, value_flags
 
+UNUSABLE = ("{file}/out.png", "/proc/x/out")
 METRICS = json.dumps({"run_id": "r", "step": 0, "loss": 5.0, "lr": 0.0, "grad_norm": 1.0})
 BASE = {  # the arguments each command runs with, so that a good value is cheap
     ("train",): ["--dry-run", "--data", "markov"],
@@ -32,6 +33,7 @@ BASE = {  # the arguments each command runs with, so that a good value is cheap
     ("bench", "serve"): ["--dry-run"],
     ("bench", "rl"): ["--dry-run"],
     ("rlhf",): ["--dry-run"],  # checks every path and flag, loads and compiles nothing
+    ("serve",): ["--dry-run"],  # loads, places and binds (a free port: below), serves nothing
 }
 # a value flag's words before the base arguments (argparse REMAINDER takes all that follows --)
 CASES = [
@@ -79,11 +81,24 @@ MUST_FAIL = [  # the issue's repros, and what each must refuse
 def test_a_hostile_value_is_refused_cleanly_or_accepted(words, flag, value, tmp_path):
     option = flag.option_strings[-1]
     base = BASE[words]
+    if words == ("serve",):  # a free port each (xdist workers run cases at once); a fuzzed
+        # --port comes after it and wins
+        base = [*base, "--port", str(_free_port())]
     argv = (
         [*words, option, value, *base] if words == ("launch",) else [*words, *base, option, value]
     )
     outcome = run(argv, tmp_path / "work", files={"{metrics}": METRICS})
-    check(outcome, tuple(flag.option_strings))
+    # a path under a regular file or under /proc can be neither read nor written: refused,
+    # whether the flag reads it or writes it
+    check(outcome, tuple(flag.option_strings), must_fail=value in UNUSABLE and kind(flag) == "path")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(

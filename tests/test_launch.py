@@ -191,3 +191,37 @@ def test_ctrl_c_lets_the_workers_finish_their_save_and_the_run_resumes(tmp_path,
     argv = ["train", *tiny, "--no-progress", "--sample-tokens", "0", "--run-dir", str(run)]
     assert cli_main([*argv, "--resume", "--steps", str(step + 1)]) == 0
     assert f"resuming from step {step}" in capsys.readouterr().out
+
+
+GLOO = "[Gloo] Rank {} is connected to 1 peer ranks. Expected number of connected peer ranks is : "
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        # one line per rank, as a quiet start prints them
+        [GLOO.format(0) + "1", "hello from the program"],
+        # two ranks' threads interleaved: one line holds both, the last digit on its own
+        [GLOO.format(0) + GLOO.format(1) + "1", "1", "hello from the program"],
+        # the digit first, then the line that lost it
+        ["1", GLOO.format(1), "hello from the program"],
+    ],
+    ids=["separate", "interleaved", "digit-first"],
+)
+def test_gloos_start_up_lines_and_their_stray_digits_are_dropped(stream):
+    """The child's output as gloo's threads leave it (the fragments a user saw leak): every
+    start-up line and stray digit before the program's first line is dropped, the program's
+    own lines, a bare number among them included, are kept; --verbose keeps everything."""
+    import collections
+    import threading
+    import types
+
+    def forward(lines, verbose=False):
+        proc = types.SimpleNamespace(stdout=[line + "\n" for line in lines])
+        tail = collections.deque(maxlen=100)
+        launch._forward(proc, "", threading.Lock(), False, verbose, tail)
+        return list(tail)
+
+    program = ["hello from the program", "7", "done"]
+    assert forward([*stream[:-1], *program]) == program
+    assert forward([*stream[:-1], *program], verbose=True) == [*stream[:-1], *program]

@@ -107,6 +107,12 @@ def add_parser(sub) -> None:
         "and decodes) into DIR and print their compute / collective / idle split",
     )
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every flag, load the checkpoints, place them on the mesh and bind the port, "
+        "then say what would be served and exit: nothing compiles, nothing is served",
+    )
+    p.add_argument(
         "--profile-steps",
         type=positive_int,
         default=20,
@@ -151,6 +157,17 @@ def _main(args) -> int:
     sock = _listen(args.host, args.port)
     meshes = replica_meshes(args.mesh, jax.devices())
     engines = [Engine(params, cfg, ecfg, mesh=m, **draft) for m in meshes]
+    if args.dry_run:
+        sock.close()
+        spec = ""
+        if draft:
+            spec = f", draft {draft['draft_cfg'].n_layers} layers, k={ecfg.speculative_tokens}"
+        print(
+            f"dry run: would serve {args.model_name} (d_model {cfg.d_model}, {cfg.n_layers} "
+            f"layers, context {cfg.max_seq}{spec}) on "
+            f"{len(engines)} engine(s) at http://{args.host}:{args.port}/v1; all checks passed"
+        )
+        return 0
     t0 = time.perf_counter()
     shapes = sum(e.warmup() for e in engines)  # every program the engines step with, compiled
     seconds = time.perf_counter() - t0

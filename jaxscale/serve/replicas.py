@@ -33,7 +33,10 @@ def replica_meshes(spec: str | None, devices) -> list:
 
     from jaxscale.mesh import build_mesh, parse_mesh
 
-    parsed = parse_mesh(spec)
+    try:
+        parsed = parse_mesh(spec)
+    except ValueError as e:
+        raise ValueError(f"--mesh {spec}: {e}") from None
     sizes = dict(parsed.axes)
     other = sorted(set(sizes) - {"data", "tensor", "expert"})
     if other:

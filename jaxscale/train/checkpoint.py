@@ -259,4 +259,7 @@ def load_model(ckpt_dir: str | None, flag: str = "--ckpt-dir"):
         path = path / "checkpoints"
     if not path.is_dir():
         raise CheckpointError(f"{flag} {ckpt_dir}: no such directory")
-    return load_params(path)
+    try:
+        return load_params(path)
+    except CheckpointError as e:  # the flag that named it, then what is wrong there
+        raise CheckpointError(f"{flag} {ckpt_dir}: {e}") from None
