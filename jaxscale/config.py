@@ -28,7 +28,7 @@ def opt(default, help: str, flag: str | None = None, choices: tuple | None = Non
     return field(default=default, metadata=meta)
 
 
-REMAT_POLICIES = ("none", "block", "dots", "every:K", "sqrt")
+REMAT_POLICIES = ("none", "block", "dots", "offload", "every:K", "sqrt")
 
 
 def remat_group(policy: str, n_layers: int) -> int | None:
@@ -87,6 +87,7 @@ class ModelConfig:
         "none",
         "activation checkpointing (jax.checkpoint): none; block (keep each block's input, "
         "recompute its inside); dots (keep the weight matmuls' outputs, recompute the rest); "
+        "offload (block, with the kept inputs in host memory: TPU and GPU); "
         "every:K (keep every K-th block's input, recompute K blocks at a time); sqrt "
         "(every:round(sqrt(L)))",
         const="block",

@@ -344,6 +344,11 @@ def _remat_policy(text: str) -> str:
         ModelConfig(remat=text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("remat ")) from None
+    if text == "offload":  # the bench compiles for the CPU devices
+        raise argparse.ArgumentTypeError(
+            "offload needs a TPU or GPU compiler: XLA:CPU drops the host copies, so this bench "
+            "would show block's figures"
+        )
     return text
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxscale.config import ModelConfig, remat_group
 from jaxscale.model import moe as moe_lib
@@ -271,10 +272,12 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
         return {k: v.reshape(groups, v.shape[0] // groups, *v.shape[1:]) for k, v in tree.items()}
 
     def layer_fn(x_BTD, layer, kv):
+        x_BTD = checkpoint_name(x_BTD, BLOCK_INPUT)  # what offload moves to host memory
         return pc.block(x_BTD, pc.layer_hook(layer), positions, cfg, pc, kv)
 
-    if cfg.remat in ("block", "dots"):  # keep the block inputs (and, dots, the weight matmuls'
-        # outputs); recompute the rest in the backward, with the collectives it holds
+    if cfg.remat in _SAVED:  # keep the block inputs (and, dots, the weight matmuls' outputs;
+        # offload: the inputs in host memory); recompute the rest in the backward, with the
+        # collectives it holds
         layer_fn = jax.checkpoint(layer_fn, policy=_SAVED[cfg.remat])
 
     def body(carry, xs):
@@ -308,10 +311,19 @@ def run_layers(x_BTD, layers, positions, cfg: ModelConfig, pc: Pieces = DENSE, c
     return _runs(run, (x_BTD, cache), xs, min(k, groups), cfg.unroll_layers)
 
 
+BLOCK_INPUT = "block_input"
 _SAVED = {
     "block": jax.checkpoint_policies.nothing_saveable,
     # the matmuls against weights (no batch dimension); attention's q.k and p.v are recomputed
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # block's residual, each block's input, kept in pinned host memory: the forward copies it
+    # out, the backward copies it back before recomputing the block (XLA:CPU drops the copies)
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=[BLOCK_INPUT],
+        offload_src="device",
+        offload_dst="pinned_host",
+    ),
 }
 
 

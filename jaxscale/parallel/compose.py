@@ -113,6 +113,7 @@ def build(
         check_model(strategy, cfg, ways)
         buckets.check(strategy, ways, cfg, tcfg)
         _check_offload(strategy, tcfg, devices)
+        _check_remat_offload(cfg, devices)
         if strategy.path == "auto":
             return _auto(strategy, mesh, ways, cfg, tcfg, with_grads)
         m = manual.compose(strategy, mesh, ways, cfg, tcfg)
@@ -144,6 +145,16 @@ def _check_offload(strategy: Strategy, tcfg: TrainConfig, devices) -> None:
         raise ValueError(
             f"--offload {tcfg.offload}: {devices[0].platform} devices have no {auto.HOST} memory "
             f"(their memory kinds: {', '.join(sorted(kinds))})"
+        )
+
+
+def _check_remat_offload(cfg: ModelConfig, devices) -> None:
+    """--remat offload needs a compiler that moves the kept block inputs to host memory: XLA:CPU
+    drops the copies (its step keeps them on the device), so there it would silently be block."""
+    if cfg.remat == "offload" and devices[0].platform == "cpu":
+        raise ValueError(
+            "--remat offload: XLA:CPU keeps saved activations in device memory (it drops the host "
+            "copies), so on CPU devices it would be --remat block; it needs a TPU or GPU"
         )
 
 

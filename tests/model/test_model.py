@@ -152,7 +152,7 @@ REMAT_MODELS = {
 @pytest.mark.parametrize(
     "model, policies",
     [
-        ("dense", ("block", "dots", "every:2")),
+        ("dense", ("block", "dots", "offload", "every:2")),
         pytest.param("moe", ("every:2",), marks=pytest.mark.slow),  # an MoE compile: 10 s
     ],
 )
