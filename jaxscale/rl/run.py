@@ -31,6 +31,7 @@ class Outcome:
     compile_s: float
     train_s: float
     devices: int
+    profile: dict | None = None  # --profile: the run's trace read back (profiling.report)
 
     @property
     def threshold(self) -> float:
@@ -79,10 +80,18 @@ class Outcome:
         }
 
 
-def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False, stop=None) -> Outcome:
+def train(
+    cfg: RLConfig,
+    seeds: list[int],
+    mesh=None,
+    progress: bool = False,
+    stop=None,
+    profile: str | None = None,
+) -> Outcome:
     """Compile and run every seed. `stop` (a `threading.Event`, e.g. set by Ctrl-C): the run
     skips the chunks of `eval_every` updates after it is set, and the Outcome holds the chunks
-    that finished (its config's `total_steps` cut to them)."""
+    that finished (its config's `total_steps` cut to them). `profile` (a directory): the run,
+    compiled first, is traced whole (it is one program) and read back per update."""
     import jax
 
     from jaxscale.progress import Progress
@@ -103,7 +112,14 @@ def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False, st
     t0 = time.perf_counter()
     compiled = fn.lower(keys).compile()
     t1 = time.perf_counter()
-    _, metrics, evals = jax.block_until_ready(compiled(keys))
+    if profile:
+        Path(profile).mkdir(parents=True, exist_ok=True)
+        jax.profiler.start_trace(profile, create_perfetto_trace=True)
+    try:
+        _, metrics, evals = jax.block_until_ready(compiled(keys))
+    finally:
+        if profile:
+            jax.profiler.stop_trace()
     t2 = time.perf_counter()
     bar.close()
     metrics = {k: np.asarray(v) for k, v in metrics.items()}
@@ -117,7 +133,12 @@ def train(cfg: RLConfig, seeds: list[int], mesh=None, progress: bool = False, st
             cfg = cfg.replace(total_steps=chunks * cfg.batch * cfg.eval_every)
             metrics = {k: v[:, : chunks * cfg.eval_every] for k, v in metrics.items()}
             evals = evals[:, :chunks]
-    return Outcome(cfg, tuple(seeds), metrics, evals, t1 - t0, t2 - t1, ways)
+    traced = None
+    if profile:  # per update that ran (a stop skips the rest's work)
+        from jaxscale.profiling import report
+
+        traced = report(profile, cfg.n_updates, compiled.as_text())
+    return Outcome(cfg, tuple(seeds), metrics, evals, t1 - t0, t2 - t1, ways, traced)
 
 
 def write_scalars(out: Outcome, logdir) -> None:

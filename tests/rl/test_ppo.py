@@ -176,3 +176,27 @@ def test_tensorboard_scalars_hold_the_metrics_records(tmp_path):
     assert scalars.keys() == expected.keys()
     for key, value in expected.items():
         assert scalars[key] == pytest.approx(value, rel=1e-6), key
+
+
+@pytest.mark.slow  # a traced run (the profiler's cost per op on CPU)
+def test_rl_profile_traces_the_run_and_splits_it_per_update(tmp_path, capsys):
+    """`rl ppo --profile DIR` on dp=8: the trace is read back over the run's 4 updates; the
+    split adds up (compute + exposed collectives + idle = the update's time), the collectives
+    are the data axis' all-reduces, and the console names the trace and how to open it."""
+    import json
+
+    from jaxscale.cli import main as cli_main
+
+    argv = ["rl", "ppo", "--total-steps", "1024", "--num-envs", "8", "--num-steps", "32"]
+    argv += ["--eval-every", "4", "--eval-episodes", "0", "--mesh", "dp=8"]
+    argv += ["--profile", str(tmp_path / "p")]
+    rc = cli_main(argv)
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]
+    got = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert got["steps"] == 4 and got["devices"] == 8
+    assert got["step_s"] == pytest.approx(
+        got["compute_s"] + got["exposed_s"] + got["idle_s"], rel=1e-6
+    )
+    assert set(got["collectives_s"]) == {"all-reduce"} and got["collective_s"] > 0
+    assert "profile: per update" in err and "ui.perfetto.dev" in err
