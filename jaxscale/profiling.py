@@ -89,6 +89,17 @@ class StepWindow:
             self.summary = report(self.directory, self.steps, module=trace.ALL)
             self.say(describe(self.summary, self.directory, self.unit))
 
+    def finish(self, state) -> None:
+        """The loop ended inside the window: the trace holds the steps after the first, if any."""
+        if self.summary is not None or self.done == 0:
+            return
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        self.summary = {}
+        if self.done > 1:
+            self.summary = report(self.directory, self.done - 1, module=trace.ALL)
+            self.say(describe(self.summary, self.directory, self.unit))
+
 
 def report(
     directory: str, steps: int, hlo_text: str | None = None, module: str | None = None

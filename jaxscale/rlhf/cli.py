@@ -71,6 +71,21 @@ def add_parser(sub) -> None:
         "(tensorboardX: pip install -e '.[profile]')",
     )
     p.add_argument(
+        "--profile",
+        type=writable_dir,
+        default=None,
+        metavar="DIR",
+        help="trace the iterations after the first (every program: generation, scoring, the "
+        "updates) into DIR and print their compute / collective / idle split",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="iterations the --profile trace holds",
+    )
+    p.add_argument(
         "--ckpt-every",
         type=non_negative_int,
         default=0,
@@ -272,6 +287,17 @@ def _train(args, rc, task, saved, stop):
         scalars.record("rlhf", r["iteration"], r)
 
     after = _stopper(args, cfg, rc, lab, stop, after)
+    window = None
+    if args.profile:
+        from jaxscale.profiling import StepWindow
+
+        window = StepWindow(args.profile, args.profile_steps, _say, unit="iteration")
+        checked = after
+
+        def after(done: int, beta: float, res) -> None:
+            window.step(lab.tree)  # before a stop can leave the loop
+            checked(done, beta, res)
+
     bar = Progress(rc.iterations - (start.iteration if start else 0), f"rlhf {rc.algo}", show)
     try:
         res = run.iterate(
@@ -289,6 +315,8 @@ def _train(args, rc, task, saved, stop):
         scalars.close()
         if metrics:
             metrics.close()
+        if window:
+            window.finish(lab.tree)
     return res, lab, acc, train_p
 
 

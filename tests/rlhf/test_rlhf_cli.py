@@ -216,6 +216,22 @@ def _metrics(out: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
+@pytest.mark.slow  # a traced iteration
+def test_profile_traces_the_iterations_after_the_first(runs, tmp_path, monkeypatch):
+    """--profile DIR --profile-steps 1 on 3 iterations: the trace holds iteration 2 (every
+    program of it) and profile.json's split adds up; the run's records are written as without
+    it."""
+    out = tmp_path / "out"
+    flags = ["--iterations", "3", "--profile", str(tmp_path / "p"), "--profile-steps", "1"]
+    _train(monkeypatch, runs, out, *flags)
+    got = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert got["steps"] == 1 and got["devices"] >= 1 and got["trace"].endswith(".xplane.pb")
+    assert got["step_s"] == pytest.approx(
+        got["compute_s"] + got["exposed_s"] + got["idle_s"], rel=1e-6
+    )
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
 @pytest.mark.slow  # four tiny runs on two meshes
 @pytest.mark.first_line  # the resume test covers the checkpoints on both lines
 def test_a_stale_run_resumes_exactly(runs, tmp_path, monkeypatch):
