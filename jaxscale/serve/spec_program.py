@@ -17,13 +17,14 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxscale.config import ModelConfig
 from jaxscale.model import kv_cache
 from jaxscale.serve import sampling
+from jaxscale.serve import speculative as spec
 from jaxscale.serve.events import Event
 from jaxscale.serve.program import TOP_LOGPROBS
-from jaxscale.serve.speculative import verify
 
 
 def distribution(logits_BTV, s: dict):
@@ -83,7 +84,7 @@ def run(params, pool, draft, dpool, feed, cfg: ModelConfig, draft_cfg: ModelConf
     positions_BT = q_B[:, None] + jnp.arange(k + 1)[None, :]
     logits_BTV, cache = kv_cache.forward(params, tokens_BT, positions_BT, cache, cfg)
     p_BTV = distribution(logits_BTV, s)
-    n_B, nxt_B = jax.vmap(verify)(p_BTV, q_BKV, drafts_BK, keys_BK[:, k])
+    n_B, nxt_B = jax.vmap(spec.verify)(p_BTV, q_BKV, drafts_BK, keys_BK[:, k])
 
     # the emitted tokens: drafts up to n, then nxt at n; each one's target log-probability
     j_T = jnp.arange(k + 1)[None, :]
@@ -129,8 +130,6 @@ def speculate(engine, rows: list, B: int):
     """Launch one round for the decoding `rows` (requests), padded to B rows, and read it back:
     (drafts, accepted, next token, log-probabilities, top ids, top log-probabilities) on the
     host."""
-    import numpy as np
-
     feed = engine.padding(B, 2)
     feed["last2"] = feed.pop("tokens")
     feed["q"] = np.full(B, engine.cfg.max_seq, np.int32)
@@ -168,7 +167,7 @@ def _one_row(params, pool, table_1N, tokens_1T, positions_1T, cfg: ModelConfig):
     return {n: x for n, x in cache.items() if n != "block_table"}, logits[0]
 
 
-def constrained_round(engine, req) -> list[tuple[int, float, tuple]]:
+def constrained_round(engine, req) -> tuple[list[tuple[int, float, tuple]], int, int]:
     """One speculative round for a request a grammar constrains, on the host's schedule (the
     mask of each draft position depends on the drafts before it): the draft proposes up to k
     tokens one at a time, each from its distribution under the grammar's mask there (a copy
@@ -176,10 +175,6 @@ def constrained_round(engine, req) -> list[tuple[int, float, tuple]]:
     position the same way (serve/speculative.generate's rule, on the engine's pools). Returns
     (the emitted tokens with their log-probabilities and top TOP_LOGPROBS, drafted, accepted);
     the caller feeds the tokens to the scheduler and the grammar."""
-    import numpy as np
-
-    from jaxscale.serve import speculative as spec
-
     c, k, s = req.constraint, engine.ecfg.speculative_tokens, req.sampling
     table = np.full((1, engine.n_table), 0, np.int32)
     table[0, : len(req.pages)] = req.pages
@@ -227,8 +222,6 @@ def constrained_round(engine, req) -> list[tuple[int, float, tuple]]:
 def warm_constrained(engine) -> None:
     """Compile the one-row programs of constrained rounds (the draft's 1- and 2-token feeds, the
     target's 2 to k + 1), padding only: positions past the table write to page 0."""
-    import numpy as np
-
     table = np.zeros((1, engine.n_table), np.int32)
     for T in (1, 2):
         at = np.full((1, T), engine.cfg.max_seq, np.int32)

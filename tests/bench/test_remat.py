@@ -58,7 +58,7 @@ def test_bench_remat_checks_its_flags_before_compiling():
     assert dry.returncode == 0 and dry.stdout.split() == ["sqrt", "every:3"], dry.stderr
     for flags, word in (
         (["--policies", "every:0"], "--policies"),
-        (["--policies", "half"], "none, block, dots, every:K, sqrt"),
+        (["--policies", "half"], "none, block, dots, offload, every:K, sqrt"),
         (["--layers", "1"], "at least 2"),
     ):
         bad = _bench(*flags)

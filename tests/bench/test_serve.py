@@ -62,13 +62,13 @@ def test_the_command_prints_its_table_and_writes_json_and_plot(
     run (the same `run` the command calls, without its HTTP part), not a second workload."""
     calls = []
 
-    def run(setup, http, progress=None, layouts=False):
-        calls.append((setup.n_requests, http, layouts))
+    def run(setup, http, progress=None, layouts=False, decoding=False):
+        calls.append((setup.n_requests, http, layouts, decoding))
         return {k: v for k, v in result.items() if k != "http"}
 
     monkeypatch.setattr(bench, "run", run)
     rc = cli_main(["bench", "serve", "--requests", "4", "--no-http", "--out", str(tmp_path)])
-    assert calls == [(4, False, False)]  # --layouts not given
+    assert calls == [(4, False, False, False)]  # neither --layouts nor --decoding given
     out = capsys.readouterr().out
     assert rc == 0
     assert "in_process" in out and "steps measured / simulate batching" in out
