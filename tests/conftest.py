@@ -27,7 +27,8 @@ os.environ.setdefault(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax"),
 )
 
-# the fuzz harness (tests/cli_fuzz.py) is a plain module the fuzz suites import
+# plain helper modules the suites import: the fuzz harness (tests/cli_fuzz.py), the serving
+# tests' engine driver (tests/engine_drive.py)
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402

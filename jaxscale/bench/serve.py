@@ -20,52 +20,20 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from jaxscale.bench import serve_setup
+from jaxscale.bench.serve_setup import Setup
 from jaxscale.calc import kv as calc_kv
 from jaxscale.calc import prefix as calc_prefix
 from jaxscale.cliutil import fail
-from jaxscale.config import ModelConfig
 from jaxscale.sim import batching as sim
-
-
-@dataclass(frozen=True)
-class Setup:
-    cfg: ModelConfig = field(default_factory=lambda: ModelConfig(max_seq=256))
-    n_requests: int = 24
-    prompt_len: int = 32
-    max_new: int = 32
-    max_num_seqs: int = 8
-    budget: int = 64  # max_num_batched_tokens
-    page_size: int = 16
-    rates: tuple[float, ...] = (2.0, 8.0, 32.0)  # requests per second
-    seed: int = 0
 
 
 def _pct(xs, q):
     return float(np.percentile(xs, q)) if len(xs) else float("nan")
-
-
-def _engine(setup: Setup, params, n_pages: int = 1024, **kw):
-    from jaxscale.serve.engine import Engine, EngineConfig
-
-    e = EngineConfig(
-        max_num_seqs=kw.pop("max_num_seqs", setup.max_num_seqs),
-        max_num_batched_tokens=setup.budget,
-        page_size=setup.page_size,
-        n_pages=n_pages,
-        **kw,
-    )
-    return Engine(params, setup.cfg, e)
-
-
-def _prompts(setup: Setup, rng) -> list[list[int]]:
-    return [
-        [int(t) for t in rng.integers(32, 127, setup.prompt_len)] for _ in range(setup.n_requests)
-    ]
 
 
 def summarize(arrival, first, last, n_out, makespan: float) -> dict:
@@ -92,9 +60,9 @@ def poisson_in_process(setup: Setup, params, rate: float, overlap: bool = True) 
     from jaxscale.serve.scheduler import Request
 
     rng = np.random.default_rng(setup.seed)
-    prompts = _prompts(setup, rng)
+    prompts = serve_setup.prompts(setup, rng)
     arrive = np.cumsum(rng.exponential(1 / rate, setup.n_requests))
-    eng = _engine(setup, params, overlap=overlap)
+    eng = serve_setup.engine(setup, params, overlap=overlap)
     eng.warmup()  # every shape compiled before the clock starts
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -136,7 +104,7 @@ def poisson_http(setup: Setup, params, rate: float) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    eng = _engine(setup, params)
+    eng = serve_setup.engine(setup, params)
     eng.warmup()
     server = uvicorn.Server(
         uvicorn.Config(make_app(eng, "bench"), host="127.0.0.1", port=port, log_level="warning")
@@ -147,7 +115,7 @@ def poisson_http(setup: Setup, params, rate: float) -> dict:
         time.sleep(0.01)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
     rng = np.random.default_rng(setup.seed)
-    prompts = [bytes(p).decode() for p in _prompts(setup, rng)]
+    prompts = [bytes(p).decode() for p in serve_setup.prompts(setup, rng)]
     arrive = np.cumsum(rng.exponential(1 / rate, setup.n_requests))
     n = len(prompts)
     first, last, count = [0.0] * n, [0.0] * n, [0] * n
@@ -196,7 +164,7 @@ def batching(setup: Setup, params) -> dict:
     pred_s, pred_c = sim.simulate_static(lengths, B), sim.simulate_continuous(lengths, B)
     out = {"lengths": lengths.tolist(), "batch": B}
     for name, static, pred in (("static", True, pred_s), ("continuous", False, pred_c)):
-        eng = _engine(setup, params, prefix_cache=False, static_batching=static)
+        eng = serve_setup.engine(setup, params, prefix_cache=False, static_batching=static)
         eng.warmup()
         t0 = time.perf_counter()
         done = eng.run([Request(str(i), [65], int(n)) for i, n in enumerate(lengths)])
@@ -241,13 +209,13 @@ def capacity(setup: Setup, params) -> dict:
     def requests():
         return [Request(str(i), p, setup.max_new) for i, p in enumerate(prompts)]
 
-    eng = _engine(setup, params, n_pages=n_pages, max_num_seqs=64, prefix_cache=False)
+    eng = serve_setup.engine(setup, params, n_pages=n_pages, max_num_seqs=64, prefix_cache=False)
     reqs = requests()
     peak, pages_each = _fill(eng, reqs)
     # the same bytes as `n_pages - 1` bf16 pages, as int8 pages with their scales
     bf16, int8 = (kv_cache.bytes_per_token(cfg, dt) for dt in ("bfloat16", "int8"))
     int8_pages = (n_pages - 1) * bf16 // int8 + 1
-    eng8 = _engine(
+    eng8 = serve_setup.engine(
         setup, params, n_pages=int8_pages, max_num_seqs=64, prefix_cache=False, kv_dtype="int8"
     )
     peak8, _ = _fill(eng8, requests())
@@ -285,7 +253,7 @@ def prefix_hits(setup: Setup, params) -> dict:
     rng = np.random.default_rng(setup.seed)
     system = [int(t) for t in rng.integers(32, 127, 4 * setup.page_size + 5)]
     own = 8
-    eng = _engine(setup, params, max_num_seqs=1)
+    eng = serve_setup.engine(setup, params, max_num_seqs=1)
     n = 8
     eng.run(
         [
@@ -339,12 +307,12 @@ def run(
     if layouts:
         from jaxscale.bench import serve_layouts
 
-        prompts = _prompts(setup, np.random.default_rng(setup.seed))
+        prompts = serve_setup.prompts(setup, np.random.default_rng(setup.seed))
         out["layouts"] = serve_layouts.run(setup, params, prompts, progress)
     if decoding:
         from jaxscale.bench import serve_decoding
 
-        prompts = _prompts(setup, np.random.default_rng(setup.seed))
+        prompts = serve_setup.prompts(setup, np.random.default_rng(setup.seed))
         out["decoding"] = serve_decoding.run(setup, params, prompts, progress)
     return out
 

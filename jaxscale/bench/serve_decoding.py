@@ -24,26 +24,12 @@ import time
 
 import jax
 
+from jaxscale.bench.serve_setup import engine
 from jaxscale.serve.sampling import SamplingParams
 from jaxscale.sim.speculative import expected_tokens_per_pass
 
 GREEDY = SamplingParams(0.0)
 K = 4  # drafts per round
-
-
-def _engine(setup, params, cfg=None, **kw):
-    from jaxscale.serve.engine import Engine, EngineConfig
-
-    draft = kw.pop("draft", None)
-    ecfg = EngineConfig(
-        max_num_seqs=setup.max_num_seqs,
-        max_num_batched_tokens=setup.budget,
-        page_size=setup.page_size,
-        n_pages=1024,
-        speculative_tokens=K if draft else 0,
-    )
-    extra = {"draft_params": draft[0], "draft_cfg": draft[1]} if draft else {}
-    return Engine(params, cfg or setup.cfg, ecfg, **extra)
 
 
 def _timed(eng, requests) -> tuple[dict, float]:
@@ -76,7 +62,7 @@ def speculative(setup, params, prompts) -> list[dict]:
     }
     rows, want = [], None
     for name, draft in drafts.items():
-        eng = _engine(setup, params, draft=draft)
+        eng = engine(setup, params, draft=draft, k=K)
         reqs = [Request(f"r{i}", p, setup.max_new, GREEDY) for i, p in enumerate(prompts)]
         done, seconds = _timed(eng, reqs)
         outs = [done[r.id].out for r in reqs]
@@ -107,7 +93,7 @@ def structured(setup, params, prompts) -> dict:
             Request(f"r{i}", p, setup.max_new, GREEDY, constraint=constraint and constraint())
             for i, p in enumerate(prompts)
         ]
-        done, seconds = _timed(_engine(setup, params), reqs)
+        done, seconds = _timed(engine(setup, params), reqs)
         tokens = sum(len(r.out) for r in done.values())
         out[name] = {"s_per_token": seconds / tokens, "tokens": tokens}
         if constraint:

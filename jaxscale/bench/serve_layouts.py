@@ -99,18 +99,11 @@ def throughput(engines, prompts: list[list[int]], max_new: int) -> float:
 
 
 def run(setup, params, prompts, progress=None) -> list[dict]:
-    """One row per layout (bench/serve.py's Setup: model, slots, budget, page size, new tokens;
-    the model's params; the workload's prompts)."""
-    from jaxscale.serve.engine import Engine, EngineConfig
-    from jaxscale.serve.replicas import replica_meshes
-
-    ecfg = EngineConfig(
-        max_num_seqs=setup.max_num_seqs,
-        max_num_batched_tokens=setup.budget,
-        page_size=setup.page_size,
-        n_pages=256,
-    )
+    """One row per layout (bench/serve_setup.py's Setup: model, slots, budget, page size, new
+    tokens; the model's params; the workload's prompts)."""
+    from jaxscale.bench.serve_setup import engine
     from jaxscale.model import state as ms
+    from jaxscale.serve.replicas import replica_meshes
 
     moe_cfg = moe_model(setup.cfg)
     moe_params = ms.init_params(moe_cfg, 0)
@@ -118,7 +111,8 @@ def run(setup, params, prompts, progress=None) -> list[dict]:
     for spec, moe in LAYOUTS:
         cfg = moe_cfg if moe else setup.cfg
         meshes = replica_meshes(spec, jax.devices())
-        engines = [Engine(moe_params if moe else params, cfg, ecfg, mesh=m) for m in meshes]
+        model = moe_params if moe else params
+        engines = [engine(setup, model, 256, cfg=cfg, mesh=m) for m in meshes]
         for e in engines:
             e.warmup()
         decode = census(engines[0], setup.max_num_seqs, 1)

@@ -137,10 +137,10 @@ def _main(args) -> int:
     from jaxscale.serve.server import make_app
     from jaxscale.train.checkpoint import load_model
 
+    if args.speculative_tokens and not args.draft_ckpt:  # before any checkpoint is read
+        raise ValueError("--speculative-tokens needs a draft model: --draft-ckpt DIR")
     cfg, params = load_model(args.ckpt_dir)
     draft = {}
-    if args.speculative_tokens and not args.draft_ckpt:
-        raise ValueError("--speculative-tokens needs a draft model: --draft-ckpt DIR")
     if args.draft_ckpt:
         draft_cfg, draft_params = load_model(args.draft_ckpt, "--draft-ckpt")
         draft = {"draft_params": draft_params, "draft_cfg": draft_cfg}

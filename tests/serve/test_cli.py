@@ -36,6 +36,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _train(run, *flags):
+    rc = cli_main(
+        [
+            "train",
+            "--data",
+            "markov",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "16",
+            "--steps",
+            "3",
+            "--no-progress",
+            "--sample-tokens",
+            "0",
+            "--run-dir",
+            str(run),
+            *flags,
+        ]
+    )
+    assert rc == 0, "the training run before serving failed"
+
+
 def _in_process(ckpt, prompt: str, n: int) -> str:
     from jaxscale.serve.engine import Engine, EngineConfig
     from jaxscale.serve.sampling import SamplingParams
@@ -63,32 +86,11 @@ def _in_process(ckpt, prompt: str, n: int) -> str:
     ],
 )
 def test_serve_on_a_mesh_answers_the_openai_client_and_stops_on_ctrl_c(
-    tmp_path, capsys, model, mesh, banner
+    tmp_path, model, mesh, banner
 ):
     """The served checkpoint's greedy text on the mesh is the one-device engine's."""
     run = tmp_path / "run"
-    rc = cli_main(
-        [
-            "train",
-            *model,
-            "--data",
-            "markov",
-            "--layers",
-            "1",
-            "--global-batch",
-            "8",
-            "--seq-len",
-            "16",
-            "--steps",
-            "3",
-            "--no-progress",
-            "--sample-tokens",
-            "0",
-            "--run-dir",
-            str(run),
-        ]
-    )
-    assert rc == 0, capsys.readouterr().err
+    _train(run, *model, "--layers", "1")
     port = _free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.Popen(
@@ -239,29 +241,6 @@ def test_serve_profile_traces_the_first_busy_engine_steps(tmp_path):
     assert saved["steps"] == 3 and saved["devices"] == 1 and saved["compute_s"] > 0
     assert "profile: per engine step (mean of 1 device, 3 engine steps)" in err, err[-2000:]
     assert list((tmp_path / "p").rglob("*.xplane.pb"))
-
-
-def _train(run, *flags):
-    rc = cli_main(
-        [
-            "train",
-            "--data",
-            "markov",
-            "--global-batch",
-            "8",
-            "--seq-len",
-            "16",
-            "--steps",
-            "3",
-            "--no-progress",
-            "--sample-tokens",
-            "0",
-            "--run-dir",
-            str(run),
-            *flags,
-        ]
-    )
-    assert rc == 0
 
 
 def test_serve_with_a_draft_answers_with_the_targets_greedy_text_and_exports_acceptance(

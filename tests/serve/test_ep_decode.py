@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from engine_drive import drain
 
 from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.config import ModelConfig
@@ -38,13 +39,7 @@ def _serve(mesh):
         Request(str(i), p, 10, s)
         for i, (p, s) in enumerate(zip(PROMPTS * 2, SAMPLING * 2, strict=True))
     ]
-    lps = {r.id: [] for r in reqs}
-    for r in reqs:
-        eng.add(r)
-    while eng.has_work():
-        for ev in eng.step():
-            lps[ev.request_id].append(ev.logprob)
-    return [r.out for r in reqs], lps, eng
+    return (*drain(eng, reqs), eng)
 
 
 @pytest.mark.slow  # two engines compiled; the fast suite keeps the refusals

@@ -116,11 +116,11 @@ def test_bench_serve_decoding_rows():
     value at g = 1), and every json_object output parses."""
     import numpy as np
 
-    from jaxscale.bench import serve, serve_decoding
+    from jaxscale.bench import serve_decoding, serve_setup
 
-    setup = serve.Setup(n_requests=4, prompt_len=8, max_new=10, max_num_seqs=4, budget=32)
+    setup = serve_setup.Setup(n_requests=4, prompt_len=8, max_new=10, max_num_seqs=4, budget=32)
     params = ms.init_params(setup.cfg, 0)
-    res = serve_decoding.run(setup, params, serve._prompts(setup, np.random.default_rng(0)))
+    res = serve_decoding.run(setup, params, serve_setup.prompts(setup, np.random.default_rng(0)))
     rows = {r["draft"]: r for r in res["speculative"]}
     assert all(r["same_output"] for r in rows.values())
     perfect = rows["the target itself"]

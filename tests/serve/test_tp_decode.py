@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from engine_drive import drain
 
 from jaxscale.analysis.compiled import compile_with_report
 from jaxscale.config import ModelConfig
@@ -71,13 +72,7 @@ def _serve(mesh, ecfg, requests, max_new: int):
 
     eng = Engine(_params(), CFG, ecfg, mesh=mesh)
     reqs = [Request(str(i), p, max_new, s) for i, (p, s) in enumerate(requests)]
-    lps = {r.id: [] for r in reqs}
-    for r in reqs:
-        eng.add(r)
-    while eng.has_work():
-        for ev in eng.step():
-            lps[ev.request_id].append(ev.logprob)
-    return [r.out for r in reqs], lps, eng
+    return (*drain(eng, reqs), eng)
 
 
 @pytest.mark.slow
