@@ -148,7 +148,8 @@ def run_processes(
     grace_s: float = 120.0,
 ) -> int:
     """Start the children, forward their output, and supervise them. Returns the exit code.
-    On Ctrl-C the children get SIGTERM and `grace_s` seconds to finish their step and save."""
+    On Ctrl-C (or SIGTERM, via `jaxscale launch`) the children get SIGTERM and `grace_s`
+    seconds to finish their step and save."""
     argv = child_command(cmd)
     port = _free_port()
     envs = [child_env(total_devices, num_processes, i, port) for i in range(num_processes)]
@@ -227,15 +228,31 @@ def _launch_main(args) -> int:
         child_command(args.cmd)
     except ValueError as e:
         args.parser.error(str(e))
-    return run_processes(
-        args.cmd,
-        args.num_processes,
-        total,
-        args.timeout,
-        args.all_ranks,
-        args.verbose,
-        args.grace,
-    )
+    # SIGTERM (a scheduler's stop) is a Ctrl-C to the launcher: the children run in their own
+    # sessions, so the launcher killed by it would leave them training with nobody to stop them
+    main = threading.current_thread() is threading.main_thread()  # where handlers can be set
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
+    try:
+        code = run_processes(
+            args.cmd,
+            args.num_processes,
+            total,
+            args.timeout,
+            args.all_ranks,
+            args.verbose,
+            args.grace,
+        )
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    if code == 130 and main:  # stopped: a further Ctrl-C while the interpreter cleans up ends
+        # the process at once, quietly (the children are down)
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    return code
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def add_parser(sub) -> None:

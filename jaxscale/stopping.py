@@ -5,6 +5,11 @@ A thread watches the signals through `signal.set_wakeup_fd`, whose C-level handl
 one to a pipe at once: so the first is acknowledged, and the second obeyed, even while the main
 thread is inside a compile or a compiled program (where a Python handler would wait, and an
 exception raised into jax's C++ code could crash the process).
+
+Once a stop was asked, the watcher outlives the block: the run then saves, reports and exits,
+and a Ctrl-C during that (or during the interpreter's teardown, where jax clears its backends)
+still ends the process at once with 130 (without the abort note: what the stop kept is kept),
+instead of a KeyboardInterrupt traceback.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ def stop_on_signal(stop_note: str, abort_note: str):
     """Yield a `threading.Event` that SIGINT/SIGTERM set (printing `stop_note`); a second Ctrl-C
     prints `abort_note` and exits 130. Handlers can only be installed from the main thread;
     elsewhere the event is never set."""
-    stop = threading.Event()
+    stop, ended = threading.Event(), threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     watcher = threading.Thread(
-        target=_watch, args=(read_fd, stop, stop_note, abort_note), daemon=True
+        target=_watch, args=(read_fd, stop, ended, stop_note, abort_note), daemon=True
     )
     old = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -36,17 +41,20 @@ def stop_on_signal(stop_note: str, abort_note: str):
     try:
         yield stop
     finally:
-        signal.set_wakeup_fd(old_fd)
-        for sig, h in old.items():
-            signal.signal(sig, h)
-        os.write(write_fd, b"\0")  # no signal is 0: the watcher's cue to end
-        watcher.join(timeout=5)
-        os.close(write_fd)
-        os.close(read_fd)
+        ended.set()
+        if not stop.is_set():  # no stop asked: the handlers as they were, the watcher ended
+            signal.set_wakeup_fd(old_fd)
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            os.write(write_fd, b"\0")  # no signal is 0: the watcher's cue to end
+            watcher.join(timeout=5)
+            os.close(write_fd)
+            os.close(read_fd)
 
 
-def _watch(read_fd: int, stop: threading.Event, stop_note: str, abort_note: str) -> None:
-    """The signal watcher: acknowledge the first signal, exit 130 on a second Ctrl-C."""
+def _watch(read_fd: int, stop, ended, stop_note: str, abort_note: str) -> None:
+    """The signal watcher: acknowledge the first signal, exit 130 on a second Ctrl-C (quietly
+    once the block has `ended`: the stop's work is done)."""
     while True:
         for signum in os.read(read_fd, 64):
             if signum == 0:
@@ -54,6 +62,8 @@ def _watch(read_fd: int, stop: threading.Event, stop_note: str, abort_note: str)
             if not stop.is_set():
                 stop.set()
                 print(f"\n{stop_note}", file=sys.stderr, flush=True)
+            elif signum == signal.SIGINT and ended.is_set():
+                os._exit(130)
             elif signum == signal.SIGINT:
                 print(abort_note, file=sys.stderr, flush=True)
                 os._exit(130)  # at once: no interpreter teardown under running XLA threads

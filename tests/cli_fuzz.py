@@ -164,3 +164,74 @@ def check(o: Outcome, flags: tuple[str, ...], *, must_fail: bool = False) -> Non
         assert len(errors) == 1, f"{where}: expected one error line, got\n{o.err}"
         assert any(f in errors[0] for f in flags), f"{where}: error names no flag {flags}: {errors}"
         assert not o.new_files, f"{where}: refused, yet wrote {o.new_files}"
+
+
+# The signal class: a long-running command stopped from the keyboard or by a scheduler.
+# The first Ctrl-C (or SIGTERM) stops at the next safe point and keeps what finished; a second
+# Ctrl-C aborts at once. Either way: the command's exit code, no traceback, no crash, and what it
+# left can be resumed (each command's own check, in tests/test_fuzz_signals.py).
+SIGNALS = (("SIGINT",), ("SIGINT", "SIGINT"), ("SIGTERM",))
+CRASHES = ("Traceback", "Segmentation fault", "Fatal Python error", "core dumped")
+# Ctrl-C as at a terminal: a suite started from a script's background job inherits SIGINT
+# ignored, and Python then installs no KeyboardInterrupt handler in the child. The command is
+# exec'd with SIGINT at its default (a preexec_fn would fork the multithreaded test process).
+DEFAULT_SIGINT_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    argv: tuple[str, ...]
+    signals: tuple[str, ...]
+    rc: int
+    text: str  # stdout and stderr, merged as a terminal shows them
+
+
+def interrupt(argv, workdir: Path, ready, signals, *, gap_s=0.2, timeout_s=300.0) -> Stopped:
+    """`jaxscale <argv>` as a process in `workdir`, sent `signals` (names, `gap_s` apart: two
+    sent at once may arrive as one) once `ready(text so far)` holds; its exit code and output."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-c", DEFAULT_SIGINT_EXEC, "-m", "jaxscale", *argv]
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    chunks: list[str] = []  # what is there, as it comes: a progress bar's line may not end
+    fd = proc.stdout.fileno()
+    reader = threading.Thread(
+        target=lambda: chunks.extend(
+            b.decode(errors="replace") for b in iter(lambda: os.read(fd, 4096), b"")
+        ),
+        daemon=True,
+    )
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready("".join(chunks)):
+            assert proc.poll() is None, f"ended before it was ready:\n{''.join(chunks)[-2000:]}"
+            assert time.monotonic() < deadline, f"not ready in time:\n{''.join(chunks)[-2000:]}"
+            time.sleep(0.05)
+        for name in signals:
+            proc.send_signal(getattr(signal, name))
+            time.sleep(gap_s)
+        rc = proc.wait(timeout=timeout_s)
+    finally:
+        proc.kill()
+    reader.join(timeout=5)
+    return Stopped(tuple(argv), tuple(signals), rc, "".join(chunks))
+
+
+def check_stopped(s: Stopped, rc: int) -> None:
+    """The contract of a stop: exit code `rc`, no traceback or crash in the output."""
+    where = f"jaxscale {' '.join(s.argv)} <- {'+'.join(s.signals)}"
+    assert s.rc == rc, f"{where}: exit {s.rc}, not {rc}\n{s.text[-2000:]}"
+    crash = next((c for c in CRASHES if c in s.text), None)
+    assert crash is None, f"{where}: {crash}\n{s.text[-3000:]}"

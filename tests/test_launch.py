@@ -5,7 +5,6 @@ launcher stops the others and names the failing process.
 """
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -148,49 +147,6 @@ def test_hello_command_table(capsys):
     out = capsys.readouterr().out
     assert "[Rank 3/4] Hello!" in out and "I handle odd data!" in out
     assert "From rank 3: [30.0, 31.0]" in out and "Correct: True" in out
-
-
-# Ctrl-C as at a terminal: a suite started from a script's background job inherits SIGINT
-# ignored, and Python then installs no KeyboardInterrupt handler in the launcher. The launcher
-# is exec'd with SIGINT at its default (a preexec_fn would fork the multithreaded test process).
-DEFAULT_SIGINT_EXEC = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
-)
-
-
-@pytest.mark.slow  # two processes train until interrupted (about 20 s)
-@pytest.mark.first_line
-def test_ctrl_c_lets_the_workers_finish_their_save_and_the_run_resumes(tmp_path, capsys):
-    """Ctrl-C to the launcher: the workers get SIGTERM and time to save (before: killed 3 s into
-    the save, leaving only a tmp directory), the launcher exits 130, and `--resume` continues
-    from the saved step."""
-    from jaxscale.train import checkpoint
-
-    run = tmp_path / "run"
-    tiny = ["--data", "markov", "--layers", "1", "--global-batch", "8", "--seq-len", "16"]
-    train = ["jaxscale", "train", *tiny, "--no-progress", "--sample-tokens", "0"]
-    cmd = [sys.executable, "-m", "jaxscale", "launch", "-n", "2", "--", *train]
-    cmd += ["--steps", "100000", "--log-every", "1", "--run-dir", str(run)]
-    cmd = [sys.executable, "-c", DEFAULT_SIGINT_EXEC, *cmd[1:]]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    while time.monotonic() < deadline:  # wait until it really trains
-        metrics = run / "metrics.jsonl"
-        if metrics.exists() and '"loss"' in metrics.read_text():
-            break
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S + 150)  # the launcher's grace: 120 s
-    assert proc.returncode == 130, out[-2000:]
-    assert "waiting up to 120 s for the processes to finish their step and save" in out
-    complete, stray = checkpoint.steps(run / "checkpoints")
-    assert len(complete) == 1 and stray == [], out[-2000:]
-    step = complete[0]
-    assert f"checkpoint saved at {run / 'checkpoints'}/{step}" in out
-    argv = ["train", *tiny, "--no-progress", "--sample-tokens", "0", "--run-dir", str(run)]
-    assert cli_main([*argv, "--resume", "--steps", str(step + 1)]) == 0
-    assert f"resuming from step {step}" in capsys.readouterr().out
 
 
 GLOO = "[Gloo] Rank {} is connected to 1 peer ranks. Expected number of connected peer ranks is : "

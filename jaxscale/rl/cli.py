@@ -152,6 +152,8 @@ def _train(args) -> int:
     if args.dry_run:
         print("dry run: arguments and output paths checked, nothing compiled", file=sys.stderr)
         return 0
+    # the writes are inside the block too: a second Ctrl-C while they run is an abort (its note
+    # says so), not a traceback from half-written files
     with stop_on_signal(STOP_NOTE, ABORT_NOTE) as stop:
         try:
             out = run.train(
@@ -160,14 +162,14 @@ def _train(args) -> int:
         except run.Stopped as e:
             print(f"jaxscale rl: {e}: nothing written", file=sys.stderr)
             return 130
-    summary = out.summary()
-    if args.out:
-        d = Path(args.out)
-        summary["metrics"] = str(run.write_metrics(out, d / "metrics.jsonl"))
-        summary["plot"] = str(run.plot_curves({cfg.algo: out}, d / OUT_PNG))
-    if args.tensorboard:
-        run.write_scalars(out, args.tensorboard)
-        summary["tensorboard"] = str(args.tensorboard)
+        summary = out.summary()
+        if args.out:
+            d = Path(args.out)
+            summary["metrics"] = str(run.write_metrics(out, d / "metrics.jsonl"))
+            summary["plot"] = str(run.plot_curves({cfg.algo: out}, d / OUT_PNG))
+        if args.tensorboard:
+            run.write_scalars(out, args.tensorboard)
+            summary["tensorboard"] = str(args.tensorboard)
     if out.profile:
         from jaxscale.profiling import describe
 
@@ -194,7 +196,7 @@ def _train(args) -> int:
 
 OUT_PNG = "learning_curve.png"
 STOP_NOTE = "stopping after this chunk of updates (keeping what finished); Ctrl-C again to abort"
-ABORT_NOTE = "aborted: nothing written"
+ABORT_NOTE = "aborted: the finished updates are not (all) written"
 
 
 def seed_bytes(cfg) -> int:

@@ -234,7 +234,7 @@ def _run(args) -> int:
                 raise
             _say("jaxscale rlhf: stopped during SFT (its run directory resumes it next time)")
             return 130
-    return _report(args, rc, *result)
+        return _report(args, rc, *result)  # its plot too: a second Ctrl-C there is an abort
 
 
 STOP_NOTE = (

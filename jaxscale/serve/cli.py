@@ -4,10 +4,12 @@ with a warning)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from functools import partial
 
@@ -129,6 +131,11 @@ def main(args) -> int:
 
 
 def _main(args) -> int:
+    with _exit_on_signal():
+        return _start_and_serve(args)
+
+
+def _start_and_serve(args) -> int:
     import jax
     import uvicorn  # noqa: F401  (the serve extra: if missing, this fails before compiling)
 
@@ -192,7 +199,8 @@ def _main(args) -> int:
 
 def _serve(app, sock: socket.socket) -> None:
     """uvicorn serving `app` on `sock` until Ctrl-C or SIGTERM (a graceful stop: open requests
-    finish, then the process returns); a second signal while it waits ends the process at once."""
+    finish, then the process returns, exit 0); a second signal while it waits ends the process at
+    once."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -203,22 +211,43 @@ def _serve(app, sock: socket.socket) -> None:
                 os._exit(128 + sig)
             super().handle_exit(sig, frame)
 
-    # after its graceful shutdown uvicorn re-raises the signal it stopped on, under the handler
-    # it found: SIGTERM's default would kill the process (-15), so it is made a normal stop too
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's own restores the handlers it found and raises the signal it stopped on
+            # again: a stop is a normal end here, and the start-up's handler (exit 130) is gone
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, self.handle_exit)
+            yield
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            # the server is down; a further Ctrl-C while the interpreter cleans up ends the
+            # process at once instead of printing a traceback from jax's exit handler
+            signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+    Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def _exit_on_signal():
+    """Ctrl-C or SIGTERM while the server starts (checkpoints loading, programs compiling,
+    uvicorn starting): nothing is served and nothing is kept, so the process ends at once with
+    130. A KeyboardInterrupt raised into a compile or into uvicorn's start-up could crash it or
+    leave it hanging. Serving (`_serve`) takes the signals over; the handlers found are back if
+    the command returns without serving (--dry-run, a refused flag)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers: main thread only
+        yield
+        return
+
+    def interrupted(signum, frame):
+        print("\njaxscale serve: interrupted while starting", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
-    except KeyboardInterrupt:  # the Ctrl-C or SIGTERM it shut down on: a normal stop
-        pass
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        # the server is down; a further Ctrl-C while the interpreter cleans up ends the process
-        # at once instead of printing a traceback from jax's exit handler
-        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is interrupted:  # not taken over by the server
+                signal.signal(sig, handler)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -1,15 +1,9 @@
 """Stopping an RL run keeps what finished: the chunks of updates before the stop are the
 uninterrupted run's, bitwise; the command writes them and exits 130 (before: Ctrl-C waited for
-the whole compiled run, then threw its results away)."""
+the whole compiled run, then threw its results away). The command stopped by Ctrl-C and
+SIGTERM: tests/test_fuzz_signals.py."""
 
-import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -66,45 +60,3 @@ def test_a_stop_before_the_first_chunk_keeps_nothing():
     stop.set()
     with pytest.raises(run.Stopped, match="before the first 2 updates"):
         run.train(CFG, [0], stop=stop)
-
-
-@pytest.mark.slow  # the command in a subprocess, interrupted
-@pytest.mark.first_line
-@pytest.mark.parametrize("signals", [("SIGINT",), ("SIGTERM",), ("SIGINT", "SIGINT")])
-def test_a_signal_writes_the_finished_updates_and_exits_130(tmp_path, signals):
-    """Ctrl-C or SIGTERM once: the finished updates are written, exit 130. Ctrl-C twice: exit
-    130 at once (or, if the first stop had already finished, as once), never a traceback."""
-    from jaxscale.rl.cli import ABORT_NOTE, STOP_NOTE
-
-    out = tmp_path / "rl"
-    cmd = [sys.executable, "-m", "jaxscale", "rl", "ppo", "--total-steps", "2000000"]
-    cmd += ["--num-envs", "8", "--eval-episodes", "0", "--out", str(out)]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 300
-        # the bar's first line (a tenth of the updates done): compiled and running
-        while not any("ppo cartpole [" in line for line in lines):
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)[-2000:]
-            time.sleep(0.05)
-        for name in signals:
-            proc.send_signal(getattr(signal, name))
-            time.sleep(0.05)  # two signals sent at once may arrive as one
-        assert proc.wait(timeout=120) == 130, "".join(lines)[-2000:]
-    finally:
-        proc.kill()
-    time.sleep(0.2)  # the reader's last lines
-    text = "".join(lines)
-    assert STOP_NOTE in text and "Traceback" not in text, text[-2000:]
-    done = re.search(r"stopped after (\d+) of (\d+) updates", text)
-    if len(signals) == 2 and ABORT_NOTE in text:
-        assert not done, text[-2000:]  # aborted before writing
-        return
-    assert done and 0 < int(done[1]) < int(done[2]), text[-2000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert max(r.get("update", 0) for r in records) == int(done[1])
-    assert (out / "learning_curve.png").stat().st_size > 0

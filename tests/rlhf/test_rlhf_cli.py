@@ -12,16 +12,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from rlhf_cache import CFG, TINY, seed_cache
 
 from jaxscale.cli import main
-from jaxscale.config import ModelConfig
 from jaxscale.rlhf import run, setup
 from jaxscale.rlhf.task import TaskConfig
 
-# the CLI's task is the default one: prompt 16 + response 24 tokens fill max_seq
-CFG = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq=40)
-TINY = ["--sft-steps", "1", "--rm-steps", "1", "--responses", "8", "--epochs", "1"]
-TINY += ["--minibatches", "1", "--no-progress"]
 _ITERATE = run.iterate
 
 
@@ -34,19 +30,6 @@ def _cli(*argv):
         except SystemExit as e:  # argparse refuses a flag's value itself
             code = e.code
     return code, out.getvalue(), err.getvalue()
-
-
-def _seed_cache(runs: Path) -> None:
-    """Tiny random SFT and reward models where `jaxscale rlhf --sft-steps 1 --rm-steps 1`
-    looks for them."""
-    c = setup.cache(runs, TaskConfig(), 1, 1)
-    runs.mkdir(parents=True, exist_ok=True)
-    actor, rm = setup.random_models(CFG, 0)
-    setup.save_tree(c.sft, actor)
-    c.sft.with_suffix(".json").write_text(json.dumps(CFG.__dict__))
-    setup.save_tree(c.rm, rm)
-    acc = {"train_pairs": 1, "held_out_pairs": 1, "train_accuracy": 1.0, "held_out_accuracy": 1.0}
-    c.rm.with_suffix(".json").write_text(json.dumps(acc))
 
 
 def _one_error_line(err: str) -> str:
@@ -95,7 +78,7 @@ def test_the_header_says_where_the_cache_is_and_what_it_holds(tmp_path, monkeypa
     assert code == 0, err
     assert f"cache: {tmp_path / 'cache'}\n" in out
     assert out.count("will be trained") == 2
-    _seed_cache(tmp_path / "cache")
+    seed_cache(tmp_path / "cache")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code, out, _ = _cli(*TINY, "--runs", str(tmp_path / "cache"), "--dry-run")
@@ -142,7 +125,7 @@ class _Done:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     path = tmp_path_factory.mktemp("rlhf_cli") / "runs"
-    _seed_cache(path)
+    seed_cache(path)
     return path
 
 
@@ -283,69 +266,6 @@ def test_a_resumed_run_continues_exactly(full, runs, tmp_path, monkeypatch):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert len(res.history) == 3  # the resumed run's result (not the stopped run's 2)
     assert resumed["held_out_true_score"] == summary["held_out_true_score"]
-
-
-@pytest.mark.slow  # the command in a subprocess, interrupted
-@pytest.mark.first_line  # the resume test covers the checkpoints on both lines
-@pytest.mark.parametrize("signals", [("SIGINT",), ("SIGTERM",), ("SIGINT", "SIGINT")])
-def test_a_signal_stops_after_an_iteration_saves_it_and_the_run_resumes(tmp_path, signals):
-    """The first Ctrl-C (or SIGTERM) is acknowledged at once; the run stops after the iteration
-    under way, saves the policy there and exits 130; `--resume` continues from it. A second
-    Ctrl-C, sent while the first iteration still compiles, exits 130 at once, saving nothing."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-    import threading
-    import time
-
-    from jaxscale.rlhf.cli import ABORT_NOTE, STOP_NOTE
-
-    runs, out = tmp_path / "runs", tmp_path / "out"
-    _seed_cache(runs)
-    argv = [sys.executable, "-m", "jaxscale", "rlhf", "--runs", str(runs), "--out", str(out)]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*argv, *TINY, "--iterations", "500"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 300
-        while not any("iterations x" in line for line in lines):  # built; compiling next
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)[-2000:]
-            time.sleep(0.05)
-        for name in signals:
-            proc.send_signal(getattr(signal, name))
-            time.sleep(0.2)  # two signals sent at once may arrive as one
-        assert proc.wait(timeout=300) == 130, "".join(lines)[-2000:]
-    finally:
-        proc.kill()
-    time.sleep(0.2)
-    text = "".join(lines)
-    assert STOP_NOTE in text and "Traceback" not in text, text[-2000:]
-    if len(signals) == 2:
-        assert ABORT_NOTE in text and not (out / "policy" / "checkpoints").exists(), text[-2000:]
-        return
-    done = re.search(r"stopped after iteration (\d+) of 500, saved in", text)
-    assert done, text[-2000:]
-    k = int(done[1])
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == k
-    r = subprocess.run(
-        [*argv, *TINY, "--iterations", str(k + 1), "--resume", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert f"resuming at iteration {k}" in r.stderr
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == k + 1
 
 
 @pytest.mark.slow  # SFT (two steps), the comparison pairs and part of the reward model

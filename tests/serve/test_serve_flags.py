@@ -53,3 +53,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_start_up_signal_handlers_are_undone_when_it_does_not_serve(capsys):
+    """Serve's start-up ends the process on Ctrl-C or SIGTERM (nothing to keep yet); a command
+    that returns without serving (here a port in use, exit 2) leaves the handlers it found."""
+    import signal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        assert cli_main(["serve", "--port", str(taken.getsockname()[1])]) == 2
+    assert {s: signal.getsignal(s) for s in before} == before

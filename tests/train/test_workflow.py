@@ -1,6 +1,7 @@
 """The training workflow a user relies on: one run directory, checkpoints that never trip over
-themselves, resume that says what it did, honest metrics, Ctrl-C/SIGTERM saving the state, and
-the same devices from every entry point."""
+themselves, resume that says what it did, honest metrics, Ctrl-C during the compile, and the
+same devices from every entry point. Ctrl-C and SIGTERM while training (saved, resumed) are the
+signal fuzz's cases (tests/test_fuzz_signals.py), with launch's."""
 
 import json
 import os
@@ -145,45 +146,6 @@ def test_inputs_that_would_fail_after_training_fail_before(tmp_path, capsys):
     assert exc.value.code == 2
     assert "not a directory" in capsys.readouterr().err
     assert not list(tmp_path.glob("**/ckpt"))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
-def test_a_signal_stops_after_a_step_saves_exits_130_and_the_run_resumes(tmp_path, capsys, name):
-    """SIGTERM (a scheduler's stop) or one Ctrl-C while training: the step under way finishes, a
-    checkpoint of it is saved, exit 130; `--resume` then continues from that step."""
-    run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "jaxscale",
-        "train",
-        *TINY,
-        "--steps",
-        "100000",
-        "--run-dir",
-        str(run),
-        "--log-every",
-        "1",
-    ]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until it really trains
-        metrics = run / "metrics.jsonl"
-        if metrics.exists() and '"loss"' in metrics.read_text():
-            break
-        time.sleep(0.5)
-    proc.send_signal(getattr(signal, name))
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
-    assert "interrupted after step" in err and "checkpoint saved at" in err
-    saved = [p.name for p in (run / "checkpoints").iterdir()]
-    assert saved and all(name.isdigit() for name in saved)  # a complete step, not a tmp dir
-    step = max(int(n) for n in saved)
-    rc, out, err = _train(capsys, "--steps", str(step + 2), "--run-dir", str(run), "--resume")
-    assert rc == 0, err[-2000:]
-    assert [r["step"] for r in _records(run) if r.get("event") == "start"][-1] == step, out
 
 
 def test_the_console_script_sees_the_same_8_devices_as_python_m(tmp_path):
