@@ -52,6 +52,7 @@ def test_offload_is_refused_on_the_manual_path():
         build(Strategy.parse("manual:zero3", "fsdp=8"), verify.CFG, tcfg)
 
 
+@pytest.mark.slow  # a run, its checkpoint and a resume (10 s); the bytes and values are fast
 def test_an_offloaded_run_checkpoints_and_resumes(tmp_path, capsys):
     """The host-resident state is saved and restored into host memory again (config.json keeps
     the setting)."""

@@ -130,7 +130,8 @@ def test_bench_serve_decoding_rows():
     assert "speculative decoding, k = 4" in serve_decoding.format_rows(res)
 
 
-@pytest.mark.parametrize("draft", ["random", "self"])
+# the random draft's rejections are the long case (10 s): the slow suite's
+@pytest.mark.parametrize("draft", [pytest.param("random", marks=pytest.mark.slow), "self"])
 def test_constrained_rows_speculate_and_keep_the_grammar_and_the_greedy_output(draft):
     """JSON and regex requests beside a free one on a speculative engine: the draft advances a
     copy of each grammar's state and both models' positions are masked by it. Greedy: the plain
