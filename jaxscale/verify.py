@@ -227,6 +227,11 @@ CASES: tuple[Case, ...] = (
     _case("manual:dp+cp_gather", "dp=2,cp=4", grad_accum=2),
     _pipe("manual:dp+cp_gather+1f1b", "pp=2,dp=2,cp=2", 4),
     _pipe("manual:dp+cp_ulysses+zb-h1", "pp=2,dp=2,cp=2", 4),
+    # the ring inside a schedule: its hops are all-to-alls of the context group there
+    # (parallel/cp/ring.py); cp=4 runs three hops per layer
+    _pipe("manual:dp+cp_ring+gpipe", "pp=2,dp=2,cp=2", 4),
+    _pipe("manual:dp+cp_ring+interleaved", "pp=2,dp=2,cp=2", 4, v=2),
+    _pipe("manual:cp_ring+1f1b", "pp=2,cp=4", 4),
     _case("auto", "cp=8"),
     _case("auto", "dp=2,cp=4", "context"),
     _case("auto", "fsdp=2,cp=2,tp=2"),

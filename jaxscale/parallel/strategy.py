@@ -199,15 +199,6 @@ def check_axes(strategy: Strategy, spec: MeshSpec) -> None:
         )
     if c == 1 and strategy.context is not None:
         raise ValueError(f"{label} needs a context axis: add cp=N to the mesh")
-    if strategy.context == "ring" and strategy.schedule:
-        # measured: the ring's collective-permutes inside the schedule's per-tick branches
-        # return wrong blocks on XLA:CPU (the same hops as an all-gather are right);
-        # docs/context.md
-        raise ValueError(
-            "cp_ring inside a pipeline schedule is not supported (its collective-permutes "
-            "inside the schedule's per-tick branches return wrong blocks on XLA:CPU); use "
-            "cp_gather or cp_ulysses with a pipe axis"
-        )
     if strategy.context and strategy.tensor == "gather_output":
         raise ValueError(
             "tp_gather substitutes the attention core itself; context parallelism composes "

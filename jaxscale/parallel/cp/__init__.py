@@ -25,6 +25,9 @@ Attention, per layer, on local q [B, T/c, H, K], k and v [B, T/c, G, K]:
            2(c-1) sends of K/V and 2c of dK/dV (f32). No [T/c, T] score matrix is ever held;
            autodiff through the loop would keep every pair's probabilities (ring.py;
            measured in docs/context.md).
+           Inside a pipeline schedule each send is an all-to-all over the context group
+           instead (XLA:CPU pairs collective-permutes across the whole mesh, and a schedule's
+           stages run different ones at once: ring.py).
   gather   (`cp_gather`, Llama 3's form) one all-gather of K and of V over the axis, the local
            queries against every key, masked by position; the backward's transposes are two
            reduce-scatters of dK and dV.
@@ -156,11 +159,18 @@ def pieces(pc: Pieces, comp: Composition) -> Pieces:
     """This device's chunks of the window and the form's attention (no context axis: `pc`)."""
     if comp.cp == 1:
         return pc
-    return context_pieces(pc, comp.cp, comp.cp_form, comp.cp_split)
+    # inside a pipeline schedule the ring runs in per-tick branches that only its pipe stage
+    # takes: its hops must be collectives of the context group alone (ring.py, `hop`)
+    grouped = comp.plan is not None
+    return context_pieces(pc, comp.cp, comp.cp_form, comp.cp_split, grouped=grouped)
 
 
-def context_pieces(pc: Pieces, c: int, form: str, split: str = "zigzag", axis=AXIS) -> Pieces:
-    fn = ATTEND[form]
+def context_pieces(
+    pc: Pieces, c: int, form: str, split: str = "zigzag", axis=AXIS, grouped: bool = False
+) -> Pieces:
+    """`pc` with this device's window and the form's attention over `axis`; `grouped`: the
+    ring's hops as all-to-alls over the context group (inside a pipeline schedule)."""
+    fn = partial(ATTEND[form], grouped=True) if grouped and form == "ring" else ATTEND[form]
     return pc.replace(
         window=lambda batch: window(batch, c=c, split=split, axis=axis),
         attend=lambda q, k, v, qp, kp: fn(q, k, v, qp, kp, c=c, split=split, axis=axis),

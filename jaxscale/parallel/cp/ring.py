@@ -3,6 +3,18 @@ each device keeps its queries while the K/V blocks travel the ring, a fully mask
 skipped by a conditional, partial results merge by log-sum-exp rescaling; the backward is a
 ring of its own (a custom VJP) that recomputes each pair's probabilities from the log-sum-exp,
 with dK/dV travelling beside their blocks (docs/context.md).
+
+Each hop is one collective-permute, or, with `grouped` (the ring inside a pipeline schedule),
+one all-to-all over the context group. XLA:CPU's runtime joins every collective-permute of the
+program into one rendezvous of all the mesh's devices (a permute has no replica groups, and JAX
+gives every collective the same channel id), pairing each device's next permute with every other
+device's next one, whichever op that is. Where every device runs the same permutes in the same
+order that is harmless; inside a schedule's per-tick branch, which only one pipe stage takes,
+the ring's hops on one stage paired with the stage transfer, or another hop count, on the
+others, and a stage received a K/V block as its input activation. An all-to-all names its replica
+groups -- the devices of one context group, which share a pipe stage and so always take the same
+branch -- and meets only them. It carries the block to the next device and zeros to the rest:
+the permute's bytes at cp = 2, (c-1) times them at larger c.
 """
 
 from __future__ import annotations
@@ -29,26 +41,46 @@ def back_perm(c: int) -> list[tuple[int, int]]:
     return [(j, (j - 1) % c) for j in range(c)]
 
 
-def ring_attend(q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str, axis=AXIS):
+def hop(x, axis, perm: list[tuple[int, int]], c: int, grouped: bool = False):
+    """One hop of the ring: every device's `x` to its target in `perm` (a rotation of the c
+    devices). A collective-permute; with `grouped`, an all-to-all over the context group
+    (module docstring): slot k of a [c, ...] buffer goes to device k, this device's block in
+    its target's slot and zeros in the others, and the block from this device's source is
+    the source's slot of what arrives."""
+    if not grouped:
+        return jax.lax.ppermute(x, axis, perm)
+    i = jax.lax.axis_index(axis)
+    target = jnp.asarray([t for _, t in sorted(perm)])[i]
+    source = jnp.asarray([s for s, _ in sorted(perm, key=lambda p: p[1])])[i]
+    slots = jnp.arange(c).reshape(c, *(1,) * x.ndim)
+    buf = jnp.where(slots == target, x[None], jnp.zeros((), x.dtype))
+    got = jax.lax.all_to_all(buf, axis, split_axis=0, concat_axis=0, tiled=True)
+    return jax.lax.dynamic_index_in_dim(got, source, keepdims=False)
+
+
+def ring_attend(
+    q_BTHK, k_BTGK, v_BTGK, q_pos_T, k_pos_T, *, c: int, split: str, axis=AXIS, grouped=False
+):
     """Ring attention (module docstring) with its own ring backward. `k_pos_T` is this
     device's own positions, as `q_pos_T`; an arriving block's positions are computed from its
-    source, not sent."""
+    source, not sent. `grouped`: every hop an all-to-all over the context group (`hop`), for
+    a ring inside conditionals that other devices of the mesh do not take."""
     del k_pos_T
-    return _ring(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c, split, axis)
+    return _ring(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c, split, axis, grouped)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _ring(q, k, v, q_pos, c, split, axis):
-    return _ring_forward(q, k, v, q_pos, c, split, axis)[0].astype(q.dtype)
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _ring(q, k, v, q_pos, c, split, axis, grouped):
+    return _ring_forward(q, k, v, q_pos, c, split, axis, grouped)[0].astype(q.dtype)
 
 
-def _ring_fwd(q, k, v, q_pos, c, split, axis):
-    out, lse, _ = _ring_forward(q, k, v, q_pos, c, split, axis)
+def _ring_fwd(q, k, v, q_pos, c, split, axis, grouped):
+    out, lse, _ = _ring_forward(q, k, v, q_pos, c, split, axis, grouped)
     return out.astype(q.dtype), (q, k, v, q_pos, out, lse)
 
 
-def _ring_bwd(c, split, axis, res, dout):
-    return (*_ring_backward(*res, dout, c, split, axis), None)
+def _ring_bwd(c, split, axis, grouped, res, dout):
+    return (*_ring_backward(*res, dout, c, split, axis, grouped), None)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -66,7 +98,7 @@ def _masked(k_pos_S, q_pos_T):
     return k_pos_S[0] > q_pos_T[-1]
 
 
-def _ring_forward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c: int, split: str, axis):
+def _ring_forward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c: int, split: str, axis, grouped=False):
     """(out [B, T/c, H, K] f32, lse [B, T/c, H], chunk pairs computed): this device's own
     block, then c-1 hops as one `lax.scan` (one body to compile; the census counts its trips).
     A fully masked chunk pair is skipped by a conditional (its FLOPs never run)."""
@@ -98,17 +130,17 @@ def _ring_forward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, c: int, split: str, axis):
             out.append(acc_a)
         return out, done
 
-    def hop(carry, h):
+    def step(carry, h):
         acc, done, k_BSGK, v_BSGK = carry
-        # one collective-permute of K and one of V: every device's block to the next device
-        k_BSGK = jax.lax.ppermute(k_BSGK, axis, ring_perm(c))
-        v_BSGK = jax.lax.ppermute(v_BSGK, axis, ring_perm(c))
+        # one hop of K and one of V (collective-permutes): every device's block to the next
+        k_BSGK = hop(k_BSGK, axis, ring_perm(c), c, grouped)
+        v_BSGK = hop(v_BSGK, axis, ring_perm(c), c, grouped)
         acc, done = visit(acc, done, k_BSGK, v_BSGK, (i - h) % c)
         return (acc, done, k_BSGK, v_BSGK), None
 
     done0 = jax.lax.pcast(jnp.zeros((), jnp.int32), axis, to="varying")
     acc, done = visit([_empty(q) for q in qs], done0, k_BTGK, v_BTGK, i)
-    (acc, done, _, _), _ = jax.lax.scan(hop, (acc, done, k_BTGK, v_BTGK), jnp.arange(1, c))
+    (acc, done, _, _), _ = jax.lax.scan(step, (acc, done, k_BTGK, v_BTGK), jnp.arange(1, c))
     out = jnp.concatenate([o for o, _ in acc], axis=1)
     return out, jnp.concatenate([lse for _, lse in acc], axis=1), done
 
@@ -136,7 +168,9 @@ def pair_grads(q_BTHK, k_BSGK, v_BSGK, q_pos_T, k_pos_S, dout_BTHK, lse_BTH, d_B
     return dq_BTGRK.reshape(B, T, H, K), dk_BSGK, dv_BSGK
 
 
-def _ring_backward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, out_BTHK, lse_BTH, dout_BTHK, c, split, axis):
+def _ring_backward(
+    q_BTHK, k_BTGK, v_BTGK, q_pos_T, out_BTHK, lse_BTH, dout_BTHK, c, split, axis, grouped=False
+):
     """The ring backward: the K/V blocks travel the ring again and their gradients dK/dV
     travel with them, each device adding its queries' share; one more hop takes every dK/dV
     home. Collectives: c-1 permutes of (K, V, dK, dV) and one of (dK, dV)."""
@@ -176,19 +210,19 @@ def _ring_backward(q_BTHK, k_BTGK, v_BTGK, q_pos_T, out_BTHK, lse_BTH, dout_BTHK
                 )
         return dq, jnp.concatenate(dks, 1), jnp.concatenate(dvs, 1)
 
-    def hop(carry, h):
+    def step(carry, h):
         dq, blocks = carry
-        # one collective-permute each of K, V, dK and dV to the previous device
-        blocks = tuple(jax.lax.ppermute(x, axis, back_perm(c)) for x in blocks)
+        # one hop each of K, V, dK and dV (collective-permutes) to the previous device
+        blocks = tuple(hop(x, axis, back_perm(c), c, grouped) for x in blocks)
         dq, dk, dv = visit(dq, *blocks, (i + h) % c)
         return (dq, (blocks[0], blocks[1], dk, dv)), None
 
     zero_dk = (k_BTGK * 0).astype(f32)
     dq0 = [(q * 0).astype(f32) for q in qs]
     dq, dk, dv = visit(dq0, k_BTGK, v_BTGK, zero_dk, zero_dk, i)
-    (dq, (_, _, dk, dv)), _ = jax.lax.scan(hop, (dq, (k_BTGK, v_BTGK, dk, dv)), jnp.arange(1, c))
+    (dq, (_, _, dk, dv)), _ = jax.lax.scan(step, (dq, (k_BTGK, v_BTGK, dk, dv)), jnp.arange(1, c))
     # the last hop: every block's dK and dV back to the device that owns the block
-    dk, dv = (jax.lax.ppermute(x, axis, back_perm(c)) for x in (dk, dv))
+    dk, dv = (hop(x, axis, back_perm(c), c, grouped) for x in (dk, dv))
     dq = jnp.concatenate(dq, axis=1)
     return dq.astype(q_BTHK.dtype), dk.astype(k_BTGK.dtype), dv.astype(v_BTGK.dtype)
 
