@@ -1,10 +1,12 @@
-"""The engine's one device program per shape (jaxscale/serve/engine.py schedules around it):
-tokens through the paged cache, then each row's next token sampled on the device.
+"""The engine's device program, one per step (jaxscale/serve/engine.py schedules around it):
+tokens through the paged cache, then each row's next token sampled on the device. `run` feeds
+one kind of rows (the one-token rows [B, 1], or the prefill chunks [B, T]); `run_mixed` feeds
+both kinds, one after the other, in one program.
 
 A row's input token may be one the previous step sampled and the host has not read yet: `src`
-names it in `prev` (the previous step's sampled tokens, [2 x B_max]: its decode and prefill
-programs', [B_max] each), so the engine launches step n + 1 before it reads step n's tokens
-back.
+names it in `prev` (the previous step's sampled tokens, [2 x B_max]: its one-token rows' and its
+prefill chunks', [B_max] each), so the engine launches step n + 1 before it reads step n's
+tokens back.
 """
 
 from __future__ import annotations
@@ -39,7 +41,26 @@ def run(params, pool, feed, prev_a, prev_b, cfg: ModelConfig):
 
     Returns (pool, (tokens [B_max] (rows past B zero: the next step's `prev` half), the sampled
     tokens' log-probabilities [B], the top TOP_LOGPROBS (ids, log-probabilities) [B, 20]))."""
+    return _part(params, pool, feed, jnp.concatenate([prev_a, prev_b]), prev_a.shape[0], cfg)
+
+
+@partial(jax.jit, static_argnames="cfg", donate_argnames="pool")
+def run_mixed(params, pool, ones, chunks, prev_a, prev_b, cfg: ModelConfig):
+    """A step with both kinds of rows in one program: the one-token rows (`ones`, [B1, 1]) and
+    then the prefill chunks (`chunks`, [B2, T]) through the page pool, each as `run` feeds it;
+    both take their placeholders from the previous step's `prev` (a request is in one part).
+
+    Returns (pool, (the one-token rows' outputs, the chunks' outputs)), each as `run` returns
+    it: their tokens [B_max] are the next step's two `prev` halves, in that order."""
     prev_P = jnp.concatenate([prev_a, prev_b])
+    pool, out_a = _part(params, pool, ones, prev_P, prev_a.shape[0], cfg)
+    pool, out_b = _part(params, pool, chunks, prev_P, prev_a.shape[0], cfg)
+    return pool, (out_a, out_b)
+
+
+def _part(params, pool, feed, prev_P, b_max: int, cfg: ModelConfig):
+    """`run`'s work on one feed, traced into the program that calls it; prev_P: `prev`'s two
+    halves joined [2 x B_max]."""
     src_BT = feed["src"]
     tokens_BT = jnp.where(src_BT >= 0, prev_P[jnp.maximum(src_BT, 0)], feed["tokens"])
     B = tokens_BT.shape[0]
@@ -55,7 +76,7 @@ def run(params, pool, feed, prev_a, prev_b, cfg: ModelConfig):
     logp_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1)
     top_BK, top_ids_BK = jax.lax.top_k(logp_BV, min(TOP_LOGPROBS, logp_BV.shape[-1]))
     logp_B = jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
-    tok_Bmax = jnp.zeros(prev_a.shape, jnp.int32).at[:B].set(tok_B)
+    tok_Bmax = jnp.zeros((b_max,), jnp.int32).at[:B].set(tok_B)
     pool = {n: x for n, x in cache.items() if n != "block_table"}
     return pool, (tok_Bmax, logp_B, top_ids_BK, top_BK)
 
