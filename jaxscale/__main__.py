@@ -1,8 +1,6 @@
-"""`python -m jaxscale`: the same process edge as the `jaxscale` console script (`cli.main`)."""
+"""`python -m jaxscale`: the same process edge as the `jaxscale` console script (`cli.entry`)."""
 
-import sys
-
-from jaxscale.cli import main
+from jaxscale.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

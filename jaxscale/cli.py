@@ -102,3 +102,12 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         print("interrupted", file=sys.stderr)
         return 130
     return 0 if rc is None else int(rc)
+
+
+def entry() -> None:
+    """The `jaxscale` console script and `python -m jaxscale`: `main`'s exit code, through
+    `stopping.end_process` (a stopped run skips the interpreter's teardown, where a second
+    Ctrl-C would kill it by the signal)."""
+    from jaxscale.stopping import end_process
+
+    end_process(main())

@@ -9,16 +9,25 @@ exception raised into jax's C++ code could crash the process).
 Once a stop was asked, the watcher outlives the block: the run then saves, reports and exits,
 and a Ctrl-C during that (or during the interpreter's teardown, where jax clears its backends)
 still ends the process at once with 130 (without the abort note: what the stop kept is kept),
-instead of a KeyboardInterrupt traceback.
+instead of a KeyboardInterrupt traceback. The interpreter's own teardown is where that promise
+would break: it freezes the watcher's thread and puts SIGINT back to its default, so a Ctrl-C
+there killed the process by the signal (exit -2) while jax's objects were being destroyed. So a
+process that was stopped leaves through `end_process`: the exit handlers run with the watcher
+still listening, then the process ends without the teardown (everything a run keeps is written
+and closed by then).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
 import threading
 from contextlib import contextmanager
+from typing import NoReturn
+
+_STOPPED = threading.Event()  # a stop was asked in this process: it ends through `end_process`
 
 
 @contextmanager
@@ -60,6 +69,7 @@ def _watch(read_fd: int, stop, ended, stop_note: str, abort_note: str) -> None:
             if signum == 0:
                 return
             if not stop.is_set():
+                _STOPPED.set()
                 stop.set()
                 print(f"\n{stop_note}", file=sys.stderr, flush=True)
             elif signum == signal.SIGINT and ended.is_set():
@@ -67,3 +77,18 @@ def _watch(read_fd: int, stop, ended, stop_note: str, abort_note: str) -> None:
             elif signum == signal.SIGINT:
                 print(abort_note, file=sys.stderr, flush=True)
                 os._exit(130)  # at once: no interpreter teardown under running XLA threads
+
+
+def end_process(rc: int) -> NoReturn:
+    """The process edge: exit with `rc`. After a stop, skip the interpreter's teardown (module
+    docstring): finish the other non-daemon threads and the exit handlers while a second Ctrl-C
+    still reaches the watcher, flush, and `os._exit`."""
+    if not _STOPPED.is_set():
+        sys.exit(rc)
+    for thread in threading.enumerate():
+        if not thread.daemon and thread is not threading.current_thread():
+            thread.join()
+    atexit._run_exitfuncs()  # jax's among them: its backends cleared, a distributed run shut down
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
