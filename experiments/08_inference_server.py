@@ -40,7 +40,7 @@ def main() -> None:
     )
     print(
         f"compiling {eng.warmup()} shapes (batch sizes {eng.batch_sizes} x decode and prefill "
-        f"chunks {eng.buckets})"
+        f"chunks {eng.buckets}, and {len(eng.mixed)} steps that mix them)"
     )
     reqs = [
         Request(str(i), list(PROMPTS[i % len(PROMPTS)].encode()), 20, SamplingParams(1.0, seed=i))

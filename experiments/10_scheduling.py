@@ -156,7 +156,8 @@ def buckets(cfg, params, B) -> None:
     print(f"  shapes an unbucketed engine would compile: {len(eng.exact_shapes)}")
     print(
         f"  the bound: {len(eng.batch_sizes)} batch sizes x (decode + {len(eng.buckets)} "
-        f"prefill buckets) = {len(eng.batch_sizes) * (1 + len(eng.buckets))}"
+        f"prefill buckets), and {len(eng.mixed)} steps mixing decode rows with chunks = "
+        f"{eng.compile_bound}"
     )
 
 

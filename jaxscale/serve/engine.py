@@ -1,16 +1,20 @@
 """The serving engine: continuous batching over a paged KV cache (jaxscale/serve/scheduler.py
 decides, jaxscale/serve/program.py is the device program it launches).
 
-Every step runs at most two compiled programs on the page pool: the one-token rows ([B, 1]:
-decode steps, and prompts with one token left) and the prefill chunks ([B, T]) -- in steady
-decoding, one; each samples the next token of the rows that reached the end of their tokens.
-Shapes are static: B is rounded up to a power of two (up to max_num_seqs) and T to a prefill
-bucket, padding rows write to page 0 and are never read, so the number of compiles is bounded
-by len(batch sizes) x (1 + len(prefill buckets)) and reported (`compiles`; `warmup` compiles
-them all): the JAX form of the seed's CUDA-graph lesson.
+Every step launches one compiled program on the page pool. It feeds the step's one-token rows
+([B, 1]: decode steps, and prompts with one token left), its prefill chunks ([B, T]), or both
+(`program.run_mixed`: the two parts one after the other in one program), and samples the next
+token of the rows that reached the end of their tokens. Shapes are static: B is rounded up to a
+power of two (up to max_num_seqs) and T to a prefill bucket; in a step with both parts the
+one-token part is padded to `b_mix` rows, the most that can share a step with a chunk
+(max_num_seqs - 1, rounded up), so that its shape adds no factor to the count. Padding rows
+write to page 0 and are never read. With nb batch sizes and nt prefill buckets the compiles are
+nb x (1 + nt) single-part programs and at most nb x nt mixed ones (`compile_bound`: the chunk
+batches and buckets a mixed step can reach), at most nb x (1 + 2 nt) in all; they are reported
+(`compiles`; `warmup` compiles them all): the JAX form of the seed's CUDA-graph lesson.
 
 Host work hides behind the device (`EngineConfig.overlap`): a step schedules and launches its
-programs, and only then reads back the previous step's tokens, while these run. A sampled token
+program, and only then reads back the previous step's tokens, while it runs. A sampled token
 stays on the device until then: the scheduler holds a PLACEHOLDER for it, and the next step's
 program takes it from the previous step's output. So `step()` returns the events of the step
 before; a request that ended there (EOS, a grammar's end) was fed once more meanwhile, and that
@@ -70,8 +74,9 @@ def _bucket(n: int, sizes) -> int:
 
 @dataclass
 class _Launched:
-    """One program of a step, launched and not yet read: its rows (request, tokens fed, the
-    index in `out` of the token it samples, or None) and its device outputs."""
+    """One part of a step's program (its one-token rows, or its prefill chunks), launched and
+    not yet read: its rows (request, tokens fed, the index in `out` of the token it samples, or
+    None) and its device outputs (its tokens [B_max] are a half of the next step's `prev`)."""
 
     rows: list[tuple[Request, int, int | None]]
     out: tuple
@@ -121,11 +126,25 @@ class Engine:
         # prefill chunk lengths: powers of two from 8 up to the first that holds the budget
         top = (max(e.max_num_batched_tokens, 8) - 1).bit_length()
         self.buckets = tuple(2**i for i in range(3, top + 1))
-        self.shapes: set[tuple[int, int]] = set()  # (B, T) programs compiled
-        self.exact_shapes: set[tuple[int, int]] = set()  # what an unbucketed engine compiles
+        # a step with both parts: its one-token rows padded to b_mix (a chunk holds a slot, so
+        # at most max_num_seqs - 1 of them), its chunks [B, T] as a chunk-only step's, where a
+        # one-token row leaves room for them (B up to b_mix, T up to budget - 1)
+        self.b_mix = _bucket(max(e.max_num_seqs - 1, 1), self.batch_sizes)
+        t_mix = _bucket(max(e.max_num_batched_tokens - 1, 1), self.buckets)
+        self.mixed = [
+            (B, T)
+            for B in self.batch_sizes
+            if B <= self.b_mix and e.max_num_seqs > 1
+            for T in self.buckets
+            if T <= t_mix
+        ]
+        # programs compiled, by their parts' token shapes: ((B, T),), or ((b_mix, 1), (B, T))
+        self.shapes: set[tuple[tuple[int, int], ...]] = set()
+        self.exact_shapes: set[tuple[tuple[int, int], ...]] = set()  # an unbucketed engine's
+        self.launches = 0  # programs launched
         self.texts: dict[str, Detokenizer] = {}
         self.steps = 0
-        self.launched: list[_Launched] = []  # the last step's programs, not yet read
+        self.launched: list[_Launched] = []  # the last step's parts, not yet read
         self.src: dict[str, int] = {}  # request id -> its placeholder's index in `prev`
         self.b_max = self.batch_sizes[-1]
         self._zeros = jnp.zeros((self.b_max,), jnp.int32)  # `prev`'s half with no step behind
@@ -141,6 +160,12 @@ class Engine:
     @property
     def compiles(self) -> int:
         return len(self.shapes)
+
+    @property
+    def compile_bound(self) -> int:
+        """The programs the engine can run (what `warmup` compiles): every batch size with the
+        one-token rows and with each prefill bucket, and the mixed steps' chunk shapes."""
+        return len(self.batch_sizes) * (1 + len(self.buckets)) + len(self.mixed)
 
     def add(self, req: Request) -> None:
         """Queue a request (ValueError, and nothing queued, for one that could never run)."""
@@ -182,18 +207,29 @@ class Engine:
         feed["settings"] = sampling.as_arrays(params)
         return feed
 
-    def _feed(self, rows: list[tuple[Request, int]], T: int, batch: int = 0) -> _Launched:
-        """Launch one program over `rows`; its tokens stay on the device."""
-        feed = self.feed(rows, T, batch)
-        self.shapes.add(feed["tokens"].shape)
-        if rows:
-            self.exact_shapes.add((len(rows), max(n for _, n in rows)))
+    def _launch(self, parts: list[tuple[list[tuple[Request, int]], int, int]]) -> list[_Launched]:
+        """Launch one program over the step's parts (rows, T, batch size or 0 for the bucket):
+        the one-token rows, the prefill chunks, or both in that order; the tokens stay on the
+        device."""
+        feeds = [self.feed(rows, T, batch) for rows, T, batch in parts]
+        self.shapes.add(tuple(f["tokens"].shape for f in feeds))
+        if all(rows for rows, _, _ in parts):
+            self.exact_shapes.add(tuple((len(r), max(n for _, n in r)) for r, _, _ in parts))
         prev = [x.out[0] for x in self.launched] + [self._zeros] * (2 - len(self.launched))
         with program.on(self.mesh):
-            self.pool, out = program.run(self.params, self.pool, feed, *prev, self.cfg)
+            if len(feeds) == 1:
+                self.pool, out = program.run(self.params, self.pool, feeds[0], *prev, self.cfg)
+                outs = (out,)
+            else:
+                self.pool, outs = program.run_mixed(self.params, self.pool, *feeds, *prev, self.cfg)
+        self.launches += 1
         if self.k:  # the draft's cache follows the target's (its tokens are all real here)
-            self.dpool = spec_program.fill(self.draft_params, self.dpool, feed, self.draft_cfg)
-        return _Launched([(r, n, None) for r, n in rows], out)
+            for feed in feeds:
+                self.dpool = spec_program.fill(self.draft_params, self.dpool, feed, self.draft_cfg)
+        return [
+            _Launched([(r, n, None) for r, n in rows], out)
+            for (rows, _, _), out in zip(parts, outs, strict=True)
+        ]
 
     def padding(self, B: int, T: int) -> dict:
         """The host arrays of a program of B rows x T tokens, all padding: positions beyond
@@ -223,8 +259,8 @@ class Engine:
         return row
 
     def step(self) -> list[Event]:
-        """One scheduling step: launch the decode program, then the prefill program; then the
-        previous step's tokens (with overlap; else this step's) become events."""
+        """One scheduling step: launch its program (one-token rows, prefill chunks, or both);
+        then the previous step's tokens (with overlap; else this step's) become events."""
         events = []
         if any(r.constraint is not None for r in self.scheduler.running):
             events += self._read()  # a grammar's mask needs the last token: read it first
@@ -241,15 +277,16 @@ class Engine:
             )
         # with a draft, every decoding row advances by a speculative round
         rounds = plan.decode if self.k else []
-        # one-token feeds (decode steps, and prefills with one token left) share the T = 1
-        # program; longer prefill chunks run in the prefill program
+        # one-token feeds (decode steps, and prefills with one token left) are one part [B, 1];
+        # longer prefill chunks the other [B, T]; a step with both runs them in one program,
+        # its one-token part padded to b_mix rows
         ones = [(r, 1) for r in plan.decode if not self.k]
         ones += [(r, n) for r, n in plan.prefill if n == 1]
         chunks = [(r, n) for r, n in plan.prefill if n > 1]
-        groups = [(ones, 1)]
+        parts = [(ones, 1, self.b_mix if chunks else 0)] if ones else []
         if chunks:
-            groups.append((chunks, _bucket(max(n for _, n in chunks), self.buckets)))
-        launched = [self._feed(rows, T) for rows, T in groups if rows]
+            parts.append((chunks, _bucket(max(n for _, n in chunks), self.buckets), 0))
+        launched = self._launch(parts) if parts else []
         events += self._read()  # the previous step's tokens, while this one runs
         for i, step in enumerate(launched):
             for b, (req, n, _) in enumerate(step.rows):
@@ -306,15 +343,17 @@ class Engine:
         return "" if tok == getattr(c, "end", None) else self.texts[req.id].push(tok)
 
     def warmup(self) -> int:
-        """Compile every shape the engine can run (batch sizes x (decode + prefill buckets)),
-        so no request pays a compile; returns the number of shapes. Padding rows only: they
-        write to page 0 and change nothing."""
+        """Compile every shape the engine can run (`compile_bound`: batch sizes x (one-token
+        rows + prefill buckets), and the mixed steps'), so no request pays a compile; returns
+        the number of shapes. Padding rows only: they write to page 0 and change nothing."""
         launched, self.launched = self.launched, []
         for B in self.batch_sizes:
             for T in (1, *self.buckets):
-                self._feed([], T, batch=B)
+                self._launch([([], T, B)])
             if self.k:
                 spec_program.speculate(self, [], B)
+        for B, T in self.mixed:
+            self._launch([([], 1, self.b_mix), ([], T, B)])
         if self.k:
             spec_program.warm_constrained(self)
         self.launched = launched

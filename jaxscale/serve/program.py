@@ -35,7 +35,7 @@ POOL_AXES = ("layers", None, None, "kv_heads", "head_dim")
 def run(params, pool, feed, prev_a, prev_b, cfg: ModelConfig):
     """One engine step on `feed` (host arrays: table [B, N], tokens, positions and src [B, T],
     last, index [B], settings, mask [B, V]): feed the tokens (tokens_BT, or prev[src_BT] where
-    src_BT >= 0, prev = the previous step's two programs' tokens [B_max] each) at their
+    src_BT >= 0, prev = the previous step's two parts' tokens [B_max] each) at their
     positions through the paged cache, and sample each row's next token from the logits at its
     last real token among the tokens `mask` allows.
 

@@ -27,7 +27,7 @@ def test_experiment_10_scheduling():
     assert out.count("same: True") == 3  # op by op, unrolled jit, fori_loop jit
     compiled = int(re.search(r"programs compiled \(bucketed\): (\d+)", out).group(1))
     exact = int(re.search(r"unbucketed engine would compile: (\d+)", out).group(1))
-    bound = int(re.search(r"prefill buckets\) = (\d+)", out).group(1))
+    bound = int(re.search(r"mixing decode rows with chunks = (\d+)", out).group(1))
     assert compiled <= bound and compiled < exact
     assert out.count("the same tokens: True") == 2  # the decode loop, the engine
     for row in ("device step alone", "engine, tokens read first", "engine, read a step late"):

@@ -63,8 +63,10 @@ def test_queued_chunked_batched_requests_get_their_own_tokens():
     done = eng.run(_requests())
     assert [done[str(i)].out for i in range(5)] == _want()
     assert all(r.finish_reason == "length" for r in done.values())
-    # bounded compiles: batch sizes {1, 2, 4} x (decode + prefill buckets {8, 16})
-    assert eng.compiles <= 3 * 3
+    # bounded compiles: batch sizes {1, 2, 4} x (decode + prefill buckets {8, 16}), and mixed
+    # steps' chunks {1, 2} x {8, 16} beside 2 one-token rows
+    assert eng.compiles <= eng.compile_bound == 3 * 3 + 2 * 2
+    assert any(len(shape) == 2 for shape in eng.shapes)  # a step mixed decode and prefill
     eng.cache.evict(32)  # the prefix cache keeps finished prompts' pages until evicted
     assert eng.allocator.n_free == 31  # every page back
 
@@ -300,3 +302,79 @@ def test_reading_tokens_a_step_late_changes_no_event():
         assert any(reason == "stop" for _, reason in want_reqs.values())
         assert got_reqs == want_reqs
         assert got == want
+
+
+def test_a_step_with_decode_rows_and_prefill_chunks_launches_one_program(monkeypatch):
+    """Every step launches one compiled program: a step whose one-token rows share it with
+    prefill chunks runs `program.run_mixed` once (its two parts, the next step's two `prev`
+    halves), the others `program.run` once. warmup() compiles the stated bound, every shape
+    a step then runs among them; the greedy tokens are the uncached model's."""
+    import jax
+
+    from jaxscale.model import pieces
+    from jaxscale.serve import program
+
+    calls = []
+    for name in ("run", "run_mixed"):
+        fn = getattr(program, name)
+        monkeypatch.setattr(
+            program, name, lambda *a, _fn=fn, _n=name, **kw: (calls.append(_n), _fn(*a, **kw))[1]
+        )
+    ecfg = EngineConfig(max_num_seqs=3, max_num_batched_tokens=16, page_size=8, n_pages=32)
+    eng = Engine(PARAMS, CFG, ecfg)
+    # batch sizes {1, 2, 4} x (one-token rows + buckets {8, 16}); a mixed step's one-token part
+    # padded to b_mix = 2 rows (3 slots, one held by a chunk), its chunks {1, 2} x {8, 16}
+    assert (eng.b_mix, eng.mixed) == (2, [(1, 8), (1, 16), (2, 8), (2, 16)])
+    assert eng.compile_bound == 3 * (1 + 2) + 2 * 2 <= 3 * (1 + 2 * 2)
+    assert eng.warmup() == eng.compile_bound == eng.compiles
+    warm = set(eng.shapes)
+    greedy = SamplingParams(0.0)
+    reqs = [Request(str(i), [int(t) for t in p], 6, greedy) for i, p in enumerate(PROMPTS[:4])]
+    for r in reqs:
+        eng.add(r)
+    parts = []
+    while eng.has_work():
+        before, launches = len(calls), eng.launches
+        eng.step()
+        parts.append(len(eng.launched))
+        want = {0: [], 1: ["run"], 2: ["run_mixed"]}[len(eng.launched)]
+        assert calls[before:] == want and eng.launches - launches == len(want)
+    assert parts.count(2) >= 2  # steps that mixed decode rows and prefill chunks
+    assert eng.shapes == warm  # nothing compiled after the warm-up
+    width = max(len(r.prompt) for r in reqs) + 6  # one shape: causal, so the padding is unread
+    logits = jax.jit(lambda t: pieces.logits(PARAMS, t, CFG))
+    for r in reqs:
+        seq = list(r.prompt)
+        for _ in range(6):
+            row = np.zeros((1, width), np.int32)
+            row[0, : len(seq)] = seq
+            seq.append(int(np.argmax(logits(row)[0, len(seq) - 1])))
+        assert r.out == seq[len(r.prompt) :], r.id
+
+
+@pytest.mark.slow  # a speculative engine compiled
+def test_a_speculative_engines_mixed_step_fills_the_drafts_cache_from_both_parts(monkeypatch):
+    """With a draft, a step's one-token part holds prompts cut to one token by the budget: a
+    15-token prompt and the next prompt's first token share a step (one program, both parts).
+    The draft's cache follows both parts: the target as its own draft is always accepted, and
+    the greedy tokens are the engine's without a draft."""
+    import dataclasses
+
+    from jaxscale.serve import program
+
+    mixed = []
+    fn = program.run_mixed
+    monkeypatch.setattr(program, "run_mixed", lambda *a, **kw: (mixed.append(1), fn(*a, **kw))[1])
+    ecfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=8, n_pages=40)
+    prompts = [list(range(40, 55)), [35, 32, 116, 104, 101, 110], [7], list(range(60, 80))]
+
+    def outs(eng):
+        reqs = [Request(str(i), p, 12, SamplingParams(0.0)) for i, p in enumerate(prompts)]
+        return {i: r.out for i, r in eng.run(reqs).items()}
+
+    want = outs(Engine(PARAMS, CFG, ecfg))
+    mixed.clear()
+    spec = dataclasses.replace(ecfg, speculative_tokens=3)
+    eng = Engine(PARAMS, CFG, spec, draft_params=PARAMS, draft_cfg=CFG)
+    assert outs(eng) == want
+    assert mixed and eng.spec.acceptance == 1.0 and eng.spec.rejected == 0
