@@ -236,9 +236,6 @@ def test_an_moe_model_is_served_dropless_with_its_uncached_greedy_tokens(moe_eve
     """A capacity-routed MoE checkpoint is served dropless (a token's experts do not depend on
     what shares its step): queued, chunked and batched, each request's greedy tokens are the
     uncached model's, recomputed over the whole sequence at every step."""
-    import jax
-
-    from jaxscale.model import pieces
 
     cfg = CFG.replace(n_experts=4, top_k=2, moe_mode="capacity", moe_every=moe_every)
     params = ms.init_params(cfg, 0)
@@ -250,12 +247,20 @@ def test_an_moe_model_is_served_dropless_with_its_uncached_greedy_tokens(moe_eve
         eng.add(r)
     while eng.has_work():
         eng.step()
-    dropless = cfg.replace(moe_mode="dropless")
-    width = max(len(r.prompt) for r in reqs) + 6  # one shape: causal, so the padding is unread
-    logits = jax.jit(lambda t: pieces.logits(params, t, dropless))
+    _assert_uncached_greedy(reqs, params, cfg.replace(moe_mode="dropless"), 6)
+
+
+def _assert_uncached_greedy(reqs, params, cfg, n: int) -> None:
+    """Each request's n tokens are the model's own greedy ones, recomputed without a cache."""
+    import jax
+
+    from jaxscale.model import pieces
+
+    width = max(len(r.prompt) for r in reqs) + n  # one shape: causal, so the padding is unread
+    logits = jax.jit(lambda t: pieces.logits(params, t, cfg))
     for r in reqs:
         seq = list(r.prompt)
-        for _ in range(6):
+        for _ in range(n):
             row = np.zeros((1, width), np.int32)
             row[0, : len(seq)] = seq
             seq.append(int(np.argmax(logits(row)[0, len(seq) - 1])))
@@ -309,9 +314,7 @@ def test_a_step_with_decode_rows_and_prefill_chunks_launches_one_program(monkeyp
     prefill chunks runs `program.run_mixed` once (its two parts, the next step's two `prev`
     halves), the others `program.run` once. warmup() compiles the stated bound, every shape
     a step then runs among them; the greedy tokens are the uncached model's."""
-    import jax
 
-    from jaxscale.model import pieces
     from jaxscale.serve import program
 
     calls = []
@@ -341,15 +344,7 @@ def test_a_step_with_decode_rows_and_prefill_chunks_launches_one_program(monkeyp
         assert calls[before:] == want and eng.launches - launches == len(want)
     assert parts.count(2) >= 2  # steps that mixed decode rows and prefill chunks
     assert eng.shapes == warm  # nothing compiled after the warm-up
-    width = max(len(r.prompt) for r in reqs) + 6  # one shape: causal, so the padding is unread
-    logits = jax.jit(lambda t: pieces.logits(PARAMS, t, CFG))
-    for r in reqs:
-        seq = list(r.prompt)
-        for _ in range(6):
-            row = np.zeros((1, width), np.int32)
-            row[0, : len(seq)] = seq
-            seq.append(int(np.argmax(logits(row)[0, len(seq) - 1])))
-        assert r.out == seq[len(r.prompt) :], r.id
+    _assert_uncached_greedy(reqs, PARAMS, CFG, 6)
 
 
 @pytest.mark.slow  # a speculative engine compiled
