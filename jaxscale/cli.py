@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     from jaxscale.devices import (
         DEFAULT_CPU_DEVICES,
         VERIFY_CPU_DEVICES,
+        collective_threads,
         cpu_devices_error,
         default_cpu_devices,
         patient_rendezvous,
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return 2
     use_fast_compile_xla_flags()  # jax 0.10's XLA:CPU: the same program in ~60% of the compile
     patient_rendezvous()  # a held-up simulated device is not a hang
+    collective_threads()  # a thread for each device's second collective: no starved rendezvous
     maybe_initialize_distributed()  # joins `jaxscale launch`'s processes; no-op otherwise
     parser = parser or build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

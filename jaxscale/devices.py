@@ -57,6 +57,34 @@ def patient_rendezvous() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} {timeout}".strip()
 
 
+# XLA:CPU runs a program's thunks, collectives included, on one intra-op thread pool shared by all
+# simulated devices, of max(host cores, devices) threads, and a collective holds its thread until
+# every participant arrives. Collectives start in program order, but a conditional (or loop)
+# counts as started while its body waits for a thread, so a device can enter the next collective
+# before the one inside the branch: with one thread a device, the eight threads can all end up
+# waiting, in a collective-permute and in an all-reduce whose last member waits for a thread,
+# and the process aborts (docs/pipeline.md, "Collective order on XLA:CPU"). Two threads a device
+# leave a thread for each device's second collective; XLA sizes its pools from PJRT_NPROC.
+THREADS_PER_DEVICE = 2
+THREADS_SET = "JAXSCALE_SET_PJRT_NPROC"  # the PJRT_NPROC a process edge chose (a child may resize)
+
+
+def collective_threads() -> None:
+    """Size XLA:CPU's thread pools at THREADS_PER_DEVICE x the simulated devices (process edges,
+    before jax starts its backend), unless the user chose a size (PJRT_NPROC or NPROC) or the
+    host's cores already give as many."""
+    ours = os.environ.get(THREADS_SET) == os.environ.get("PJRT_NPROC")  # a parent edge's choice
+    if not ours and ("PJRT_NPROC" in os.environ or "NPROC" in os.environ):
+        return
+    try:
+        devices = int(os.environ.get("JAX_NUM_CPU_DEVICES", ""))
+    except ValueError:
+        return
+    threads = THREADS_PER_DEVICE * devices
+    if devices > 1 and threads > (os.cpu_count() or 1):
+        os.environ["PJRT_NPROC"] = os.environ[THREADS_SET] = str(threads)
+
+
 def cpu_devices_error() -> str | None:
     """What is wrong with a JAX_NUM_CPU_DEVICES the user set (jax would raise deep inside its
     start-up, or take -3 as 1), or None."""

@@ -19,6 +19,7 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
 _compat.use_fast_compile_xla_flags()
 _devices.patient_rendezvous()
+_devices.collective_threads()
 # One persistent compilation cache for the session's workers and the subprocesses they start:
 # a program compiled by one (the single-device reference, an experiment's step) is read by the
 # others instead of compiled again. Under .cache/ (ignored by git); CI starts with it empty.
