@@ -73,7 +73,8 @@ def collective_threads() -> None:
     """Size XLA:CPU's thread pools at THREADS_PER_DEVICE x the simulated devices (process edges,
     before jax starts its backend), unless the user chose a size (PJRT_NPROC or NPROC) or the
     host's cores already give as many."""
-    ours = os.environ.get(THREADS_SET) == os.environ.get("PJRT_NPROC")  # a parent edge's choice
+    chosen = os.environ.get(THREADS_SET)
+    ours = chosen is not None and chosen == os.environ.get("PJRT_NPROC")  # a parent edge's
     if not ours and ("PJRT_NPROC" in os.environ or "NPROC" in os.environ):
         return
     try:

@@ -63,7 +63,13 @@ def test_a_permute_beside_a_branchs_all_reduce_runs_with_the_edges_thread_pool(m
 
 
 def test_a_users_pool_size_is_kept_and_a_parent_edges_is_resized(monkeypatch):
-    monkeypatch.delenv(devices.THREADS_SET, raising=False)
+    for name in ("PJRT_NPROC", devices.THREADS_SET):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NPROC", "3")  # the older spelling XLA also reads
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "16")
+    devices.collective_threads()
+    assert "PJRT_NPROC" not in os.environ  # it would win over the user's NPROC
+    monkeypatch.delenv("NPROC")
     monkeypatch.setenv("PJRT_NPROC", "3")
     monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "16")
     devices.collective_threads()
