@@ -110,8 +110,11 @@ def _forward(proc, prefix: str, lock, show: bool, verbose: bool, tail: collectio
     for line in proc.stdout:
         line = line.rstrip("\n")
         if not verbose:
+            # its threads can interleave several lines into one (or split one into several):
+            # any line holding a piece of one goes
             cleaned = _GLOO.sub("", line).strip()
-            if cleaned != line.strip() or (preamble and cleaned.isdigit()):
+            gloo = cleaned != line.strip() or "[Gloo]" in line or "peer ranks" in line
+            if gloo or (preamble and (cleaned.isdigit() or not cleaned)):  # its leftovers
                 continue
             preamble = preamble and not cleaned
         tail.append(line)

@@ -161,8 +161,17 @@ GLOO = "[Gloo] Rank {} is connected to 1 peer ranks. Expected number of connecte
         [GLOO.format(0) + GLOO.format(1) + "1", "1", "hello from the program"],
         # the digit first, then the line that lost it
         ["1", GLOO.format(1), "hello from the program"],
+        # three threads' lines woven character-wise into one (seen on CI)
+        [
+            "[Gloo] Rank 1[Gloo] Rank [Gloo] Rank  is connected to 723 peer ranks. Expected "
+            "number of connected peer ranks is :  is connected to  is connected to 777 peer "
+            "ranks.  peer ranks. Expected number of connected peer ranks is : Expected number "
+            "of connected peer ranks is : 77",
+            "",
+            "hello from the program",
+        ],
     ],
-    ids=["separate", "interleaved", "digit-first"],
+    ids=["separate", "interleaved", "digit-first", "woven"],
 )
 def test_gloos_start_up_lines_and_their_stray_digits_are_dropped(stream):
     """The child's output as gloo's threads leave it (the fragments a user saw leak): every
