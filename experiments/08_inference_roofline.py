@@ -10,7 +10,10 @@ The cached attention reads only the live slots of the cache, in blocks of kv_cac
 the last position a row holds), so a decode step moves the weights plus batch x (the live
 tokens, rounded up to a block) of K/V: the prediction uses that count, and the last table shows
 the step time of the same live tokens in caches of more and more slots (flat: the unused slots
-are never read). On CPU there is no peak in jaxscale/hardware.py: the measurements print without
+are never read). The engine's table runs the serving engine (paged pool, sampling on the device,
+host work overlapped with the device step) at each decode batch: its step, its host time (the
+step's wall time less its wait for the device), its tokens/s as a fraction of the bare decode
+step's above, and of the roofline (`jaxscale.bench.engine_step`). On CPU there is no peak in jaxscale/hardware.py: the measurements print without
 the fraction of roofline.
 """
 
@@ -20,6 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from jaxscale.bench import engine_step
 from jaxscale.calc.inference import inference_latency
 from jaxscale.config import ModelConfig
 from jaxscale.hardware import for_device_kind
@@ -147,14 +151,28 @@ def main() -> None:
         f"\n{'decode batch':>14} {'step ms':>9} {'tokens/s':>11} {'FLOP/B':>8} "
         f"{'predicted ms':>13} {'of roofline':>12}"
     )
-    for b in [int(x) for x in a.batches.split(",")]:
-        s = timed_decode(b, a.max_seq)
+    batches, bare = [int(x) for x in a.batches.split(",")], {}
+    for b in batches:
+        s = bare[b] = timed_decode(b, a.max_seq)
         pred = predicted(read, b, 1)
         step = pred.decode_per_token_s if pred else None
         frac = f"{step / s:.1%}" if pred else "-"
         print(
             f"{b:>14} {s * 1e3:>9.3f} {b / s:>11,.0f} {intensity(read, b)[1]:>8.1f} "
             f"{f'{step * 1e3:.3f}' if pred else '-':>13} {frac:>12}"
+        )
+    print(
+        f"\n{'engine batch':>14} {'step ms':>9} {'host ms':>8} {'tokens/s':>11} "
+        f"{'of decode':>10} {'of roofline':>12}   (the serving engine, {a.live}-token prompts)"
+    )
+    for b in batches:
+        run = engine_step.steady(params, cfg, b, a.reps, prompt=a.live)
+        s = run["step_ms"] / 1e3
+        pred = predicted(read, b, 1)
+        frac = f"{pred.decode_per_token_s / s:.1%}" if pred else "-"
+        print(
+            f"{b:>14} {s * 1e3:>9.3f} {run['host_ms']:>8.3f} {b / s:>11,.0f} "
+            f"{bare[b] / s:>10.1%} {frac:>12}"
         )
     print(f"\n{'cache slots':>14} {'step ms':>9} {'vs smallest':>12}   (batch 1, {a.live} live)")
     first = None

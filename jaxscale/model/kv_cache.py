@@ -211,7 +211,9 @@ def paged_layout(block_table_BN, page_size: int, block: int = BLOCK) -> Layout:
         pages_Bn = jax.lax.dynamic_slice_in_dim(block_table_BN, start // ps, n_pages, axis=1)
 
         def one(pool_LPs__):  # a pool [L, n_pages, page_size, G, K], or its scales [..., G]
-            x_Bns__ = pool_LPs__[layer][pages_Bn]
+            # one gather of (layer, page) pairs: `pool[layer][pages]` made XLA:CPU slice the
+            # layer's whole pool out first, each block -- a step's time grew with the pool
+            x_Bns__ = pool_LPs__[layer, pages_Bn]
             B, n, s = x_Bns__.shape[:3]
             return x_Bns__.reshape(B, n * s, *x_Bns__.shape[3:])
 

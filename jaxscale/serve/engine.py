@@ -142,6 +142,9 @@ class Engine:
         self.shapes: set[tuple[tuple[int, int], ...]] = set()
         self.exact_shapes: set[tuple[tuple[int, int], ...]] = set()  # an unbucketed engine's
         self.launches = 0  # programs launched
+        # seconds spent blocked reading sampled tokens back (the device still computing): a
+        # step's wall time less this is its host work (bench/engine_step.py)
+        self.wait_s = 0.0
         self.texts: dict[str, Detokenizer] = {}
         self.steps = 0
         self.launched: list[_Launched] = []  # the last step's parts, not yet read
@@ -310,7 +313,9 @@ class Engine:
         request at EOS or its grammar's end, and becomes an event."""
         events = []
         for step in self.launched:
+            t0 = time.perf_counter()
             tok_B, logp_B, top_ids_BK, top_BK = (np.asarray(x) for x in step.out)
+            self.wait_s += time.perf_counter() - t0
             for b, (req, _, at) in enumerate(step.rows):
                 if at is None or req.id not in self.texts:  # no token, or aborted
                     continue

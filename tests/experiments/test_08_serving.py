@@ -40,3 +40,12 @@ def test_experiment_08_inference_roofline():
     decode = re.findall(r"^\s+(1|4)\s+([\d.]+)\s+([\d,]+)\s", out, re.M)
     assert [p[0] for p in prefill] == ["8", "16"] and [d[0] for d in decode] == ["1", "4"]
     assert all(float(ms) > 0 for _, ms, *_ in prefill + decode)
+    # the serving engine at the same batches: step ms, host ms (a part of the step), tokens/s
+    # and that as a share of the bare decode step's
+    table = out[out.index("engine batch") :]
+    engine = re.findall(r"^\s+(1|4)\s+([\d.]+)\s+([\d.]+)\s+([\d,]+)\s+([\d.]+)%", table, re.M)
+    assert [e[0] for e in engine] == ["1", "4"], table
+    for b, step, host, per_s, share in engine:
+        assert 0 < float(host) <= float(step)
+        assert float(per_s.replace(",", "")) == pytest.approx(int(b) / float(step) * 1e3, rel=0.01)
+        assert 0 < float(share)

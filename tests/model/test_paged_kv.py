@@ -1,5 +1,7 @@
 """The paged KV cache equals the contiguous one exactly, and the page allocator's bookkeeping."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,3 +56,29 @@ def test_allocator_hands_out_each_page_once_and_takes_them_back():
         a.release(first[:1])
     with pytest.raises(ValueError, match="is free"):
         a.share(first[:1])
+
+
+def test_a_paged_step_gathers_pages_without_slicing_out_a_layers_pool():
+    """The engine's compiled step (`serve.program.run`, the pool donated): the only instructions
+    of the pool's size are the pool itself, carried and written in place. Gathering a row's pages
+    out of `pool[layer]` made XLA:CPU slice the layer's whole pool first, in every block of the
+    attention loop: the step took 36 ms with 4,096 pages against 4 ms with 49 (docs/
+    performance.md). cost_analysis counts a fused gather's whole operand either way, so the
+    program's instructions are the check. 4,093 pages: a size no other dimension has."""
+    from jaxscale.serve import program
+    from jaxscale.serve.engine import Engine, EngineConfig
+
+    cfg, n_pages = CFG.replace(max_seq=128), 4093
+    eng = Engine(PARAMS, cfg, EngineConfig(max_num_seqs=2, page_size=8, n_pages=n_pages))
+    feed = eng.padding(2, 1)
+    feed["positions"][:] = 63
+    feed["table"][:, :8] = np.arange(1, 17).reshape(2, 8)
+    prev = (jnp.zeros((eng.b_max,), jnp.int32),) * 2
+    hlo = program.run.lower(PARAMS, eng.pool, feed, *prev, cfg).compile().as_text()
+    ops = re.findall(rf"= \w+\[[\d,]*\b{n_pages}\b[\d,]*\]\S* ([\w-]+)\(", hlo)
+    assert ops, "the pool is not in the program"
+    # the writes update it in place (a scatter, or a dynamic-update-slice, each alone or in a
+    # fusion of their own); no slice, copy or gather yields a pool or a layer's pool
+    carried = {"parameter", "get-tuple-element", "tuple", "while", "fusion"}
+    carried |= {"scatter", "dynamic-update-slice"}
+    assert set(ops) <= carried, sorted(set(ops) - carried)
