@@ -13,8 +13,8 @@ the step time of the same live tokens in caches of more and more slots (flat: th
 are never read). The engine's table runs the serving engine (paged pool, sampling on the device,
 host work overlapped with the device step) at each decode batch: its step, its host time (the
 step's wall time less its wait for the device), its tokens/s as a fraction of the bare decode
-step's above, and of the roofline (`jaxscale.bench.engine_step`). On CPU there is no peak in jaxscale/hardware.py: the measurements print without
-the fraction of roofline.
+step's above, and of the roofline (`jaxscale.bench.engine_step`). On CPU there is no peak in
+jaxscale/hardware.py: the measurements print without the fraction of roofline.
 """
 
 import argparse

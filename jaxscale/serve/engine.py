@@ -197,16 +197,26 @@ class Engine:
         B = batch or _bucket(len(rows), self.batch_sizes)
         feed = self.padding(B, T)
         params = [sampling.SamplingParams(0.0)] * B
+        R = len(rows)
+        # whole columns at once where every row has them (a NumPy assignment per row and array
+        # cost more than scheduling the step, at 64 rows)
+        toks = [req.next_tokens(n) for req, n in rows]
+        starts = [req.computed for req, _ in rows]
+        if T == 1:
+            feed["tokens"][:R, 0] = [t[0] for t in toks]
+            feed["positions"][:R, 0] = starts
+        feed["last"][:R] = [n - 1 for _, n in rows]
+        feed["index"][:R] = [len(req.out) for req, _ in rows]
         for b, (req, n) in enumerate(rows):
             if req.constraint is not None and req.computed + n == len(req.tokens):
                 feed["mask"][b] = self._allowed(req)
-            toks = req.tokens[req.computed : req.computed + n]
-            feed["tokens"][b, :n] = toks
-            if PLACEHOLDER in toks:
-                feed["src"][b, toks.index(PLACEHOLDER)] = self.src[req.id]
-            feed["positions"][b, :n] = np.arange(req.computed, req.computed + n)
+            if T > 1:
+                feed["tokens"][b, :n] = toks[b]
+                feed["positions"][b, :n] = np.arange(starts[b], starts[b] + n)
+            if PLACEHOLDER in toks[b]:
+                feed["src"][b, toks[b].index(PLACEHOLDER)] = self.src[req.id]
             feed["table"][b, : len(req.pages)] = req.pages
-            feed["last"][b], feed["index"][b], params[b] = n - 1, len(req.out), req.sampling
+            params[b] = req.sampling
         feed["settings"] = sampling.as_arrays(params)
         return feed
 
@@ -314,12 +324,15 @@ class Engine:
         events = []
         for step in self.launched:
             t0 = time.perf_counter()
-            tok_B, logp_B, top_ids_BK, top_BK = (np.asarray(x) for x in step.out)
+            out = [np.asarray(x) for x in step.out]
             self.wait_s += time.perf_counter() - t0
+            # Python lists at once: indexing NumPy arrays row by row costs more than the step's
+            # scheduling at 64 rows
+            tok_B, logp_B, top_ids_BK, top_BK = (x.tolist() for x in out)
             for b, (req, _, at) in enumerate(step.rows):
                 if at is None or req.id not in self.texts:  # no token, or aborted
                     continue
-                tok = int(tok_B[b])
+                tok = tok_B[b]
                 req.out[at] = tok
                 eos = self.ecfg.eos_id is not None and tok == self.ecfg.eos_id
                 if eos and not req.done:
@@ -329,8 +342,8 @@ class Engine:
                 text = self._grammar_step(req, tok)
                 if req.done:
                     text += self.texts.pop(req.id).finish()
-                top = spec_program.top_pairs(top_ids_BK[b], top_BK[b])
-                events.append(Event(req.id, tok, text, req.finish_reason, float(logp_B[b]), top))
+                top = tuple(zip(top_ids_BK[b], top_BK[b], strict=True))
+                events.append(Event(req.id, tok, text, req.finish_reason, logp_B[b], top))
         self.launched, self.src = [], {}
         return events
 

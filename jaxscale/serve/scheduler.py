@@ -21,7 +21,10 @@ from jaxscale.serve.prefix_cache import RadixCache
 from jaxscale.serve.sampling import SamplingParams
 
 
-@dataclass
+# identity, not field-by-field equality: the scheduler's lists find a request by `in`, `remove`
+# and `index`, which with dataclass equality built and compared every field's tuple per test
+# (and would take a request for its twin)
+@dataclass(eq=False)
 class Request:
     id: str
     prompt: list[int]
@@ -42,6 +45,13 @@ class Request:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.out
+
+    def next_tokens(self, n: int) -> list[int]:
+        """The `n` tokens fed next (from `computed` on), without building `tokens`."""
+        start, P = self.computed, len(self.prompt)
+        if start >= P:
+            return self.out[start - P : start - P + n]
+        return (self.prompt[start : start + n] + self.out[: max(0, start + n - P)])[:n]
 
     @property
     def pending(self) -> int:

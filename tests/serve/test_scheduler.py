@@ -8,6 +8,8 @@ The scenarios are chosen so that the other plausible victims (the oldest request
 for the page, the one holding the most pages, the one holding the fewest) are each a different
 request from the documented one in at least one of them."""
 
+import numpy as np
+
 from jaxscale.serve.pages import PageAllocator
 from jaxscale.serve.scheduler import Request, Scheduler
 
@@ -138,3 +140,15 @@ def test_a_preempted_request_recomputes_everything_even_when_nothing_is_admitted
 
     plan = sched.schedule()  # the next batch: both fed every token they have, in queue order
     assert [(r.id, n) for r, n in plan.prefill] == [("B", 3 + 2), ("C", 2 + 1)]
+
+
+def test_the_next_tokens_are_the_slice_of_prompt_and_output():
+    """`next_tokens(n)` against slicing `tokens` (prompt + output), at every point of a request
+    whose prompt and output are any length."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        prompt = rng.integers(0, 256, rng.integers(1, 9)).tolist()
+        req = Request("r", prompt, 16, out=rng.integers(0, 256, rng.integers(0, 9)).tolist())
+        req.computed = int(rng.integers(0, len(req.tokens) + 1))
+        n = int(rng.integers(1, 12))
+        assert req.next_tokens(n) == req.tokens[req.computed : req.computed + n]
