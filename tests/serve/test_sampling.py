@@ -80,3 +80,16 @@ def test_the_filters_keep_what_the_rule_keeps(top_k, top_p):
         for b, row in enumerate(logits):
             want = rule(row, temperature, top_k, top_p)
             assert got[b].tolist() == want.tolist(), (b, temperature, got[b].sum(), want.sum())
+
+
+def test_each_row_is_cut_by_its_own_settings_when_only_some_rows_ask_for_a_cut():
+    """A batch's rows with and without cuts side by side (the cuts are skipped only for a batch
+    where no row asks for one): every row keeps what the rule keeps with its own settings."""
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(size=(4, 256)) * 3).astype(np.float32)
+    settings = [(1.0, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 1.0), (1.0, 0, 0.5)]
+    for order in (settings, settings[::-1], [settings[0], settings[2]] * 2):
+        t, k, p = (jnp.asarray(c) for c in zip(*order, strict=True))
+        got = np.isfinite(np.asarray(_filtered(jnp.asarray(logits), t, k, p)))
+        for b, (temperature, top_k, top_p) in enumerate(order):
+            assert got[b].tolist() == rule(logits[b], temperature, top_k, top_p).tolist(), b
