@@ -13,7 +13,9 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.launch import maybe_initialize_distributed  # noqa: E402
 

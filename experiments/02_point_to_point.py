@@ -10,11 +10,12 @@ async-dispatch latency (Ex3), and pipeline_simulation.py's forward pass over W s
 """
 
 import argparse
-import os
 import sys
 import time
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.sim import p2p  # noqa: E402
 

@@ -10,11 +10,12 @@ per-process volume table ("Performance Intuition") next to what the compiled ppe
 """
 
 import argparse
-import os
 import sys
 from collections import Counter
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.lessons.collectives import CHEATSHEET_OPS  # noqa: E402
 

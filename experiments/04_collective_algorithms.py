@@ -12,10 +12,11 @@ a measured all-reduce with the seed's bus-bandwidth formula (CPU timings are ind
 """
 
 import argparse
-import os
 import sys
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.bench import collectives as bench  # noqa: E402
 from jaxscale.bench.collective_plots import plot_algorithms  # noqa: E402

@@ -18,7 +18,9 @@ import argparse
 import dataclasses
 import os
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -13,9 +13,10 @@ No --seed-faithful: the chapter prints no wrong number (its wrong check crashes 
 """
 
 import argparse
-import os
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.calc import training_comm as tc  # noqa: E402
 from jaxscale.cliutil import positive_int  # noqa: E402

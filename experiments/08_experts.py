@@ -20,7 +20,9 @@ import argparse
 import math
 import os
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.calc import comm  # noqa: E402
 from jaxscale.calc import scaling_laws as sl  # noqa: E402

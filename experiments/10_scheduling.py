@@ -25,10 +25,11 @@ CPU timings are indicative; the ratios are the result.
 """
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

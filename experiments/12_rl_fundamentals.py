@@ -10,12 +10,13 @@ CartPole. `--seed-faithful` trains on the seed's SimulatedCartPole instead.
 """
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.cliutil import positive_int  # noqa: E402
 

@@ -11,11 +11,12 @@ reward`'s shaping on one real response. `--random`: a random tiny model, in seco
 """
 
 import argparse
-import os
 from functools import partial
 from pathlib import Path
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -20,12 +20,13 @@ tiny random model instead (seconds). Times on simulated CPU devices are indicati
 
 import argparse
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # process edge: simulated devices
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.cliutil import positive_int  # noqa: E402
 from jaxscale.rlhf.cli import add_stage_flags  # noqa: E402

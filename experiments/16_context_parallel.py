@@ -22,7 +22,9 @@ verify model (jaxscale/parallel/cp/; docs/context.md):
 import argparse
 import os
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+from jaxscale.devices import simulated_process
+
+simulated_process()  # process edge: 8 simulated devices, XLA:CPU sized for them
 
 from jaxscale.cliutil import positive_int, writable_dir  # noqa: E402
 from jaxscale.render import Col, table  # noqa: E402

@@ -86,6 +86,15 @@ def collective_threads() -> None:
         os.environ["PJRT_NPROC"] = os.environ[THREADS_SET] = str(threads)
 
 
+def simulated_process(n: int = DEFAULT_CPU_DEVICES) -> None:
+    """A process edge outside the command line (an experiment, a notebook's kernel), before jax
+    is imported: n simulated CPU devices unless the user set a count, XLA's patient rendezvous
+    and its collective threads, as `jaxscale.cli.main` sets them."""
+    default_cpu_devices(n)
+    patient_rendezvous()
+    collective_threads()
+
+
 def cpu_devices_error() -> str | None:
     """What is wrong with a JAX_NUM_CPU_DEVICES the user set (jax would raise deep inside its
     start-up, or take -3 as 1), or None."""

@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxscale.devices import simulated_process
+
 SIMULATED = 8  # devices of the mesh demos
 
 
@@ -58,11 +60,12 @@ def detect() -> Runtime:
 
 
 def prepare_kernel(rt: Runtime) -> None:
-    """On a CPU runtime, give this process 8 simulated devices (before jax is imported)."""
+    """On a CPU runtime, give this process 8 simulated devices, and XLA:CPU's pools and
+    rendezvous sized for them (before jax is imported)."""
     if rt.kind == "cpu":
         if "jax" in sys.modules:
             raise RuntimeError("call prepare_kernel before importing jax")
-        os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(SIMULATED))
+        simulated_process(SIMULATED)
 
 
 def simulated_env(n: int = SIMULATED) -> dict[str, str]:

@@ -77,3 +77,22 @@ def test_a_users_pool_size_is_kept_and_a_parent_edges_is_resized(monkeypatch):
     monkeypatch.setenv(devices.THREADS_SET, "3")  # ... unless an edge above chose it
     devices.collective_threads()
     assert os.environ["PJRT_NPROC"] == str(devices.THREADS_PER_DEVICE * 16)
+
+
+def test_an_experiments_edge_sets_what_the_command_lines_edge_sets(monkeypatch):
+    """`simulated_process` (the experiments' and the notebook kernel's edge): 8 devices when the
+    user set none, a user's count kept, and the pools and rendezvous sized as `cli.main` sizes
+    them."""
+    for name in ("PJRT_NPROC", "NPROC", devices.THREADS_SET, "XLA_FLAGS", devices.DEFAULTED):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    devices.simulated_process()
+    assert os.environ["JAX_NUM_CPU_DEVICES"] == "8"
+    assert os.environ["PJRT_NPROC"] == str(devices.THREADS_PER_DEVICE * 8)
+    assert "xla_cpu_collective_call_terminate_timeout_seconds" in os.environ["XLA_FLAGS"]
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "4")
+    monkeypatch.delenv(devices.DEFAULTED)
+    devices.simulated_process()
+    assert os.environ["JAX_NUM_CPU_DEVICES"] == "4"
+    assert os.environ["PJRT_NPROC"] == str(devices.THREADS_PER_DEVICE * 4)
