@@ -22,11 +22,12 @@ _devices.patient_rendezvous()
 _devices.collective_threads()
 # One persistent compilation cache for the session's workers and the subprocesses they start:
 # a program compiled by one (the single-device reference, an experiment's step) is read by the
-# others instead of compiled again. Under .cache/ (ignored by git); CI starts with it empty.
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR",
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax"),
-)
+# others instead of compiled again; it pays on reruns on one machine. Under .cache/ (ignored by
+# git). CI runs without it (JAXSCALE_NO_COMPILE_CACHE, .ci/run): on a fresh clone it saved under
+# a minute, and jax 0.10.2 once crashed a worker (SIGSEGV) serializing an executable into it.
+_CACHE_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache")
+if not os.environ.get("JAXSCALE_NO_COMPILE_CACHE"):
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_CACHE_ROOT, "jax"))
 
 # plain helper modules the suites import: the fuzz harness (tests/cli_fuzz.py), the serving
 # tests' engine driver (tests/engine_drive.py)
@@ -48,7 +49,7 @@ import pytest  # noqa: E402
 from planted import plant_extra_pmean  # noqa: E402
 
 _STATS: Counter = Counter()
-_STATS_DIR = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "..", "suite-stats")
+_STATS_DIR = os.path.join(_CACHE_ROOT, "suite-stats")
 
 
 def _event(event: str, **_) -> None:
@@ -87,15 +88,17 @@ def pytest_terminal_summary(terminalreporter):
     for name in os.listdir(_STATS_DIR) if os.path.isdir(_STATS_DIR) else ():
         with open(os.path.join(_STATS_DIR, name)) as f:
             total.update(json.load(f))
-    requests = total["compile_requests_use_cache"]
-    if requests:
-        hits = total["cache_hits"]
-        terminalreporter.write_line(
-            f"XLA: {total['backend_compile_duration_n']:.0f} compiles took "
-            f"{total['backend_compile_duration_s']:.0f} s in the test processes; persistent "
-            f"cache: {hits} hits of {requests} requests ({hits / requests:.0%}), "
-            f"{total['compile_time_saved_sec_s']:.0f} s of compiling saved"
-        )
+    requests, compiles = total["compile_requests_use_cache"], total["backend_compile_duration_n"]
+    if compiles:
+        seconds = total["backend_compile_duration_s"]
+        line = f"XLA: {compiles:.0f} compiles took {seconds:.0f} s in the test processes"
+        if requests and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+            hits = total["cache_hits"]
+            line += (
+                f"; persistent cache: {hits} hits of {requests} requests ({hits / requests:.0%}), "
+                f"{total['compile_time_saved_sec_s']:.0f} s of compiling saved"
+            )
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture
