@@ -23,11 +23,13 @@ _devices.collective_threads()
 # One persistent compilation cache for the session's workers and the subprocesses they start:
 # a program compiled by one (the single-device reference, an experiment's step) is read by the
 # others instead of compiled again; it pays on reruns on one machine. Under .cache/ (ignored by
-# git). CI runs without it (JAXSCALE_NO_COMPILE_CACHE, .ci/run): on a fresh clone it saved under
-# a minute, and jax 0.10.2 once crashed a worker (SIGSEGV) serializing an executable into it.
+# git). CI sets JAXSCALE_NO_COMPILE_CACHE (.ci/run): jax 0.10.2 once crashed a worker (SIGSEGV)
+# serializing a pipelined step into the cache, so there the workers compile without it and only
+# the subprocesses the tests start share it (a resumed run, the seeds of one RLHF run, a command
+# run once stopped and once to the end: the same programs in fresh processes).
 _CACHE_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache")
-if not os.environ.get("JAXSCALE_NO_COMPILE_CACHE"):
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_CACHE_ROOT, "jax"))
+_WORKERS_CACHE = not os.environ.get("JAXSCALE_NO_COMPILE_CACHE")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_CACHE_ROOT, "jax"))
 
 # plain helper modules the suites import: the fuzz harness (tests/cli_fuzz.py), the serving
 # tests' engine driver (tests/engine_drive.py)
@@ -37,6 +39,8 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
 jax.config.update("jax_disable_most_optimizations", True)
+if not _WORKERS_CACHE:  # the environment keeps it for the subprocesses
+    jax.config.update("jax_compilation_cache_dir", None)
 
 
 # --- how much of the suite is compiling, and what the cache saved ----------------------------
@@ -92,7 +96,7 @@ def pytest_terminal_summary(terminalreporter):
     if compiles:
         seconds = total["backend_compile_duration_s"]
         line = f"XLA: {compiles:.0f} compiles took {seconds:.0f} s in the test processes"
-        if requests and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        if requests and _WORKERS_CACHE:
             hits = total["cache_hits"]
             line += (
                 f"; persistent cache: {hits} hits of {requests} requests ({hits / requests:.0%}), "
