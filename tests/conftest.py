@@ -109,21 +109,3 @@ def pytest_terminal_summary(terminalreporter):
 def extra_pmean(monkeypatch):
     """Manual DP with the classic extra-pmean bug planted (its gradients N x the mean)."""
     plant_extra_pmean(monkeypatch)
-
-
-_OLD_JAX = tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 11)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _compiled_programs_dropped_after_each_module(request):
-    """In the slow suite a worker keeps every program it compiled until it exits. Twice in a
-    row, a worker late in the slow suite died of SIGSEGV inside XLA:CPU's compiler on a test that
-    passes alone and in its own file's run (test_verify's ep+tp+zb-h1 case); dropping the compiled
-    programs after each module bounds what one worker holds. Whether that was the cause is not
-    shown. It costs recompiles: the 3.11 slow suite's compiles went from about 2,100 to 3,327
-    and the 3.12 subset's from about 780 to 1,727 in CI. Both crashes were jax 0.10.2's, so only
-    that line drops them; the fast suite keeps its programs on both (a minute of recompiles)."""
-    yield
-    marks = request.config.getoption("markexpr") or ""
-    if "slow" in marks and "not slow" not in marks and _OLD_JAX:
-        jax.clear_caches()

@@ -348,6 +348,7 @@ def test_a_step_with_decode_rows_and_prefill_chunks_launches_one_program(monkeyp
 
 
 @pytest.mark.slow  # a speculative engine compiled
+@pytest.mark.first_line
 def test_a_speculative_engines_mixed_step_fills_the_drafts_cache_from_both_parts(monkeypatch):
     """With a draft, a step's one-token part holds prompts cut to one token by the budget: a
     15-token prompt and the next prompt's first token share a step (one program, both parts).

@@ -34,7 +34,9 @@ def _outs(engine, max_new=12):
     return {i: r.out for i, r in engine.run(reqs).items()}
 
 
-@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 4])
+@pytest.mark.parametrize(
+    "k", [pytest.param(1, marks=[pytest.mark.slow, pytest.mark.first_line]), 4]
+)
 def test_greedy_speculative_engine_output_is_the_targets_own(k):
     """Four queued requests of different lengths (chunked prefill, rows joining mid-run), with
     a random draft that is rarely right: the one-device engine's greedy tokens without a draft."""
@@ -58,6 +60,7 @@ def test_a_draft_equal_to_the_target_is_always_accepted():
 
 
 @pytest.mark.slow  # 1,200 requests through the engine
+@pytest.mark.first_line
 def test_sampled_tokens_through_the_engine_are_distributed_as_the_target():
     """1,200 requests of one prompt, each with its own seed, temperature 1 and top_k 4, the
     random draft proposing k = 2: the first token comes from the prefill program, the second
@@ -110,6 +113,7 @@ def test_a_draft_that_cannot_serve_the_target_is_refused():
 
 
 @pytest.mark.slow  # eight engines warmed up
+@pytest.mark.first_line
 def test_bench_serve_decoding_rows():
     """bench serve --decoding on a small workload: every draft leaves the greedy output as it was,
     the target as its own draft is accepted throughout (k + 1 tokens a pass, the closed form's
@@ -131,7 +135,9 @@ def test_bench_serve_decoding_rows():
 
 
 # the random draft's rejections are the long case (10 s): the slow suite's
-@pytest.mark.parametrize("draft", [pytest.param("random", marks=pytest.mark.slow), "self"])
+@pytest.mark.parametrize(
+    "draft", [pytest.param("random", marks=[pytest.mark.slow, pytest.mark.first_line]), "self"]
+)
 def test_constrained_rows_speculate_and_keep_the_grammar_and_the_greedy_output(draft):
     """JSON and regex requests beside a free one on a speculative engine: the draft advances a
     copy of each grammar's state and both models' positions are masked by it. Greedy: the plain
