@@ -86,15 +86,23 @@ def attend(q_BTHK, k_BSGK, v_BSGK, q_positions_T, k_positions_S):
     return out_BTGRK.reshape(B, T, H, K)
 
 
-def mlp_hidden(x_BTD, p, cfg: ModelConfig):
-    """The MLP's activation [B, T, F]: SwiGLU silu(x W_gate) * x W_up, or GELU(x W_up). On local
-    F shards (tensor parallelism) it needs no collective: the column-parallel half."""
+def mlp_inputs(x_BTD, p, cfg: ModelConfig) -> tuple:
+    """The MLP's weight matmuls before its activation: (x W_gate, x W_up) for SwiGLU, (x W_up,)
+    for GELU, each [B, T, F]. On local F shards (tensor parallelism) no collective: the
+    column-parallel half."""
     cdt = x_BTD.dtype
     up_BTF = jnp.einsum("btd,df->btf", x_BTD, p["w_up_DF"].astype(cdt))
     if cfg.mlp == "swiglu":
-        gate_BTF = jnp.einsum("btd,df->btf", x_BTD, p["w_gate_DF"].astype(cdt))
+        return jnp.einsum("btd,df->btf", x_BTD, p["w_gate_DF"].astype(cdt)), up_BTF
+    return (up_BTF,)
+
+
+def mlp_activation(inputs, cfg: ModelConfig):
+    """The activation [B, T, F] of `mlp_inputs`: silu(gate) * up, or GELU(up)."""
+    if cfg.mlp == "swiglu":
+        gate_BTF, up_BTF = inputs
         return jax.nn.silu(gate_BTF) * up_BTF
-    return jax.nn.gelu(up_BTF)
+    return jax.nn.gelu(inputs[0])
 
 
 def cross_entropy(logits_BTV, targets_BT):
@@ -151,10 +159,24 @@ def attention(h_BTD, p, positions, cfg: ModelConfig, pc: Pieces, kv=None):
 
 def mlp(h_BTD, p, cfg: ModelConfig, pc: Pieces):
     """Column-parallel up (and gate), row-parallel down: one all-reduce under tensor parallelism
-    (the caller's `pc.leave`)."""
-    act_BTF = pc.constrain(mlp_hidden(h_BTD, p, cfg), ("batch", "seq", "act_mlp"))
-    act_BTF = pc.mlp_act(act_BTF)
-    return jnp.einsum("btf,fd->btd", act_BTF, p["w_down_FD"].astype(h_BTD.dtype))
+    (the caller's `pc.leave`).
+
+    The activation and the down-projection run under `jax.checkpoint`: the backward keeps the two
+    matmul outputs and recomputes the elementwise activation from them, where autodiff would keep
+    the activation and its intermediate terms too (four more [B, T, F] per layer). No matmul is
+    recomputed (the down-projection's output feeds nothing the backward needs), and in the layer
+    scan each kept value is a stacked residual, so this cuts the scan's stack traffic
+    (docs/performance.md). Not where `pc.mlp_act` holds a collective (tensor parallelism's
+    gather_output): the backward would repeat it."""
+    cdt = h_BTD.dtype
+
+    def act_down(inputs, w_down_FD):
+        act_BTF = pc.constrain(mlp_activation(inputs, cfg), ("batch", "seq", "act_mlp"))
+        return jnp.einsum("btf,fd->btd", pc.mlp_act(act_BTF), w_down_FD)
+
+    if pc.mlp_act is _identity:
+        act_down = jax.checkpoint(act_down)
+    return act_down(mlp_inputs(h_BTD, p, cfg), p["w_down_FD"].astype(cdt))
 
 
 def embed(top, tokens_BT, cfg: ModelConfig, pc: Pieces):
