@@ -2,6 +2,8 @@
 bytes within 5%, every loop trip counted (`analysis.loop_cost`). Without remat, what the scan
 adds is its residual stacks' traffic (`analysis.loop_bytes`; docs/performance.md)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -46,3 +48,19 @@ def test_without_remat_the_scans_extra_bytes_are_its_stacks_traffic():
     assert split["compute"] <= flat_whole
     stacks = split["stack fill"] + split["stack writes"] + split["stack reads"]
     assert stacks >= 0.8 * (whole - flat_whole), split
+
+
+def test_the_scanned_mlp_keeps_its_two_matmul_outputs_and_recomputes_no_matmul():
+    """SwiGLU's backward needs gate and up, each [B, T, F]; the activation and its terms are
+    recomputed from them (pieces.mlp), so the scan stacks exactly two [L, B, T, F] residuals,
+    and the unrolled step's matmul FLOPs are forward + backward, 3x the forward's (no matmul is
+    recomputed)."""
+    from jaxscale.analysis.matmuls import matmul_flops
+    from jaxscale.model import counts
+
+    cfg = CFG.replace(remat="none")
+    scanned, unrolled = _compiled(cfg), _compiled(cfg.replace(unroll_layers=True))
+    L, B, T, F = cfg.n_layers, 8, 128, cfg.d_ff
+    stack = re.compile(rf"= f32\[{L},{B},{T},{F}\]\S* dynamic-update-slice\(")
+    assert len(stack.findall(scanned.as_text())) == 2
+    assert matmul_flops(unrolled.as_text()) == pytest.approx(counts.train_step_flops(cfg, B, T))
