@@ -141,10 +141,25 @@ COMMANDS = {
 BOTH_LINES = ("train",)
 
 
-@pytest.mark.parametrize("signals", SIGNALS, ids="+".join)
+# SIGTERM takes the first Ctrl-C's path in `stopping.stop_on_signal`, which train, rl and rlhf
+# share: it runs on train, and on the commands that stop another way (launch forwards it to its
+# processes, serve is uvicorn's); rl and rlhf get Ctrl-C once and twice
+SIGTERM_TOO = ("train", "launch train", "serve")
+
+
 @pytest.mark.parametrize(
-    "command",
-    [pytest.param(c, marks=() if c in BOTH_LINES else pytest.mark.first_line) for c in COMMANDS],
+    ("command", "signals"),
+    [
+        pytest.param(
+            c,
+            s,
+            id=f"{c}-{'+'.join(s)}",
+            marks=() if c in BOTH_LINES else pytest.mark.first_line,
+        )
+        for s in SIGNALS
+        for c in COMMANDS
+        if c in SIGTERM_TOO or s != ("SIGTERM",)
+    ],
 )
 def test_a_stopped_command_exits_cleanly_and_leaves_a_state_that_resumes(
     command, signals, tmp_path, capsys

@@ -39,6 +39,7 @@ def _text(cell) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.newest_line  # Colab's line: the newest jax
 def test_the_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the CPU runtime's path: 8 simulated devices

@@ -49,6 +49,7 @@ def test_the_readme_has_commands_to_run():
 
 
 @pytest.mark.slow
+@pytest.mark.first_line  # the line `make` runs (python3); each command's path is in the fast suite
 def test_every_readme_command_runs_as_typed(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for argv in readme_commands():

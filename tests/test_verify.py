@@ -1,5 +1,6 @@
 """The equivalence matrix (jaxscale/verify.py): every strategy, auto and manual, on every
-meaningful mesh, against the single-device reference -- and each of its three checks (first-step
+meaningful mesh (the pipeline schedules x compositions as a cover, `PIPE_COVER`), against the
+single-device reference -- and each of its three checks (first-step
 loss, first-step gradients, trajectory) failing for a strategy broken in just that respect."""
 
 import json
@@ -58,6 +59,46 @@ def test_the_second_lines_cases_are_in_the_matrix():
     assert SECOND_LINE <= {_id(c) for c in verify.CASES}
 
 
+# The dense pipeline product (`verify.PIPE_SCHEDULES` x four compositions on their meshes, 16
+# cases): `jaxscale verify` runs all of it; the suite runs a cover in which every schedule runs
+# under two compositions or more and every composition under two schedules or more (9 of 16).
+# Each schedule meets the other parts in the matrix's MoE, context and 16-device pipeline cases
+# too (docs/testing.md, "The pipeline cover").
+COMPOSITIONS = ("dp", "zero3", "tp", "zero1+tp")
+PIPE_COVER = {
+    ("dp", "1f1b"),
+    ("dp", "zb-h1"),
+    ("zero3", "interleaved"),
+    ("zero3", "zb-h1"),
+    ("tp", "gpipe"),
+    ("tp", "interleaved"),
+    ("zero1+tp", "gpipe"),
+    ("zero1+tp", "1f1b"),
+    ("zero1+tp", "interleaved"),
+}
+
+
+def _composed(case):
+    """(composition, schedule) of a case of the dense pipeline product, else None."""
+    sched = case.strategy.schedule
+    if not sched or case.model or case.compute_dtype != "float32" or case.mesh == "pp=8":
+        return None
+    comp = case.label.split("(")[0].removeprefix("manual:").removesuffix("+" + sched)
+    return (comp, sched) if comp in COMPOSITIONS else None
+
+
+def test_the_pipeline_cover_holds_each_schedule_and_composition_twice():
+    product = {_composed(c) for c in verify.CASES} - {None}
+    assert product == {(c, s) for c in COMPOSITIONS for s in verify.PIPE_SCHEDULES}
+    assert PIPE_COVER <= product
+    for sched in verify.PIPE_SCHEDULES:
+        assert sum(s == sched for _, s in PIPE_COVER) >= 2, sched
+    for comp in COMPOSITIONS:
+        assert sum(c == comp for c, _ in PIPE_COVER) >= 2, comp
+    kept = {_id(c) for c in IN_PROCESS}
+    assert PIPE_FAST | SECOND_LINE <= kept
+
+
 def _param(case):
     marks = [pytest.mark.smoke] if _id(case) in SMOKE else []
     pipeline_slow = case.strategy.schedule and _id(case) not in PIPE_FAST
@@ -71,7 +112,11 @@ def _param(case):
 
 
 # the cases on more devices than the suite's 8 run in a process of their own (below)
-IN_PROCESS = [c for c in verify.CASES if c.n_devices <= 8]
+IN_PROCESS = [
+    c
+    for c in verify.CASES
+    if c.n_devices <= 8 and (_composed(c) is None or _composed(c) in PIPE_COVER)
+]
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in IN_PROCESS])

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.first_line]
+# one worker runs the module's tests in turn (`make test-slow` distributes by group): the runs
+# wait for the shared preparation, and a second worker would wait with them, its core idle
+pytestmark = [pytest.mark.slow, pytest.mark.first_line, pytest.mark.xdist_group("rlhf_learning")]
 
 RUNS = {
     "ppo": ["--algo", "ppo"],

@@ -75,6 +75,9 @@ def _in_process(ckpt, prompt: str, n: int) -> str:
     return bytes(out).decode("utf-8", errors="replace")
 
 
+# the engine on these meshes and the HTTP server with real clients run in the fast suite on both
+# lines (test_tp_decode, test_ep_decode, test_replicas, test_server): this whole run on the first
+@pytest.mark.first_line
 @pytest.mark.parametrize(
     ("model", "mesh", "banner"),
     [
@@ -243,6 +246,7 @@ def test_serve_profile_traces_the_first_busy_engine_steps(tmp_path):
     assert list((tmp_path / "p").rglob("*.xplane.pb"))
 
 
+@pytest.mark.first_line  # the speculative engine runs in the fast suite on both lines
 def test_serve_with_a_draft_answers_with_the_targets_greedy_text_and_exports_acceptance(
     tmp_path,
 ):
