@@ -37,12 +37,13 @@ test: install
 # SLOW selects among the long tests: CI's second Python line runs `slow and not first_line`.
 # The equivalence matrix runs in workers of its own, then the rest: on jax 0.10.2 a worker that
 # had run other slow modules first twice died of SIGSEGV in XLA:CPU's compiler on a matrix case
-# that passes in the matrix's own run (docs/testing.md). `--dist loadgroup`: a module marked
-# `xdist_group` runs on one worker (the RLHF learning runs, which share one preparation).
+# that passes in the matrix's own run (docs/testing.md). The rest goes out a module at a time
+# (`--dist loadfile`): a module's shared set-up (a trained checkpoint, the RLHF learning runs'
+# preparation) is made once, not once per worker, and no worker waits on another's.
 SLOW ?= slow
 test-slow: install
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) -m "$(SLOW)" $(PYTEST_ARGS) tests/test_verify.py
-	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup -m "$(SLOW)" $(PYTEST_ARGS) \
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "$(SLOW)" $(PYTEST_ARGS) \
 		--ignore=tests/test_verify.py
 
 test-all: install

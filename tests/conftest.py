@@ -74,13 +74,6 @@ jax.monitoring.register_event_listener(_event)
 jax.monitoring.register_event_duration_secs_listener(_duration)
 
 
-def pytest_collection_modifyitems(items):
-    """A module that one worker runs in turn (`xdist_group`: the RLHF learning runs, about 500 s
-    in a row) goes first, so it is not what the session waits on at its end; the sort is
-    stable, so every worker collects the same order."""
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
-
-
 def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):  # the controller: a fresh tally
         for name in os.listdir(_STATS_DIR) if os.path.isdir(_STATS_DIR) else ():

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import pytest
 
-# one worker runs the module's tests in turn (`make test-slow` distributes by group): the runs
-# wait for the shared preparation, and a second worker would wait with them, its core idle
-pytestmark = [pytest.mark.slow, pytest.mark.first_line, pytest.mark.xdist_group("rlhf_learning")]
+pytestmark = [pytest.mark.slow, pytest.mark.first_line]
 
 RUNS = {
     "ppo": ["--algo", "ppo"],
