@@ -1,7 +1,7 @@
 """The equivalence matrix (jaxscale/verify.py): every strategy, auto and manual, on every
 meaningful mesh (the pipeline schedules x compositions as a cover, `PIPE_COVER`), against the
-single-device reference -- and each of its three checks (first-step
-loss, first-step gradients, trajectory) failing for a strategy broken in just that respect."""
+single-device reference -- and each of its three checks (first-step loss, first-step gradients,
+trajectory) failing for a strategy broken in just that respect."""
 
 import json
 
@@ -63,7 +63,7 @@ def test_the_second_lines_cases_are_in_the_matrix():
 # cases): `jaxscale verify` runs all of it; the suite runs a cover in which every schedule runs
 # under two compositions or more and every composition under two schedules or more (9 of 16).
 # Each schedule meets the other parts in the matrix's MoE, context and 16-device pipeline cases
-# too (docs/testing.md, "The pipeline cover").
+# too (docs/testing.md, "What the slow suite runs once").
 COMPOSITIONS = ("dp", "zero3", "tp", "zero1+tp")
 PIPE_COVER = {
     ("dp", "1f1b"),
@@ -112,11 +112,7 @@ def _param(case):
 
 
 # the cases on more devices than the suite's 8 run in a process of their own (below)
-IN_PROCESS = [
-    c
-    for c in verify.CASES
-    if c.n_devices <= 8 and (_composed(c) is None or _composed(c) in PIPE_COVER)
-]
+IN_PROCESS = [c for c in verify.CASES if c.n_devices <= 8 and _composed(c) in PIPE_COVER | {None}]
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in IN_PROCESS])
