@@ -31,8 +31,10 @@ $(VENV)/.installed-%: pyproject.toml
 # The suite, under 6 minutes on 2 cores from a fresh clone. The long tests (marked slow: every
 # mesh of the equivalence matrix, end-to-end runs, multi-process training, the README's
 # commands) are `test-slow`; CI runs both.
+# FAST selects among the others: CI's second Python line runs `not slow and not first_line`.
+FAST ?= not slow
 test: install
-	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) -m "not slow" $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n $(WORKERS) -m "$(FAST)" $(PYTEST_ARGS)
 
 # SLOW selects among the long tests: CI's second Python line runs `slow and not first_line`.
 # The equivalence matrix runs in workers of its own, then the rest: on jax 0.10.2 a worker that

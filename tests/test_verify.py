@@ -4,6 +4,7 @@ single-device reference -- and each of its three checks (first-step loss, first-
 trajectory) failing for a strategy broken in just that respect."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -54,9 +55,53 @@ SECOND_LINE = {
 }
 
 
+# The fast cases CI's second line runs: a cover in which every part of a fast case (each manual
+# and auto strategy, gradient buckets, accumulation, SGD, bf16) runs at least once, composed.
+# The other fast cases are `first_line`: on the newest jax each costs 5-25 s of its slower
+# compiles and checks no part the cover does not. The pipeline counts as one part there: its
+# schedules are plans run by one tick executor, and the second line runs two of them, composed
+# (SECOND_LINE: interleaved's forward and backward ticks, ZB-H1's split backward).
+SECOND_LINE_FAST = {
+    "manual:zero3+tp_sp@dp=2,fsdp=2,tp=2",
+    "manual:zero2+tp accum=2@dp=2,tp=4",
+    "manual:dp+tp buckets=4 L=4@dp=2,tp=4",
+    "manual:zero3+tp [bfloat16]@fsdp=4,tp=2",
+    "manual:zero3+tp sgd@fsdp=4,tp=2",
+    "manual:zero1+tp@dp=4,tp=2",
+    "manual:tp_gather@tp=8",
+    "manual:dp+cp_ring@dp=2,cp=4",
+    "manual:cp_gather@cp=8",
+    "manual:cp_ulysses@cp=8",
+    "auto:dp_fsdp_tp [bfloat16]@dp=2,fsdp=2,tp=2",
+    "auto:dp_cp@dp=2,cp=4",
+}
+SHAPE_WORDS = ("L", "E", "k", "cf", "every")  # a variant's model shape, not a strategy part
+
+
+def _parts(case) -> set[str]:
+    """What a case composes: `kind:part` for each strategy part and training variant."""
+    kind, rest = case.label.split(":", 1)
+    head, *variants = re.sub(r"\(.*?\)", "", rest).split(" ")  # "(M=4 v=2)": the schedule's
+    split = head.split("+" if kind == "manual" else "_")  # manual:zero3+tp_sp, auto:dp_fsdp
+    parts = {"pipeline" if p == case.strategy.schedule else p for p in split}
+    parts |= {v.split("=")[0] for v in variants if v.split("=")[0] not in SHAPE_WORDS}
+    return {f"{kind}:{p}" for p in parts}
+
+
 def test_the_second_lines_cases_are_in_the_matrix():
     """A renamed case must not silently leave CI's second line with fewer cases."""
     assert SECOND_LINE <= {_id(c) for c in verify.CASES}
+
+
+def test_the_second_line_runs_every_part_of_the_fast_cases():
+    fast = [c for c in IN_PROCESS if not any(m.name == "slow" for m in _param(c).marks)]
+    assert SECOND_LINE_FAST <= {_id(c) for c in fast}
+    second = [c for c in verify.CASES if _id(c) in SECOND_LINE_FAST | SECOND_LINE]
+    covered = set().union(*map(_parts, second))
+    assert set().union(*map(_parts, fast)) <= covered
+    # the parts are read from the labels
+    assert {"manual:zero3", "manual:tp_sp", "manual:accum", "auto:[bfloat16]"} <= covered
+    assert _parts(next(c for c in fast if c.strategy.schedule)) == {"manual:dp", "manual:pipeline"}
 
 
 # The dense pipeline product (`verify.PIPE_SCHEDULES` x four compositions on their meshes, 16
@@ -108,6 +153,8 @@ def _param(case):
         marks.append(pytest.mark.slow)
         if _id(case) not in SECOND_LINE:
             marks.append(pytest.mark.first_line)
+    elif _id(case) not in SECOND_LINE_FAST:
+        marks.append(pytest.mark.first_line)
     return pytest.param(case, id=_id(case), marks=marks)
 
 
