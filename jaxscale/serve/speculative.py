@@ -25,17 +25,28 @@ from jaxscale.serve.sampling import SamplingParams, filtered_logits
 
 def distribution(logits_TV, s: SamplingParams, mask_TV=None):
     """The sampling distribution [T, V] of each row of logits under `s` (one-hot at temperature
-    0, so that greedy decoding is the same rule), restricted to `mask` (a grammar's) if given."""
+    0, so that greedy decoding is the same rule), restricted to `mask` (a grammar's) if given.
+
+    One compiled program per shape: called op by op from the host loops below, the top-k/top-p
+    `lax.cond` of `filtered_logits` took fresh branch functions each call and compiled again
+    (33 programs for every 32-token sampled generation)."""
+    return _distribution(logits_TV, mask_TV, s.temperature == 0, s.temperature, s.top_k, s.top_p)
+
+
+@partial(jax.jit, static_argnames="greedy")
+def _distribution(logits_TV, mask_TV, greedy: bool, temperature, top_k, top_p):
     T = logits_TV.shape[0]
     if mask_TV is not None:
         logits_TV = jnp.where(mask_TV, logits_TV, -jnp.inf)
-    if s.temperature == 0:
+    if greedy:
         return jax.nn.one_hot(jnp.argmax(logits_TV, -1), logits_TV.shape[-1])
     x = filtered_logits(
-        logits_TV, jnp.full((T,), s.temperature), jnp.full((T,), s.top_k), jnp.full((T,), s.top_p)
+        logits_TV, jnp.full((T,), temperature), jnp.full((T,), top_k), jnp.full((T,), top_p)
     )
     # top-k/top-p may cut every token the grammar allows: then the grammar's set alone
-    x = jnp.where(jnp.isfinite(x).any(-1, keepdims=True), x, logits_TV / max(s.temperature, 1e-6))
+    x = jnp.where(
+        jnp.isfinite(x).any(-1, keepdims=True), x, logits_TV / jnp.maximum(temperature, 1e-6)
+    )
     return jax.nn.softmax(x, axis=-1)
 
 

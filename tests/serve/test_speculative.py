@@ -156,19 +156,48 @@ def test_constrained_speculative_decoding_keeps_the_grammar_and_the_greedy_outpu
         json.loads(bytes(got))
 
 
+def _tiny():
+    """(cfg, params) of a one-layer model small enough to compile in a blink."""
+    cfg = ModelConfig(
+        vocab=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq=24
+    )
+    rng = np.random.default_rng(0)  # any parameters will do: numpy's are quicker than init's
+    params = jax.tree.map(
+        lambda a: jnp.asarray(rng.normal(0, 0.5, a.shape), a.dtype), ms.abstract_params(cfg)
+    )
+    return cfg, params
+
+
+COMPILES: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, _s, **_: (
+        COMPILES.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+)
+
+
+def test_a_sampled_generation_compiles_nothing_the_second_time():
+    """The host loop's sampling distribution is one compiled program per shape. Op by op, the
+    top-k/top-p cut's `lax.cond` took fresh branch functions at every draft and compiled again:
+    33 programs for each 32-token sampled generation. With the target as its own draft every
+    round has the same shapes, whatever the seed."""
+    cfg, target = _tiny()
+    s = SamplingParams(1.0, top_k=5, seed=1)
+    first, _ = spec.generate(target, cfg, target, cfg, [5], 9, k=2, sampling=s)
+    before = len(COMPILES)
+    again, _ = spec.generate(target, cfg, target, cfg, [5], 9, k=2, sampling=s)
+    assert len(COMPILES) == before and again == first
+    spec.generate(target, cfg, target, cfg, [5], 9, k=2, sampling=SamplingParams(0.7, seed=2))
+    assert len(COMPILES) == before  # another temperature and seed: the same program
+
+
 def test_a_perfect_drafts_cache_count_leaves_no_position_unfed(monkeypatch):
     """The target drafting for itself (p == q, greedy): all k = 2 drafts pass, each round emits
     3 tokens. The draft never feeds its own last draft, so after round r (prompt P, P + 3r
     tokens) its cache holds P + 3r - 2 positions and the next round starts feeding there: the
     feeds, (start, length), are (0, P) (P, 1), then (P + 3r - 2, 2) (P + 3r, 1) for r = 1, 2.
     Every position is written with the sequence's token before any feed starts past it."""
-    cfg = ModelConfig(
-        vocab=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq=24
-    )
-    rng = np.random.default_rng(0)  # any parameters will do: numpy's are quicker than init's
-    target = jax.tree.map(
-        lambda a: jnp.asarray(rng.normal(0, 0.5, a.shape), a.dtype), ms.abstract_params(cfg)
-    )
+    cfg, target = _tiny()
     draft = dict(target)  # the same weights, told apart by identity
     feeds, feed = [], spec._feed
 
