@@ -56,7 +56,13 @@ def filtered_logits(logits_BV, temperature_B, top_k_B, top_p_B):
     # the cuts sort every row's vocabulary: at a real vocabulary that costs more than the model's
     # step ([8, 32000]: 50 ms on a CPU), so a batch where no row asks for a cut skips it
     cuts = jnp.any(top_k_B > 0) | jnp.any(top_p_B < 1)
-    return jax.lax.cond(cuts, _cut, lambda x_BV, *_: x_BV, x_BV, top_k_B, top_p_B)
+    # both branches named at module level: a caller running this op by op (outside jit) then
+    # finds the cond it compiled before; a fresh lambda made every call compile again
+    return jax.lax.cond(cuts, _cut, _no_cut, x_BV, top_k_B, top_p_B)
+
+
+def _no_cut(x_BV, top_k_B, top_p_B):
+    return x_BV
 
 
 def _cut(x_BV, top_k_B, top_p_B):

@@ -191,6 +191,20 @@ def test_a_sampled_generation_compiles_nothing_the_second_time():
     assert len(COMPILES) == before  # another temperature and seed: the same program
 
 
+def test_the_top_k_top_p_cut_run_op_by_op_compiles_once():
+    """`filtered_logits` outside jit (a notebook's call): its cond's branches are the same
+    functions every call, so the second call finds the first's program."""
+    from jaxscale.serve import sampling
+
+    x_BV = jnp.linspace(0.0, 1.0, 64)[None]
+    args = (jnp.ones(1), jnp.full((1,), 5), jnp.full((1,), 0.9))
+    first = sampling.filtered_logits(x_BV, *args)
+    before = len(COMPILES)
+    assert np.array_equal(sampling.filtered_logits(x_BV, *args), first)
+    assert len(COMPILES) == before
+    assert int(jnp.isfinite(first).sum()) == 5  # the cut is applied: top-5 of 64
+
+
 def test_a_perfect_drafts_cache_count_leaves_no_position_unfed(monkeypatch):
     """The target drafting for itself (p == q, greedy): all k = 2 drafts pass, each round emits
     3 tokens. The draft never feeds its own last draft, so after round r (prompt P, P + 3r
