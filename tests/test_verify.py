@@ -26,8 +26,8 @@ def _id(case):
 # The fast suite runs every dense strategy and training variant once, on the first mesh the
 # list gives it, and one pipeline case; the other meshes, the other pipeline cases (10-30 s
 # each on 2 cores) and the MoE cases are `slow`. CI's second Python line (the newest jax) runs,
-# of those, the four most composed (`SECOND_LINE`); the rest are `first_line`
-# (docs/testing.md).
+# of the slow ones, the four most composed (`SECOND_LINE`), and of the fast ones a cover
+# (`SECOND_LINE_FAST`, below); the rest are `first_line` (docs/testing.md).
 PIPE_FAST = {"manual:dp+1f1b(M=4) L=8@pp=2,dp=4"}
 # context parallelism: each form once in the fast suite (ring, gather and Ulysses alone on
 # cheap meshes); its compositions, splits and variants are slow
