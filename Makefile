@@ -23,8 +23,8 @@ install: $(STAMP)
 # Re-runs only when pyproject.toml changes. EXTRAS=dev,tpu-aot adds libtpu (TPU AOT compiles);
 # the stamp names the extras ("core": none). uv (one wheel from PyPI, into the venv) installs
 # them: it resolves, downloads and unpacks in parallel. The rule takes about 20 s for dev,tpu-aot
-# with the bytecode compiled, where pip took about 40 s on 2 cores (docs/testing.md). Where uv cannot be
-# installed or cannot reach an index (uv reads no pip.conf), pip installs them as before.
+# with the bytecode compiled, where pip took about 40 s on 2 cores (docs/testing.md). Where uv
+# cannot be installed or cannot reach an index (uv reads no pip.conf), pip installs as before.
 SPEC = .$(if $(filter core,$*),,[$(subst +,$(comma),$*)])
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
