@@ -46,6 +46,25 @@ def _has_loop(name: str, comps: dict[str, str], seen: set[str]) -> bool:
     return any(_has_loop(c, comps, seen) for c in called)
 
 
+def _entry_free_header(text: str) -> str:
+    """The module with its header's `input_output_alias` and `entry_computation_layout` left
+    out: both describe the entry's parameters and outputs (a donated training state's aliases),
+    and a loop body made the entry has others."""
+    header, sep, rest = text.partition("\n")
+    for attr in ("input_output_alias", "entry_computation_layout"):
+        start = header.find(f", {attr}={{")
+        if start < 0:
+            continue
+        depth, i = 0, header.index("{", start)
+        while True:  # to the matching brace
+            depth += {"{": 1, "}": -1}.get(header[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        header = header[:start] + header[i + 1 :]
+    return header + sep + rest
+
+
 def loop_cost(compiled) -> dict[str, float]:
     """{"flops", "bytes accessed"} of a compiled program, each loop body counted once per trip."""
     text = compiled.as_text()
@@ -62,7 +81,7 @@ def loop_cost(compiled) -> dict[str, float]:
         body = m.group(1)
         if _has_loop(body, comps, set()):
             raise ValueError(f"nested loops in {body}: their trips would multiply")
-        as_entry = re.sub(r"^ENTRY ", "", text, flags=re.M)
+        as_entry = re.sub(r"^ENTRY ", "", _entry_free_header(text), flags=re.M)
         as_entry = re.sub(rf"^(%?{re.escape(body)} )", r"ENTRY \1", as_entry, flags=re.M)
         cost = _cost(as_entry)
         for k in total:
