@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from jaxscale.analysis.compiled import compile_with_report
+from jaxscale.analysis.loop_bytes import KINDS, by_kind
 from jaxscale.analysis.loop_cost import loop_cost
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.devices import mfu
@@ -90,6 +91,10 @@ def main() -> None:
         f"compiled in {rep.compile_s:.1f} s: {flops / 1e12:.2f} TFLOP, "
         f"{nbytes / 1e9:.2f} GB accessed, temporaries {rep.memory.temp / 2**30:.2f} GiB"
     )
+    if not a.unroll_layers:
+        # what the scan adds: its residual stacks' fill, slot writes and slot reads, which a
+        # backend that fuses slices into its matmuls (XLA:GPU's dynamic-slice fusion) drops
+        print(f"the layer scan's stack traffic: {_stack_traffic(compiled)}")
 
     # 2. the roofline floor. The FLOPs side uses the larger of the compiled and the model
     # count: XLA:GPU's cost_analysis leaves out library calls (cuBLAS gemms, cuDNN attention),
@@ -136,6 +141,15 @@ def _every_trip(compiled, rep) -> tuple[float, float]:
         print(f"loop trips not counted ({type(e).__name__}: {e}); figures count a body once")
         return rep.flops, rep.bytes_accessed
     return cost["flops"], cost["bytes accessed"]
+
+
+def _stack_traffic(compiled) -> str:
+    try:
+        split = by_kind(compiled)
+    except (KeyError, ValueError) as e:  # a backend's HLO this parser does not know
+        return f"not split ({type(e).__name__}: {e})"
+    stacks = ", ".join(f"{k} {split[k] / 1e9:.3f} GB" for k in KINDS if k != "compute")
+    return f"{stacks} (of {sum(split.values()) / 1e9:.3f} GB)"
 
 
 if __name__ == "__main__":

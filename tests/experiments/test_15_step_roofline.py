@@ -39,3 +39,7 @@ def test_scanned_and_unrolled_steps_count_the_same_flops(tmp_path):
     assert s_ratio == pytest.approx(u_ratio, abs=0.015), (scanned, unrolled)
     assert s_tokens > 0 and u_tokens > 0
     assert re.search(r"\bwhile\(", hlo.read_text())
+    # the scan's stacks, which the unrolled step has not: written, then read back
+    traffic = re.search(r"stack writes ([\d.]+) GB, stack reads ([\d.]+) GB", scanned)
+    assert float(traffic[1]) > 0 and float(traffic[2]) > 0, scanned
+    assert "stack traffic" not in unrolled
