@@ -109,3 +109,42 @@ def _fused(body: str) -> tuple[dict[int, int], int | None]:
     if root is not None and shape_op_args[root][1] == "dynamic-update-slice":
         update = _bytes(shape_op_args[shape_op_args[root][2][1]][0])
     return reads, update
+
+
+def slot_access(compiled) -> list[dict[str, int]]:
+    """Per loop body, in program order: how many of its instructions slice a loop-carried stack
+    (dynamic-slice: a slot read) or update one (dynamic-update-slice: a slot write), split by
+    whether a matmul does it inside its own fusion ("matmul reads", "matmul writes": the slot is
+    the matmul's operand or output, no copy) or an instruction apart from any matmul does it
+    ("reads apart", "writes apart"); and "matmuls", the body's matmuls. A backend that fuses
+    slices into its matmuls (XLA:TPU, XLA:GPU's dynamic-slice fusion) shows the first two; one
+    that cannot (XLA:CPU) copies each slot into or out of a buffer of its own."""
+    text = compiled.as_text() if hasattr(compiled, "as_text") else compiled
+    comps = {m[2]: m[3] for m in _COMPUTATION.finditer(text)}
+    bodies = re.findall(r"while\([^\n]*?body=%?([\w.\-]+)", text)
+    out = []
+    for body in bodies:
+        counts = dict.fromkeys(("matmuls", "matmul reads", "matmul writes"), 0)
+        counts.update({"reads apart": 0, "writes apart": 0})
+        for line in comps[body].splitlines():
+            m = _LINE.match(line)
+            if not m:
+                continue
+            _, _, op, _, rest = m.groups()
+            ops = {op}
+            if op == "fusion":
+                called = comps[re.search(r"calls=%?([\w.\-]+)", rest)[1]]
+                ops = set(re.findall(r"= (?:\(.*?\)|\S+) ([\w\-]+)\(", called))
+            matmul = bool(ops & {"dot", "convolution"}) or _is_library_matmul(op, rest)
+            counts["matmuls"] += matmul
+            if "dynamic-slice" in ops:
+                counts["matmul reads" if matmul else "reads apart"] += 1
+            if "dynamic-update-slice" in ops:
+                counts["matmul writes" if matmul else "writes apart"] += 1
+        out.append(counts)
+    return out
+
+
+def _is_library_matmul(op: str, rest: str) -> bool:
+    # XLA:GPU calls cuBLAS as a custom call (a fusion of kind kCustom holding one on newer XLA)
+    return op == "custom-call" and "gemm" in rest.lower()

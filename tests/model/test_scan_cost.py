@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxscale.analysis.loop_bytes import by_kind
+from jaxscale.analysis import aot
+from jaxscale.analysis.loop_bytes import by_kind, slot_access
 from jaxscale.analysis.loop_cost import loop_cost
 from jaxscale.config import ModelConfig
 from jaxscale.model import pieces
@@ -48,6 +49,13 @@ def test_without_remat_the_scans_extra_bytes_are_its_stacks_traffic():
     assert split["compute"] <= flat_whole
     stacks = split["stack fill"] + split["stack writes"] + split["stack reads"]
     assert stacks >= 0.8 * (whole - flat_whole), split
+    # why: no XLA:CPU matmul reads or writes a slot of a stack itself, so each slot is copied
+    # into or out of a buffer of the matmul's own (the TPU test below shows the other way)
+    layers = [loop for loop in slot_access(scanned) if loop["matmuls"]]  # forward, backward
+    assert len(layers) == 2, layers  # (XLA:CPU's older emitters loop over a scatter, too)
+    for loop in layers:
+        assert loop["matmul reads"] == loop["matmul writes"] == 0, loop
+        assert loop["reads apart"] + loop["writes apart"] > 0, loop
 
 
 def test_the_scanned_mlp_keeps_its_two_matmul_outputs_and_recomputes_no_matmul():
@@ -64,3 +72,30 @@ def test_the_scanned_mlp_keeps_its_two_matmul_outputs_and_recomputes_no_matmul()
     stack = re.compile(rf"= f32\[{L},{B},{T},{F}\]\S* dynamic-update-slice\(")
     assert len(stack.findall(scanned.as_text())) == 2
     assert matmul_flops(unrolled.as_text()) == pytest.approx(counts.train_step_flops(cfg, B, T))
+
+
+@pytest.mark.slow
+@pytest.mark.first_line  # one TPU compile (libtpu, no TPU needed); the code path is jax's
+def test_on_a_tpu_the_matmuls_write_their_residuals_into_the_stacks():
+    """The same scanned step (no remat) compiled for a TPU v5e: XLA:TPU fuses the slot update
+    into the matmul, so the forward's matmuls write the residuals they make (the MLP's gate
+    and up at least) straight into their stacks, and the backward's write the weight gradients
+    into theirs: the slot copies XLA:CPU makes (above) are that backend's, not the scan's."""
+    reason = aot.aot_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    cfg = CFG.replace(remat="none")
+    devices = aot.target_devices("tpu:v5e:2x2")
+    whole = NamedSharding(jax.sharding.Mesh(devices[:1], ("d",)), P())
+    params = jax.eval_shape(lambda: ms.init_params(cfg, 0))
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=whole), params)
+    batch = jax.ShapeDtypeStruct((8, 129), jnp.int32, sharding=whole)
+    step = jax.jit(jax.value_and_grad(lambda p, b: pieces.loss(p, b, cfg)))
+    compiled, _ = aot.compile_for_target("tpu:v5e:2x2", step, params, batch)
+    forward, backward = [loop for loop in slot_access(compiled) if loop["matmuls"]]
+    assert forward["matmul writes"] >= 2, forward
+    # one gradient per layer weight: attention's four projections, the MLP's three
+    assert backward["matmul writes"] >= 4, backward
