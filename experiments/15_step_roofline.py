@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from jaxscale.analysis.compiled import compile_with_report
-from jaxscale.analysis.loop_bytes import KINDS, by_kind
+from jaxscale.analysis.loop_bytes import KINDS, by_kind, slot_access
 from jaxscale.analysis.loop_cost import loop_cost
 from jaxscale.config import ModelConfig, TrainConfig
 from jaxscale.devices import mfu
@@ -95,6 +95,7 @@ def main() -> None:
         # what the scan adds: its residual stacks' fill, slot writes and slot reads, which a
         # backend that fuses slices into its matmuls (XLA:GPU's dynamic-slice fusion) drops
         print(f"the layer scan's stack traffic: {_stack_traffic(compiled)}")
+        print(f"slot accesses a matmul makes itself (no copy): {_slot_matmuls(compiled)}")
 
     # 2. the roofline floor. The FLOPs side uses the larger of the compiled and the model
     # count: XLA:GPU's cost_analysis leaves out library calls (cuBLAS gemms, cuDNN attention),
@@ -150,6 +151,16 @@ def _stack_traffic(compiled) -> str:
         return f"not split ({type(e).__name__}: {e})"
     stacks = ", ".join(f"{k} {split[k] / 1e9:.3f} GB" for k in KINDS if k != "compute")
     return f"{stacks} (of {sum(split.values()) / 1e9:.3f} GB)"
+
+
+def _slot_matmuls(compiled) -> str:
+    loops = [x for x in slot_access(compiled) if x["matmuls"]]  # the layer loops
+    names = ("forward", "backward") if len(loops) == 2 else [f"loop {i}" for i in range(len(loops))]
+    return "; ".join(
+        f"{name} {x['matmul reads']} of {x['matmul reads'] + x['reads apart']} reads, "
+        f"{x['matmul writes']} of {x['matmul writes'] + x['writes apart']} writes"
+        for name, x in zip(names, loops, strict=True)
+    )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
 # bf16 model and the engine beside it; `jaxscale train` as documented. About 8 minutes on an
 # H100 with compiles; docs/hardware.md records what it printed.
 #
-#   bash experiments/accelerator_targets.sh [OUT_DIR]        # default OUT_DIR: $OUT or results/accelerator
-#   TINY=1 bash experiments/accelerator_targets.sh /tmp/t    # tiny sizes, any backend, ~2 minutes
+#   bash experiments/accelerator_targets.sh [OUT_DIR]     # default: $OUT, else results/accelerator
+#   TINY=1 bash experiments/accelerator_targets.sh /tmp/t  # tiny sizes, any backend, ~1 minute
 #
 # Each measurement's output goes to OUT_DIR/<name>.txt; this script prints its exit status, its
 # time and its last lines. PYTHON picks the interpreter (default: python3); jaxscale is imported

@@ -131,11 +131,13 @@ def slot_access(compiled) -> list[dict[str, int]]:
             if not m:
                 continue
             _, _, op, _, rest = m.groups()
-            ops = {op}
+            ops, text_of = {op}, line
             if op == "fusion":
-                called = comps[re.search(r"calls=%?([\w.\-]+)", rest)[1]]
-                ops = set(re.findall(r"= (?:\(.*?\)|\S+) ([\w\-]+)\(", called))
-            matmul = bool(ops & {"dot", "convolution"}) or _is_library_matmul(op, rest)
+                text_of = comps[re.search(r"calls=%?([\w.\-]+)", rest)[1]]
+                ops = set(re.findall(r"= (?:\(.*?\)|\S+) ([\w\-]+)\(", text_of))
+            # XLA:GPU calls cuBLAS as a custom call, alone or (dynamic-slice fusion) in a fusion
+            library = "custom-call" in ops and "gemm" in text_of.lower()
+            matmul = bool(ops & {"dot", "convolution"}) or library
             counts["matmuls"] += matmul
             if "dynamic-slice" in ops:
                 counts["matmul reads" if matmul else "reads apart"] += 1
@@ -143,8 +145,3 @@ def slot_access(compiled) -> list[dict[str, int]]:
                 counts["matmul writes" if matmul else "writes apart"] += 1
         out.append(counts)
     return out
-
-
-def _is_library_matmul(op: str, rest: str) -> bool:
-    # XLA:GPU calls cuBLAS as a custom call (a fusion of kind kCustom holding one on newer XLA)
-    return op == "custom-call" and "gemm" in rest.lower()
