@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The default paths' targets (DESIGN §7, docs/performance.md) measured on one accelerator in one
 # run, most wanted first, each measurement under its own time limit so one slow compile cannot
-# take the rest: the scanned training step (the default) with and without XLA:GPU's dynamic-slice
-# fusion beside the unrolled step, at ~365M and ~1.5B; batch-1 and batch-64 decode of a ~1.5B
-# bf16 model and the engine beside it; `jaxscale train` as documented. About 8 minutes on an
-# H100 with compiles; docs/hardware.md records what it printed.
+# take the rest: the scanned ~365M training step (the default), alone and with each of two
+# XLA:GPU flags (dynamic-slice fusion; the compiler unrolling the loop), beside the unrolled step;
+# batch-1 to batch-64 decode of a ~1.5B bf16 model and the engine beside it; the scanned and
+# unrolled ~1.5B steps; `jaxscale train` as documented. About 9 minutes on an H100 by the compile
+# and step times docs/hardware.md records (not yet run on a GPU); the figures go there.
 #
 #   bash experiments/accelerator_targets.sh [OUT_DIR]     # default: $OUT, else results/accelerator
 #   TINY=1 bash experiments/accelerator_targets.sh /tmp/t  # tiny sizes, any backend, ~1 minute
@@ -38,7 +39,10 @@ else
 fi
 # dp over every device: one on a single accelerator, the simulated eight on a CPU
 cli+=(--mesh dp=-1 --log-every 5 --eval-every 0 --sample-tokens 0 --out "$out/train_run")
+# XLA:GPU's two remedies for the scan's slot copies (docs/performance.md): matmuls that read and
+# write stack slots in place, and the compiler unrolling the layer loop after jax scanned it
 dsf=--xla_gpu_enable_dynamic_slice_fusion=true
+full_unroll=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL
 
 run() {  # run NAME [ENV=VALUE...] COMMAND...: one measurement, its output in OUT_DIR/NAME.txt
   local name=$1 start rc
@@ -60,6 +64,8 @@ run train365_scanned "$py" "$step" "${m365[@]}" "${train[@]}" --batch "$big" \
   --hlo-out "$out/train365_scanned.hlo"
 run train365_scanned_dsf XLA_FLAGS="${XLA_FLAGS:-} $dsf" "$py" "$step" "${m365[@]}" \
   "${train[@]}" --batch "$big" --hlo-out "$out/train365_scanned_dsf.hlo"
+run train365_scanned_full_unroll XLA_FLAGS="${XLA_FLAGS:-} $full_unroll" "$py" "$step" \
+  "${m365[@]}" "${train[@]}" --batch "$big"
 run train365_unrolled "$py" "$step" "${m365[@]}" "${train[@]}" --batch "$big" --unroll-layers
 run decode1500 "$py" "$here/08_inference_roofline.py" "${m1500[@]}" "${serve[@]}"
 sed -n '/decode batch/,/^$/p;/engine batch/,/^$/p;/cache slots/,/^$/p' "$out/decode1500.txt"
