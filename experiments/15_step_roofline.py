@@ -159,6 +159,8 @@ def _stack_traffic(compiled) -> str:
 
 def _slot_matmuls(compiled) -> str:
     loops = [x for x in slot_access(compiled) if x["matmuls"]]  # the layer loops
+    if not loops:  # the compiler unrolled them (XLA:GPU's full-unroll flag)
+        return "no layer loop left in the compiled step"
     names = ("forward", "backward") if len(loops) == 2 else [f"loop {i}" for i in range(len(loops))]
     return "; ".join(
         f"{name} {x['matmul reads']} of {x['matmul reads'] + x['reads apart']} reads, "

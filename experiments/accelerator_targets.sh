@@ -65,7 +65,7 @@ run train365_scanned "$py" "$step" "${m365[@]}" "${train[@]}" --batch "$big" \
 run train365_scanned_dsf XLA_FLAGS="${XLA_FLAGS:-} $dsf" "$py" "$step" "${m365[@]}" \
   "${train[@]}" --batch "$big" --hlo-out "$out/train365_scanned_dsf.hlo"
 run train365_scanned_full_unroll XLA_FLAGS="${XLA_FLAGS:-} $full_unroll" "$py" "$step" \
-  "${m365[@]}" "${train[@]}" --batch "$big"
+  "${m365[@]}" "${train[@]}" --batch "$big" --hlo-out "$out/train365_scanned_full_unroll.hlo"
 run train365_unrolled "$py" "$step" "${m365[@]}" "${train[@]}" --batch "$big" --unroll-layers
 run decode1500 "$py" "$here/08_inference_roofline.py" "${m1500[@]}" "${serve[@]}"
 sed -n '/decode batch/,/^$/p;/engine batch/,/^$/p;/cache slots/,/^$/p' "$out/decode1500.txt"

@@ -80,7 +80,7 @@ def test_on_a_tpu_the_matmuls_write_their_residuals_into_the_stacks():
     the matmul, so the forward's matmuls write the residuals they make (the MLP's gate and up
     at least) straight into their stacks, and the backward's write the weight gradients into
     theirs: the slot copies XLA:CPU makes (above) are that backend's, not the scan's. The
-    4-layer step of docs/performance.md's table counts the same as this tiny one."""
+    4-layer step of docs/performance.md's table has the same matmul counts as this tiny one."""
     reason = aot.aot_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
