@@ -21,6 +21,7 @@ _COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) [^\n]*\{\n(.*?)^\}", re.M | r
 _LOOP = re.compile(r"while\([^\n]*?body=%?([\w.\-]+)[^\n]*?known_trip_count\":\{\"n\":\"(\d+)\"")
 _FREE = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while")
 KINDS = ("compute", "stack fill", "stack writes", "stack reads")
+SLOT_KINDS = ("matmuls", "matmul reads", "matmul writes", "reads apart", "writes apart")
 
 
 def by_kind(compiled) -> dict[str, float]:
@@ -119,13 +120,12 @@ def slot_access(compiled) -> list[dict[str, int]]:
     ("reads apart", "writes apart"); and "matmuls", the body's matmuls. A backend that fuses
     slices into its matmuls (XLA:TPU, XLA:GPU's dynamic-slice fusion) shows the first two; one
     that cannot (XLA:CPU) copies each slot into or out of a buffer of its own."""
-    text = compiled.as_text() if hasattr(compiled, "as_text") else compiled
+    text = compiled.as_text()
     comps = {m[2]: m[3] for m in _COMPUTATION.finditer(text)}
     bodies = re.findall(r"while\([^\n]*?body=%?([\w.\-]+)", text)
     out = []
     for body in bodies:
-        counts = dict.fromkeys(("matmuls", "matmul reads", "matmul writes"), 0)
-        counts.update({"reads apart": 0, "writes apart": 0})
+        counts = dict.fromkeys(SLOT_KINDS, 0)
         for line in comps[body].splitlines():
             m = _LINE.match(line)
             if not m:
