@@ -38,8 +38,7 @@ def _text(cell) -> str:
     return "".join(parts)
 
 
-@pytest.mark.slow
-@pytest.mark.newest_line  # Colab's line: the newest jax
+@pytest.mark.slow  # CI runs it on the newest-jax line: Colab's (not first_line)
 def test_the_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the CPU runtime's path: 8 simulated devices
